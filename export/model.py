@@ -1,0 +1,110 @@
+"""The target model, written for export: a pure forward, every changing value an input,
+the KV cache preallocated and passed in.
+
+Graph contract (engines/README.md documents it for users):
+
+    inputs                                         outputs
+    input_ids             [batch, new_tokens] i64   logits            [batch, num_logits, vocab]
+    position_ids          [batch, new_tokens] i64   hidden_states     [batch, new_tokens, H]
+    seqlens_k             [batch] i32               eagle3_features   [batch, new_tokens, 3H]
+    query_seqlens         [batch] i32               present.{i}.key   (same buffer as past)
+    total_sequence_length [] i32                    present.{i}.value
+    logits_index          [batch, num_logits] i64
+    past_key_values.{i}.key / .value  [batch, kv_heads, max_len, head_dim]
+
+`hidden_states` is the last layer's output after the final norm (what lm_head reads; the
+MTP / Eagle input). `eagle3_features` concatenates the inputs to `config.eagle3_layers`.
+Logits are computed only at `logits_index` (the last prompt token at prefill, every
+position at verification), so a long prefill does not pay for a vocab-sized output per token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trt_spec.plugins.attention import attention
+from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
+from trt_spec.runtime.config import ModelConfig
+
+
+def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_position_embeddings, head_dim / 2] (default Llama RoPE)."""
+    inv_freq = 1.0 / config.rope_theta ** (
+        torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+    angles = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.config = c
+        self.input_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+                                  bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class TargetModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        cos, sin = rope_tables(config)
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., H] (already normed) -> logits [..., vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, weight)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [batch, new_tokens] int64
+        position_ids: torch.Tensor,  # [batch, new_tokens] int64
+        seqlens_k: torch.Tensor,  # [batch] int32
+        query_seqlens: torch.Tensor,  # [batch] int32
+        total_sequence_length: torch.Tensor,  # [] int32
+        logits_index: torch.Tensor,  # [batch, num_logits] int64
+        *past: torch.Tensor,  # 2L x [batch, kv_heads, max_len, head_dim], key then value
+    ):
+        c = self.config
+        assert len(past) == 2 * c.num_layers, len(past)
+        h = self.embed_tokens(input_ids)  # (B, T, H) residual stream
+        x = rms_norm(h, self.layers[0].input_layernorm, c.rms_norm_eps)
+        features, presents = {}, []
+        for i, layer in enumerate(self.layers):
+            features[i] = h  # the input to layer i
+            a, present_k, present_v = attention(
+                layer.qkv_proj(x), past[2 * i], past[2 * i + 1], seqlens_k, query_seqlens,
+                position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
+                c.num_heads, c.num_kv_heads)
+            presents += [present_k, present_v]
+            x, h = add_rms_norm(layer.o_proj(a), h, layer.post_attention_layernorm, c.rms_norm_eps)
+            next_norm = (self.layers[i + 1].input_layernorm if i + 1 < c.num_layers else self.norm)
+            x, h = add_rms_norm(layer.mlp(x), h, next_norm, c.rms_norm_eps)
+        # x is now the final-normed hidden state.
+        index = logits_index.unsqueeze(-1).expand(-1, -1, c.hidden_size)  # (B, N, H)
+        logits = self.head(torch.gather(x, 1, index))
+        eagle3 = torch.cat([features[i] for i in c.eagle3_layers], dim=-1)
+        return (logits, x, eagle3, *presents)
+
+
+def empty_cache(config: ModelConfig, batch: int, max_len: int) -> list[torch.Tensor]:
+    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+    return [torch.zeros(shape) for _ in range(2 * config.num_layers)]

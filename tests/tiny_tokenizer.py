@@ -1,0 +1,30 @@
+"""A word-level tokenizer for tiny test models (no download, deterministic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["user", "assistant", "system"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    words += [f"w{i}" for i in range(vocab_size - len(SPECIALS) - len(words))]
+    vocab = {w: i for i, w in enumerate(SPECIALS + words)}
+    assert len(vocab) == vocab_size
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(Path(folder) / "tokenizer.json"))
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }))
