@@ -1,0 +1,84 @@
+"""ONNX Runtime backend: runs a target-style graph with its KV cache updated in place.
+
+Each layer's cache buffer (a view of KVCache) is bound through IOBinding as both
+`past_key_values.{i}.*` and `present.{i}.*`; GroupQueryAttention sees the shared buffer and
+writes only the new rows. No step copies the cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+
+
+@dataclass
+class TargetOutput:
+    """Per request, in request order."""
+
+    logits: list[np.ndarray]  # [len(logits_at), vocab]
+    hidden_states: list[np.ndarray] | None  # [len(tokens), H]
+    eagle3_features: list[np.ndarray] | None  # [len(tokens), 3H]
+
+
+def default_threads() -> int:
+    env = os.environ.get("TRT_SPEC_THREADS")
+    return int(env) if env else (os.cpu_count() or 1)
+
+
+def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or default_threads()
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own types; name the file in the message
+        raise RuntimeError(f"ONNX Runtime cannot load {path}: {e}") from e
+
+
+class OrtTarget:
+    """A target (or vanilla draft) graph with the contract of export/model.py."""
+
+    def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None):
+        self.session = make_session(path, threads)
+        self.num_layers = num_layers
+        self.max_positions = max_positions
+        self.past_names = [f"past_key_values.{i}.{k}" for i in range(num_layers) for k in ("key", "value")]
+        self.present_names = [f"present.{i}.{k}" for i in range(num_layers) for k in ("key", "value")]
+        names = {i.name for i in self.session.get_inputs()}
+        missing = [n for n in self.past_names if n not in names]
+        if missing:
+            raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
+
+    def step(self, cache: KVCache, requests: list[Request], want_hidden: bool = False) -> TargetOutput:
+        """Runs the new tokens of every request in one forward and advances their lengths."""
+        step = build_step_inputs(cache, requests, self.max_positions)
+        io = self.session.io_binding()
+        for name, value in step.feeds.items():
+            io.bind_cpu_input(name, value)
+        for name in ("logits", "hidden_states", "eagle3_features"):  # bound first: read first
+            io.bind_output(name, "cpu")
+        for past, present, view in zip(self.past_names, self.present_names,
+                                       cache.views(step.lo, step.hi)):
+            value = ort.OrtValue.ortvalue_from_numpy(view)  # wraps the buffer, no copy
+            io.bind_ortvalue_input(past, value)
+            io.bind_ortvalue_output(present, value)
+        self.session.run_with_iobinding(io)
+        commit_lengths(cache, requests)
+        logits, hidden, features = io.get_outputs()[:3]
+        logits = logits.numpy()  # (B, N, V)
+        out = TargetOutput([logits[row, :len(r.logits_at)] for row, r in zip(step.rows, requests)],
+                           None, None)
+        if want_hidden:
+            hidden, features = hidden.numpy(), features.numpy()  # (B, T, H), (B, T, 3H)
+            out.hidden_states = [hidden[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
+            out.eagle3_features = [features[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
+        return out

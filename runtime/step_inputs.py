@@ -1,0 +1,79 @@
+"""Turn per-stream requests into the padded, fixed-rank inputs every target-style graph takes.
+
+A step runs over a contiguous range of cache slots [lo, hi). Slots in the range that have
+nothing to do this step are idle rows (query_seqlens = 0): their cache is left untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_spec.runtime.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class Request:
+    slot: int
+    tokens: list[int]  # new tokens, appended at the slot's current length
+    logits_at: list[int]  # indices into `tokens` whose logits are wanted
+
+
+@dataclass
+class StepInputs:
+    lo: int
+    hi: int
+    rows: list[int]  # row of each request in the batch
+    feeds: dict[str, np.ndarray]
+
+
+def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: int) -> StepInputs:
+    if not requests:
+        raise ValueError("a step needs at least one request")
+    slots = [r.slot for r in requests]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a slot appears twice in one step: {slots}")
+    lo, hi = min(slots), max(slots) + 1
+    batch = hi - lo
+    new_tokens = max(len(r.tokens) for r in requests)
+    num_logits = max(max(len(r.logits_at) for r in requests), 1)
+    input_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)
+    position_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)
+    lengths = cache.lengths[lo:hi]
+    seqlens_k = np.maximum(lengths - 1, 0).astype(np.int32)  # (B,) idle rows: unchanged
+    query_seqlens = np.zeros(batch, dtype=np.int32)  # (B,)
+    logits_index = np.zeros((batch, num_logits), dtype=np.int64)  # (B, N)
+    for r in requests:
+        row, n, past = r.slot - lo, len(r.tokens), int(cache.lengths[r.slot])
+        if n == 0:
+            raise ValueError(f"slot {r.slot}: a request needs at least one token")
+        if past + n > cache.max_len:
+            raise ValueError(f"slot {r.slot}: {past} cached + {n} new tokens exceed the cache "
+                             f"length {cache.max_len}")
+        if past + n > max_positions:
+            raise ValueError(f"slot {r.slot}: position {past + n - 1} is beyond the model's "
+                             f"{max_positions} positions")
+        if any(not 0 <= i < n for i in r.logits_at):
+            raise ValueError(f"slot {r.slot}: logits_at {r.logits_at} outside 0..{n - 1}")
+        input_ids[row, :n] = r.tokens
+        position_ids[row, :n] = np.arange(past, past + n)
+        position_ids[row, n:] = past + n - 1  # padding: any in-range position
+        seqlens_k[row] = past + n - 1
+        query_seqlens[row] = n
+        logits_index[row, :len(r.logits_at)] = r.logits_at
+    total = np.array(int(seqlens_k.max()) + 1, dtype=np.int32)
+    feeds = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "seqlens_k": seqlens_k,
+        "query_seqlens": query_seqlens,
+        "total_sequence_length": total,
+        "logits_index": logits_index,
+    }
+    return StepInputs(lo, hi, [r.slot - lo for r in requests], feeds)
+
+
+def commit_lengths(cache: KVCache, requests: list[Request]) -> None:
+    for r in requests:
+        cache.lengths[r.slot] += len(r.tokens)
