@@ -1,0 +1,101 @@
+"""`trt-spec export`: model -> engine folder (graphs, tokenizer, manifest), written atomically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from trt_spec.export.checkpoint import load_target, resolve_model
+from trt_spec.export.onnx_export import export_target, save_with_external_data, target_io
+from trt_spec.export.quantize import matmuls_to_nbits
+from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
+
+PRECISIONS = ("fp32", "int4")
+BACKENDS = ("ort",)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def copy_tokenizer(hf_dir: Path, out: Path) -> list[str]:
+    """tokenizer.json plus a tokenizer_config.json that carries the chat template inline."""
+    if not (hf_dir / "tokenizer.json").exists():
+        raise FileNotFoundError(f"{hf_dir} has no tokenizer.json (a fast tokenizer is required)")
+    shutil.copy(hf_dir / "tokenizer.json", out / "tokenizer.json")
+    cfg_path = hf_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    template = hf_dir / "chat_template.jinja"
+    if "chat_template" not in cfg and template.exists():
+        cfg["chat_template"] = template.read_text()
+    keep = ("bos_token", "eos_token", "unk_token", "pad_token", "chat_template")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({k: cfg[k] for k in keep if k in cfg}, indent=2) + "\n")
+    return ["tokenizer.json", "tokenizer_config.json"]
+
+
+def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
+                  force: bool = False) -> Path:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not supported; choose from {PRECISIONS}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not supported by export yet; choose from "
+                         f"{BACKENDS} (TensorRT: see issue 8)")
+    out = Path(out)
+    source = {"model": model, "precision": precision, "backend": backend}
+    if not force and (out / MANIFEST).exists():
+        try:
+            existing = load_manifest(out, verify="size")
+            if existing.data.get("source") == source:
+                log(f"{out} is up to date (use --force to export again)")
+                return out
+        except ValueError:
+            pass  # corrupt or old: export again
+    t0 = time.time()
+    hf_dir = resolve_model(model)
+    log(f"loading {hf_dir}")
+    target, config = load_target(hf_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        graph = tmp / "target.onnx"
+        log(f"exporting target ({config.num_layers} layers) to ONNX ...")
+        export_target(target, graph)
+        if precision == "int4":
+            log("quantizing weights to int4 (MatMulNBits, block 32, accuracy level 4) ...")
+            proto = onnx.load(str(graph))
+            n = matmuls_to_nbits(proto)
+            (tmp / "target.onnx.data").unlink()
+            save_with_external_data(proto, graph)
+            log(f"  {n} MatMuls quantized")
+        inputs, outputs = target_io(config)
+        tokenizer_files = copy_tokenizer(hf_dir, tmp)
+        write_manifest(tmp, {
+            "name": out.name,
+            "source": source,
+            "model_config": config.to_dict(),
+            "tokenizer": {"files": tokenizer_files},
+            "graphs": {"target": {
+                "files": ["target.onnx", "target.onnx.data"],
+                "backend": backend,
+                "precision": precision,
+                "inputs": inputs,
+                "outputs": outputs,
+                "kv_cache": {"layout": "[batch, kv_heads, max_len, head_dim]",
+                             "dtype": "float32", "in_place": "past and present share one buffer"},
+            }},
+            "drafters": {},
+        })
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"wrote {out} in {time.time() - t0:.0f} s")
+    return out

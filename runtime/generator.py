@@ -1,0 +1,92 @@
+"""Load an engine folder and generate: the layer the CLI (and later the Python API) stands on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.engine import NormalEngine, StopChecker, Stream
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.manifest import EngineFolderError, load_manifest
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.tokenizer import Tokenizer
+
+METHODS = ("none",)  # speculative methods arrive with their proposers
+
+Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: dict
+
+
+class Generator:
+    def __init__(self, engine_dir: str | Path, method: str = "none", max_batch: int = 1,
+                 max_len: int = 2048, threads: int | None = None, verify: str = "sha256"):
+        if method not in METHODS:
+            raise ValueError(f"method {method!r} is not available; available: {', '.join(METHODS)}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch}: must be >= 1")
+        t0 = time.perf_counter()
+        self.manifest = load_manifest(engine_dir, verify=verify)
+        config = self.manifest.config
+        graph = self.manifest.graph("target")
+        if graph["backend"] != "ort":
+            raise EngineFolderError(f"{self.manifest.folder}: target graph is for backend "
+                                    f"{graph['backend']!r}; this runtime runs 'ort'")
+        path = self.manifest.path(graph["files"][0])
+        self.target = OrtTarget(path, config.num_layers, config.max_position_embeddings, threads)
+        want = [i["name"] for i in graph["inputs"]]
+        got = [i.name for i in self.target.session.get_inputs()]
+        if want != got:
+            raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
+        self.tokenizer = Tokenizer(self.manifest.folder)
+        if self.tokenizer.vocab_size > config.vocab_size:
+            raise EngineFolderError(f"{self.manifest.folder / 'tokenizer.json'}: "
+                                    f"{self.tokenizer.vocab_size} tokens, the model has "
+                                    f"{config.vocab_size}")
+        self.config = config
+        self.cache = KVCache(config, max_batch, min(max_len, config.max_position_embeddings))
+        eos = set(config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.engine = NormalEngine(self.target, self.cache,
+                                   StopChecker(self.tokenizer, eos, self.cache.max_len))
+        self.load_seconds = time.perf_counter() - t0
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Chat messages always use the chat template; plain text uses it when chat=True, or
+        when chat is None and the tokenizer has one (an instruct model)."""
+        if isinstance(prompt, list):
+            return self.tokenizer.encode_chat(prompt)
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt {prompt!r}: expected a string or a list of chat messages")
+        if chat or (chat is None and self.tokenizer.chat_template):
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
+
+    def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams) -> list[Stream]:
+        """Runs every prompt to completion, at most `cache.slots` at a time."""
+        streams = [Stream(ids, params) for ids in prompts_ids]
+        waiting, running = list(streams), []
+        while waiting or running:
+            while waiting and len(running) < self.cache.slots:
+                s = waiting.pop(0)
+                self.engine.admit(s)
+                running.append(s)
+            self.engine.step(running)
+            running = [s for s in running if not s.finished]
+        return streams
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
+                 chat: bool | None = None) -> list[GenerationResult]:
+        params = params or SamplingParams()
+        streams = self.generate_ids([self.encode(p, chat) for p in prompts], params)
+        return [GenerationResult(s.text, s.output_ids, s.finish_reason, s.metrics())
+                for s in streams]

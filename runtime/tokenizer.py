@@ -1,0 +1,61 @@
+"""Tokenizer and chat template from an engine folder: `tokenizers` + jinja2, no transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path):
+        folder = Path(folder)
+        self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.chat_template: str | None = cfg.get("chat_template")
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this model's tokenizer has no chat template; pass a plain prompt")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"message {i} is {m!r}: expected {{'role': ..., 'content': ...}}")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise ValueError(f"chat template: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """As transformers' apply_chat_template(tokenize=True): the template writes the special
+        tokens itself, so none are added."""
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
