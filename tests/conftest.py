@@ -52,3 +52,18 @@ def smollm2_hf_dir():
     from trt_spec.export.checkpoint import resolve_model
 
     return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_hf_dir, tmp_path_factory):
+    """The tiny model exported to an fp32 engine folder."""
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny", "fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_int4(tiny_hf_dir, tmp_path_factory):
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-int4", "int4")

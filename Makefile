@@ -1,0 +1,44 @@
+# Every target sets itself up: `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.setup-stamp
+ENGINE := engines/smollm2-135m
+PROMPT ?= What are three good reasons to learn to cook at home?
+
+.PHONY: setup export export-fp32 demo test test-fast bench clean help
+
+help:  ## list targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+setup: $(STAMP)  ## .venv with the pinned CPU torch, then the project and its extras
+
+# torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[export,dev]'
+	touch $(STAMP)
+
+export: setup  ## export SmolLM2-135M-Instruct (int4) to engines/smollm2-135m (cached)
+	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
+
+export-fp32: setup  ## the fp32 reference engine, engines/smollm2-135m-fp32
+	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32
+
+demo: export  ## export (once), then generate an answer on the embedded default
+	$(BIN)/trt-spec generate --engine $(ENGINE) --max-tokens 128 "$(PROMPT)"
+
+test: setup  ## the whole test suite, real-model tests included
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: setup  ## tiny-model tests only
+	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+bench: export export-fp32  ## decode tokens/s, fp32 vs int4, at past 0/512/1024
+	$(BIN)/trt-spec bench --engine $(ENGINE)-fp32 --engine $(ENGINE) --past 0,512,1024 \
+		--json bench-none.json
+
+clean:  ## remove build outputs (keeps .venv and the model cache)
+	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 .pytest_cache

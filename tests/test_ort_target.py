@@ -1,0 +1,103 @@
+"""The exported ORT graph against the torch module it was traced from."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trt_spec.export.checkpoint import load_target  # noqa: E402
+from trt_spec.export.model import empty_cache  # noqa: E402
+from trt_spec.export.quantize import dequantize_int4, quantize_int4  # noqa: E402
+from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
+from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
+from trt_spec.runtime.step_inputs import Request  # noqa: E402
+
+
+def reference(tiny_hf_dir, ids):
+    """Logits, hidden states and Eagle3 features of one full torch pass. ids: list[int]."""
+    model, config = load_target(tiny_hf_dir)
+    t = len(ids)
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), torch.arange(t)[None],
+                    torch.tensor([t - 1], dtype=torch.int32), torch.tensor([t], dtype=torch.int32),
+                    torch.tensor(64, dtype=torch.int32), torch.arange(t)[None],
+                    *empty_cache(config, 1, 64))
+    return [x[0].numpy() for x in out[:3]], config
+
+
+def open_target(engine, config):
+    return OrtTarget(engine / "target.onnx", config.num_layers, config.max_position_embeddings)
+
+
+IDS = [5, 17, 99, 3, 42, 8, 77, 61, 23, 11, 90, 4, 56, 31]
+
+
+def test_prefill_decode_verify_rewind(tiny_hf_dir, tiny_engine):
+    (logits, hidden, features), config = reference(tiny_hf_dir, IDS)
+    target = open_target(tiny_engine, config)
+    cache = KVCache(config, slots=1, max_len=64)
+    slot = cache.allocate()
+    got = []
+
+    def step(tokens, want_hidden=False):
+        out = target.step(cache, [Request(slot, tokens, list(range(len(tokens))))], want_hidden)
+        got.append(out.logits[0])
+        return out
+
+    out = step(IDS[:6], want_hidden=True)  # prefill
+    np.testing.assert_allclose(out.hidden_states[0], hidden[:6], atol=1e-4)
+    np.testing.assert_allclose(out.eagle3_features[0], features[:6], atol=1e-4)
+    step(IDS[6:7])  # decode
+    step(IDS[7:10])  # 3-token verification after a past
+    before = cache.lengths[slot]
+    target.step(cache, [Request(slot, [1, 2, 3], [0])])  # rejected tokens ...
+    cache.rewind(slot, before)  # ... discarded by lowering the length
+    step(IDS[10:14])
+    np.testing.assert_allclose(np.concatenate(got), logits, atol=1e-4)
+
+
+def test_batched_ragged_step_equals_single(tiny_hf_dir, tiny_engine):
+    """Two streams in one forward (different past and new lengths, one idle slot between)."""
+    (logits, _, _), config = reference(tiny_hf_dir, IDS)
+    target = open_target(tiny_engine, config)
+    cache = KVCache(config, slots=3, max_len=64)
+    a, idle, b = cache.allocate(), cache.allocate(), cache.allocate()
+    target.step(cache, [Request(a, IDS[:4], [3]), Request(b, IDS[:7], [6])])
+    out = target.step(cache, [Request(a, IDS[4:7], [0, 1, 2]), Request(b, IDS[7:8], [0])])
+    np.testing.assert_allclose(out.logits[0], logits[4:7], atol=1e-4)
+    np.testing.assert_allclose(out.logits[1], logits[7:8], atol=1e-4)
+    assert cache.lengths.tolist() == [7, 0, 8]
+
+
+def test_step_rejects_overflow(tiny_hf_dir, tiny_engine):
+    _, config = reference(tiny_hf_dir, IDS[:2])
+    target = open_target(tiny_engine, config)
+    cache = KVCache(config, slots=1, max_len=8)
+    slot = cache.allocate()
+    with pytest.raises(ValueError, match="exceed the cache length 8"):
+        target.step(cache, [Request(slot, list(range(3, 12)), [0])])
+
+
+def test_int4_layout_roundtrip():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((96, 40)).astype(np.float32)  # 3 blocks: odd count of zero points
+    wq = dequantize_int4(*quantize_int4(w), 96, 40)
+    step = (np.maximum(w.reshape(3, 32, 40).max(1), 0) - np.minimum(w.reshape(3, 32, 40).min(1), 0)) / 15
+    assert np.all(np.abs(w - wq).reshape(3, 32, 40) <= step[:, None, :] * 0.5 + 1e-6)
+
+
+def test_int4_graph_close_to_fp32(tiny_hf_dir, tiny_engine, tiny_engine_int4):
+    """int4 stays within a stated tolerance of fp32 on the tiny model: logits within 10% of
+    their spread, and the same argmax on most positions."""
+    (logits, _, _), config = reference(tiny_hf_dir, IDS)
+    outs = []
+    for engine in (tiny_engine, tiny_engine_int4):
+        cache = KVCache(config, slots=1, max_len=64)
+        slot = cache.allocate()
+        out = open_target(engine, config).step(cache, [Request(slot, IDS, list(range(len(IDS))))])
+        outs.append(out.logits[0])
+    fp32, int4 = outs
+    np.testing.assert_allclose(fp32, logits, atol=1e-4)
+    spread = logits.max() - logits.min()
+    assert np.abs(int4 - fp32).max() <= 0.1 * spread
+    assert np.mean(int4.argmax(-1) == fp32.argmax(-1)) >= 0.7

@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from trt_spec.runtime.sampling import SamplingParams, next_token, probs_from_logits
+
+
+def test_top_k_keeps_k_largest():
+    p = probs_from_logits(np.array([[1.0, 3.0, 2.0, 0.0]]), 1.0, top_k=2)[0]
+    assert p[0] == 0 and p[3] == 0
+    np.testing.assert_allclose(p[1] / p[2], np.e)
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = probs_from_logits(logits, 1.0, top_p=0.75)
+    np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    # the most likely token always survives, however small p is
+    np.testing.assert_allclose(probs_from_logits(logits, 1.0, top_p=0.01), [1, 0, 0, 0])
+
+
+def test_temperature_sharpens():
+    logits = np.array([1.0, 2.0])
+    assert probs_from_logits(logits, 0.5)[1] > probs_from_logits(logits, 1.0)[1]
+
+
+def test_greedy_is_argmax():
+    logits = np.full(50, -100.0)
+    logits[17] = 100.0
+    assert next_token(logits, SamplingParams(), np.random.default_rng(0)) == 17
+
+
+def test_seeded_sampling_is_reproducible_and_matches_distribution():
+    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4]))
+    params = SamplingParams(temperature=1.0, seed=3)
+    draw = lambda: [next_token(logits, params, np.random.default_rng(params.seed)) for _ in range(1)]
+    assert draw() == draw()
+    rng = np.random.default_rng(0)
+    counts = np.bincount([next_token(logits, params, rng) for _ in range(20000)], minlength=4)
+    np.testing.assert_allclose(counts / counts.sum(), [0.1, 0.2, 0.3, 0.4], atol=0.015)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"temperature": -1.0}, "temperature=-1.0"),
+    ({"temperature": float("nan")}, "temperature=nan"),
+    ({"top_p": 0.0}, r"top_p=0.0: must be in \(0, 1\]"),
+    ({"top_p": 1.5}, "top_p=1.5"),
+    ({"top_k": -1}, "top_k=-1"),
+    ({"stop": ("",)}, "stop strings must be non-empty"),
+])
+def test_bad_params_are_refused_with_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
