@@ -7,6 +7,8 @@ from pathlib import Path
 
 import onnx
 import torch
+from onnx import numpy_helper
+from onnx.external_data_helper import set_external_data
 
 from trt_spec.export.model import TargetModel, empty_cache
 from trt_spec.runtime.config import ModelConfig
@@ -83,10 +85,33 @@ def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) ->
                            f"inputs {got_in}\n!= {want_in}\noutputs {got_out}\n!= {want_out}")
 
 
-def save_with_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """Weights go to `<name>.data` beside the graph, so ORT can map them instead of parsing
-    a 500 MB protobuf."""
+def save_with_external_data(proto: onnx.ModelProto, path: Path,
+                            aliases: dict[str, str] | None = None) -> None:
+    """Weights go to `<name>.data` beside the graph (page-aligned, so ORT can map them instead
+    of parsing a 500 MB protobuf). `aliases` {name: source}: initializers that hold the same
+    bytes as another (a reshaped view) point at the source's bytes instead of a copy."""
+    aliases = aliases or {}
     data = path.with_name(path.name + ".data")
-    data.unlink(missing_ok=True)
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    tmp = data.with_name(data.name + ".partial")
+    placed: dict[str, tuple[int, int]] = {}
+    with open(tmp, "wb") as f:
+        inits = sorted(proto.graph.initializer, key=lambda t: t.name in aliases)  # sources first
+        for tensor in inits:
+            if not tensor.HasField("raw_data"):
+                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+            if len(tensor.raw_data) < 1024 and tensor.name not in aliases:
+                continue
+            if tensor.name in aliases:
+                source = aliases[tensor.name]
+                offset, length = placed[source]
+                assert length == len(tensor.raw_data), (tensor.name, source)
+            else:
+                f.seek(-f.tell() % 4096, 1)  # align to a page
+                offset, length = f.tell(), len(tensor.raw_data)
+                f.write(tensor.raw_data)
+            placed[tensor.name] = (offset, length)
+            set_external_data(tensor, data.name, offset, length)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(proto, str(path))
+    tmp.replace(data)

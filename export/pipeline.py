@@ -13,10 +13,18 @@ import onnx
 
 from trt_spec.export.checkpoint import load_target, resolve_model
 from trt_spec.export.onnx_export import export_target, save_with_external_data, target_io
-from trt_spec.export.quantize import matmuls_to_nbits
+from trt_spec.export.quantize import matmuls_to_nbits, tie_embedding_int8
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
 
-PRECISIONS = ("fp32", "int4")
+PRECISIONS = ("fp32", "int8", "int4")
+
+# Bits per MatMul, by precision. The head (output "logits") stays 8-bit under int4: logits
+# are where int4 error would land directly, and the default GGUF's embedding is Q8_0, which
+# 8-bit symmetric blocks reproduce exactly. (A tied head is handled by tie_embedding_int8.)
+BITS = {
+    "int8": lambda output, shape: 8,
+    "int4": lambda output, shape: 8 if output == "logits" else 4,
+}
 BACKENDS = ("ort",)
 
 
@@ -67,13 +75,14 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         graph = tmp / "target.onnx"
         log(f"exporting target ({config.num_layers} layers) to ONNX ...")
         export_target(target, graph)
-        if precision == "int4":
-            log("quantizing weights to int4 (MatMulNBits, block 32, accuracy level 4) ...")
+        if precision in BITS:
+            log(f"quantizing weights to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
             proto = onnx.load(str(graph))
-            n = matmuls_to_nbits(proto)
-            (tmp / "target.onnx.data").unlink()
-            save_with_external_data(proto, graph)
-            log(f"  {n} MatMuls quantized")
+            aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
+            n = matmuls_to_nbits(proto, BITS[precision])
+            save_with_external_data(proto, graph, aliases)
+            log(f"  {n} MatMuls quantized"
+                + (", embedding and lm_head share one int8 table" if aliases else ""))
         inputs, outputs = target_io(config)
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {

@@ -16,6 +16,25 @@ from onnx import helper, numpy_helper
 BLOCK = 32
 
 
+def quantize_int8(w: np.ndarray, block: int = BLOCK):
+    """w: [K, N] fp32 -> (q [N, K/block, block] uint8, scales [N*K/block], zero_points
+    [N*K/block] uint8 = 128). Symmetric, scale = max|w| / 127: exact for weights that came
+    from a Q8_0 GGUF tensor (w = d*q, |q| <= 127, d = amax / 127)."""
+    k, n = w.shape
+    assert k % block == 0, (k, block)
+    wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block)
+    scale = np.abs(wt).max(-1) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    q = (np.clip(np.round(wt / scale[..., None]), -127, 127) + 128).astype(np.uint8)
+    return q, scale.reshape(-1), np.full(scale.size, 128, np.uint8)
+
+
+def dequantize_int8(q, scales, zero_points, k: int, n: int, block: int = BLOCK) -> np.ndarray:
+    blocks = k // block
+    w = (q.astype(np.float32) - zero_points.reshape(n, blocks, 1)) * scales.reshape(n, blocks, 1)
+    return w.reshape(n, k).T
+
+
 def quantize_int4(w: np.ndarray, block: int = BLOCK):
     """w: [K, N] fp32 (MatMul's B) -> (packed [N, K/block, block/2] uint8, scales [N*K/block]
     fp32, zero_points [N*ceil(K/block/2)] uint8) in MatMulNBits' layout."""
@@ -48,10 +67,14 @@ def dequantize_int4(packed, scales, zero_points, k: int, n: int, block: int = BL
     return w.reshape(n, k).T
 
 
-def matmuls_to_nbits(model: onnx.ModelProto, accuracy_level: int = 4,
+QUANTIZERS = {4: quantize_int4, 8: quantize_int8}
+
+
+def matmuls_to_nbits(model: onnx.ModelProto, bits_for, accuracy_level: int = 4,
                      min_elements: int = 4096) -> int:
     """Replaces every MatMul whose B is a 2-D initializer with K % 32 == 0 (and at least
-    `min_elements` weights) by MatMulNBits, in place. Returns how many were replaced."""
+    `min_elements` weights) by MatMulNBits, in place. `bits_for(output_name, shape)` (the MatMul's output) picks
+    4 or 8 bits (or None to keep fp32). Returns how many were replaced."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses: dict[str, int] = {}
@@ -69,8 +92,12 @@ def matmuls_to_nbits(model: onnx.ModelProto, accuracy_level: int = 4,
             continue
         w = numpy_helper.to_array(init)
         k, n = w.shape
-        packed, scales, zps = quantize_int4(w)
-        prefix = f"{w_name}.int4"
+        bits = bits_for(node.output[0], (k, n))
+        if bits is None:
+            new_nodes.append(node)
+            continue
+        packed, scales, zps = QUANTIZERS[bits](w)
+        prefix = f"{w_name}.int{bits}"
         graph.initializer.extend([
             numpy_helper.from_array(packed, prefix + ".q"),
             numpy_helper.from_array(scales, prefix + ".scales"),
@@ -79,7 +106,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, accuracy_level: int = 4,
         new_nodes.append(helper.make_node(
             "MatMulNBits", [node.input[0], prefix + ".q", prefix + ".scales", prefix + ".zp"],
             list(node.output), name=(node.name or w_name) + "/MatMulNBits", domain="com.microsoft",
-            K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=accuracy_level))
+            K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
         uses[w_name] -= 1
         replaced += 1
     del graph.node[:]
@@ -90,3 +117,61 @@ def matmuls_to_nbits(model: onnx.ModelProto, accuracy_level: int = 4,
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return replaced
+
+
+def tie_embedding_int8(model: onnx.ModelProto) -> dict[str, str] | None:
+    """Makes the tied embedding and lm_head share one int8 copy of the table.
+
+        ids --Gather(E)-->            becomes   ids --GatherBlockQuantized(Eq, s, zp)-->
+        h --MatMul(Transpose(E))-->             h --MatMulNBits(Eq, s, zp, bits=8)--> logits
+
+    Eq is quantize_int8(E.T): [vocab, H/32, 32] rows of E in 32-blocks, which is both
+    MatMulNBits' B layout and (viewed as [vocab, H]) the gather table. The two views are
+    separate initializers; the returned aliases {view: source} let the saver point both at
+    the same bytes on disk. Returns None when the graph has no tied head."""
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    head = producers.get("logits")
+    if head is None or head.op_type != "MatMul":
+        return None
+    transpose = producers.get(head.input[1])
+    if transpose is None or transpose.op_type != "Transpose":
+        return None
+    table = transpose.input[0]
+    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] == table]
+    inits = {i.name: i for i in graph.initializer}
+    if len(gathers) != 1 or table not in inits:
+        return None
+    e = numpy_helper.to_array(inits[table])  # (vocab, H)
+    vocab, hidden = e.shape
+    q, scales, zps = quantize_int8(e.T)  # q: (vocab, H/32, 32)
+    p = f"{table}.int8"
+    graph.initializer.extend([
+        numpy_helper.from_array(q, p + ".q"),
+        numpy_helper.from_array(scales, p + ".scales"),
+        numpy_helper.from_array(zps, p + ".zp"),
+        numpy_helper.from_array(q.reshape(vocab, hidden), p + ".rows"),
+        numpy_helper.from_array(scales.reshape(vocab, -1), p + ".rows.scales"),
+        numpy_helper.from_array(zps.reshape(vocab, -1), p + ".rows.zp"),
+    ])
+    gather = gathers[0]
+    nodes = []
+    for node in graph.node:
+        if node is transpose:
+            continue
+        if node is head:
+            node = helper.make_node(
+                "MatMulNBits", [head.input[0], p + ".q", p + ".scales", p + ".zp"], ["logits"],
+                name="/lm_head/MatMulNBits", domain="com.microsoft", K=hidden, N=vocab, bits=8,
+                block_size=BLOCK, accuracy_level=4)
+        elif node is gather:
+            node = helper.make_node(
+                "GatherBlockQuantized", [p + ".rows", gather.input[1], p + ".rows.scales",
+                                         p + ".rows.zp"], list(gather.output),
+                name="/embed_tokens/GatherBlockQuantized", domain="com.microsoft", bits=8,
+                block_size=BLOCK, quantize_axis=1, gather_axis=0)
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.remove(inits[table])
+    return {p + ".rows": p + ".q", p + ".rows.scales": p + ".scales", p + ".rows.zp": p + ".zp"}

@@ -67,3 +67,11 @@ def tiny_engine_int4(tiny_hf_dir, tmp_path_factory):
     from trt_spec.export.pipeline import export_engine
 
     return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-int4", "int4")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_hf_dir, tmp_path_factory):
+    """SmolLM2 exported to an fp32 engine folder (about 20 s)."""
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-fp32", "fp32")

