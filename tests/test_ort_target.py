@@ -101,3 +101,24 @@ def test_int4_graph_close_to_fp32(tiny_hf_dir, tiny_engine, tiny_engine_int4):
     spread = logits.max() - logits.min()
     assert np.abs(int4 - fp32).max() <= 0.1 * spread
     assert np.mean(int4.argmax(-1) == fp32.argmax(-1)) >= 0.7
+
+
+def test_cache_is_written_in_place(tiny_hf_dir, tiny_engine):
+    """ORT writes the new keys/values into the runtime's own buffers (no copy comes back):
+    after a step, the rows of our numpy buffers equal the torch module's present cache."""
+    model, config = load_target(tiny_hf_dir)
+    with torch.no_grad():
+        out = model(torch.tensor([IDS[:5]]), torch.arange(5)[None],
+                    torch.tensor([4], dtype=torch.int32), torch.tensor([5], dtype=torch.int32),
+                    torch.tensor(16, dtype=torch.int32), torch.tensor([[4]]),
+                    *empty_cache(config, 1, 16))
+    presents = [p[0, :, :5].numpy() for p in out[3:]]
+    cache = KVCache(config, slots=2, max_len=16)
+    slot = cache.allocate()
+    buffers_before = [b.__array_interface__["data"][0] for b in cache.buffers]
+    open_target(tiny_engine, config).step(cache, [Request(slot, IDS[:5], [4])])
+    assert [b.__array_interface__["data"][0] for b in cache.buffers] == buffers_before
+    for buffer, present in zip(cache.buffers, presents):
+        np.testing.assert_allclose(buffer[slot, :, :5], present, atol=1e-5)
+        assert not buffer[slot, :, 5:].any()  # rows past the length untouched
+        assert not buffer[1 - slot].any()  # the other slot untouched
