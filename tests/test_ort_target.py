@@ -20,8 +20,8 @@ def reference(tiny_hf_dir, ids):
     with torch.no_grad():
         out = model(torch.tensor([ids]), torch.arange(t)[None],
                     torch.tensor([t - 1], dtype=torch.int32), torch.tensor([t], dtype=torch.int32),
-                    torch.tensor(64, dtype=torch.int32), torch.arange(t)[None],
-                    *empty_cache(config, 1, 64))
+                    torch.tensor(t, dtype=torch.int32), torch.arange(t)[None],
+                    *empty_cache(config, 1, max(t, 16)))
     return [x[0].numpy() for x in out[:3]], config
 
 
@@ -122,3 +122,18 @@ def test_cache_is_written_in_place(tiny_hf_dir, tiny_engine):
         np.testing.assert_allclose(buffer[slot, :, :5], present, atol=1e-5)
         assert not buffer[slot, :, 5:].any()  # rows past the length untouched
         assert not buffer[1 - slot].any()  # the other slot untouched
+
+
+def test_long_prefill_then_decode(tiny_hf_dir, tiny_engine):
+    """A 200-token prefill (logits of the last position only), then decode and verify steps."""
+    ids = [int(x) for x in np.random.default_rng(5).integers(3, 128, 210)]
+    (logits, _, _), config = reference(tiny_hf_dir, ids)
+    target = open_target(tiny_engine, config)
+    cache = KVCache(config, slots=1, max_len=256)
+    slot = cache.allocate()
+    out = target.step(cache, [Request(slot, ids[:200], [199])])
+    np.testing.assert_allclose(out.logits[0], logits[199:200], atol=1e-4)
+    out = target.step(cache, [Request(slot, ids[200:201], [0])])
+    np.testing.assert_allclose(out.logits[0], logits[200:201], atol=1e-4)
+    out = target.step(cache, [Request(slot, ids[201:206], list(range(5)))])
+    np.testing.assert_allclose(out.logits[0], logits[201:206], atol=1e-4)

@@ -42,3 +42,22 @@ def test_int4_fidelity_to_fp32(smollm2_engine, tmp_path_factory):
     report = fidelity(ref, test, [ref.encode(p) for p in PROMPTS[:4]], 32)
     assert report["greedy_agreement"] >= 0.6, report
     assert report["mean_kl"] <= 0.5, report
+
+
+def test_export_from_a_local_gguf_equals_the_named_model(smollm2_engine, tmp_path):
+    """`--model path/to/file.gguf` takes the same road as the named model: same weights, same
+    graph bytes."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trt_spec.cli import main
+    from trt_spec.export.checkpoint import fetch_known_gguf
+
+    gguf = fetch_known_gguf("smollm2-135m")
+    out = tmp_path / "from-gguf"
+    result = CliRunner().invoke(main, ["export", "--model", str(gguf), "--precision", "fp32",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    files = lambda d: json.loads((d / "manifest.json").read_text())["files"]
+    assert files(out)["target.onnx.data"] == files(smollm2_engine)["target.onnx.data"]
