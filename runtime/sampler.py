@@ -1,0 +1,100 @@
+"""Speculative verification: which drafted tokens to keep, and the token that follows them.
+
+Terms, used throughout:
+    p            the target's next-token distribution at a position (after temperature,
+                 top-k and top-p, applied by `probs_from_logits` exactly as for q)
+    q            the drafter's distribution the draft token was sampled from; a deterministic
+                 drafter (n-gram, greedy draft) has q = one-hot of its token
+    accepted     a drafted token the verifier keeps; drafts are kept as a prefix
+    recovered    the token emitted in place of the first rejected draft: sampled from
+                 norm(max(0, p - q)) (or the target's argmax when greedy)
+    bonus        the token emitted after all k drafts were accepted: sampled from p at k
+Every step therefore emits accepted + 1 tokens.
+
+Greedy: accept the longest prefix where the draft equals the target's argmax.
+Stochastic (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding", Algorithm 1): accept draft x with probability min(1, p(x) / q(x)); on rejection
+emit a recovered token and stop. The emitted tokens are distributed exactly as sampling from
+p one token at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_spec.runtime.sampling import SamplingParams, probs_from_logits, sample_from_probs
+
+PLACEHOLDER = -1  # fills fixed-shape token outputs past what a row emitted
+Q_FLOOR = 1e-10  # q(x) is never below this in a division
+
+
+@dataclass
+class SampleResult:
+    tokens: np.ndarray  # [batch, k_max + 1] int64; row i: tokens[i, :num_emitted[i]], rest PLACEHOLDER
+    num_accepted: np.ndarray  # [batch] drafts accepted per row
+    num_emitted: np.ndarray  # [batch] = num_accepted + 1
+
+
+def greedy_verify(drafts: np.ndarray, target_logits: np.ndarray) -> tuple[int, list[int]]:
+    """drafts: [k]; target_logits: [k + 1, vocab] (position i predicts the token after
+    drafts[:i]). Returns (accepted, emitted tokens)."""
+    target = target_logits.argmax(-1)  # (k+1,)
+    k = len(drafts)
+    mismatch = np.nonzero(drafts != target[:k])[0]
+    a = int(mismatch[0]) if mismatch.size else k
+    return a, [int(t) for t in drafts[:a]] + [int(target[a])]
+
+
+def residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
+    """norm(max(0, p - q)); q None means one-hot at x. Falls back to p when the residual has
+    no mass (p <= q everywhere, which only happens when p == q, where rejection is
+    impossible anyway; guards float round-off)."""
+    r = p.copy()
+    if q is None:
+        r[x] = max(0.0, r[x] - 1.0)
+    else:
+        r = np.maximum(r - q, 0.0)
+    total = r.sum()
+    return r / total if total > 1e-12 else p
+
+
+def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
+                      target_logits: np.ndarray, params: SamplingParams,
+                      rng: np.random.Generator) -> tuple[int, list[int]]:
+    """drafts: [k]; draft_probs: [k, vocab] (q at each draft position) or None for a
+    deterministic drafter; target_logits: [k + 1, vocab]."""
+    p = probs_from_logits(target_logits, params.temperature, params.top_k, params.top_p)  # (k+1, V)
+    out = []
+    for i, x in enumerate(int(d) for d in drafts):
+        q_x = 1.0 if draft_probs is None else max(float(draft_probs[i, x]), Q_FLOOR)
+        if rng.random() < p[i, x] / q_x:  # accept with probability min(1, p/q)
+            out.append(x)
+            continue
+        q = None if draft_probs is None else draft_probs[i]
+        out.append(sample_from_probs(residual(p[i], q, x), rng))  # recovered token
+        return i, out
+    out.append(sample_from_probs(p[len(drafts)], rng))  # bonus token
+    return len(drafts), out
+
+
+def verify_batch(drafts: list[np.ndarray], draft_probs: list[np.ndarray | None],
+                 target_logits: list[np.ndarray], params: list[SamplingParams],
+                 rngs: list[np.random.Generator]) -> SampleResult:
+    """Per row: drafts [k_i], draft_probs [k_i, vocab] | None, target_logits [k_i + 1, vocab].
+    Rows may have different k (k_i = 0 is a plain decode step)."""
+    batch = len(drafts)
+    k_max = max((len(d) for d in drafts), default=0)
+    tokens = np.full((batch, k_max + 1), PLACEHOLDER, dtype=np.int64)
+    accepted = np.zeros(batch, dtype=np.int64)
+    for i in range(batch):
+        d = np.asarray(drafts[i], dtype=np.int64)
+        assert target_logits[i].shape[0] == len(d) + 1, (target_logits[i].shape, len(d))
+        if params[i].greedy:
+            a, out = greedy_verify(d, target_logits[i])
+        else:
+            a, out = stochastic_verify(d, draft_probs[i], target_logits[i], params[i], rngs[i])
+        tokens[i, :len(out)] = out
+        accepted[i] = a
+    return SampleResult(tokens, accepted, accepted + 1)

@@ -1,0 +1,134 @@
+"""Speculative verification as data: forced argmaxes, edge cases, and distributions."""
+
+import numpy as np
+import pytest
+
+from trt_spec.runtime.sampler import PLACEHOLDER, residual, stochastic_verify, verify_batch
+from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
+
+V = 8
+GREEDY = SamplingParams()
+
+
+def forced(argmaxes):
+    """Logits [len, V] whose argmax at row i is argmaxes[i] (+100 vs -100)."""
+    logits = np.full((len(argmaxes), V), -100.0)
+    logits[np.arange(len(argmaxes)), argmaxes] = 100.0
+    return logits
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_accepts_longest_matching_prefix(k, batch):
+    rng = np.random.default_rng(k * 10 + batch)
+    drafts, logits, expect = [], [], []
+    for row in range(batch):
+        d = rng.integers(0, V, k)
+        a = int(rng.integers(0, k + 1))  # how many should be accepted
+        target = list(d[:a]) + [int((d[a] + 1) % V) if a < k else int(rng.integers(0, V))]
+        target += list(rng.integers(0, V, k - a))  # positions after a rejection don't matter
+        drafts.append(d)
+        logits.append(forced(target))
+        expect.append((a, target[:a + 1]))
+    res = verify_batch(drafts, [None] * batch, logits, [GREEDY] * batch,
+                       [np.random.default_rng(0)] * batch)
+    assert res.tokens.shape == (batch, k + 1)
+    for row, (a, out) in enumerate(expect):
+        assert res.num_accepted[row] == a and res.num_emitted[row] == a + 1
+        assert res.tokens[row, :a + 1].tolist() == out
+        assert (res.tokens[row, a + 1:] == PLACEHOLDER).all()
+
+
+def test_rows_with_different_k_and_plain_decode():
+    res = verify_batch([np.array([3, 4]), np.array([], dtype=np.int64)], [None, None],
+                       [forced([3, 4, 5]), forced([6])], [GREEDY] * 2,
+                       [np.random.default_rng(0)] * 2)
+    assert res.tokens.tolist() == [[3, 4, 5], [6, PLACEHOLDER, PLACEHOLDER]]
+    assert res.num_emitted.tolist() == [3, 1]
+
+
+def test_p_equal_q_accepts_everything():
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, V))
+    q = probs_from_logits(logits[:4], 1.0)
+    for _ in range(2000):
+        drafts = np.array([rng.choice(V, p=q[i]) for i in range(4)])
+        a, out = stochastic_verify(drafts, q, logits, params, rng)
+        assert a == 4 and len(out) == 5
+
+
+def test_residual_without_mass_falls_back_to_p():
+    p = np.array([0.5, 0.5, 0.0])
+    np.testing.assert_allclose(residual(p, p.copy(), 0), p)
+    np.testing.assert_allclose(residual(np.array([1.0, 0, 0]), None, 0), [1.0, 0, 0])
+    r = residual(np.array([0.6, 0.4, 0.0]), None, 0)
+    np.testing.assert_allclose(r, [0, 1, 0])
+
+
+def test_seeded_stochastic_is_deterministic():
+    params = SamplingParams(temperature=0.8, top_k=5, seed=11)
+    logits = np.random.default_rng(1).standard_normal((4, V))
+    q = probs_from_logits(np.random.default_rng(2).standard_normal((3, V)), 0.8, 5)
+    run = lambda: stochastic_verify(np.array([1, 2, 3]), q, logits, params,
+                                    np.random.default_rng(params.seed))
+    assert run() == run()
+
+
+def tv(counts, p):
+    return 0.5 * np.abs(counts / counts.sum() - p).sum()
+
+
+N = 200_000
+TV_BOUND = 0.01  # expected TV at N = 200k and V = 8 is ~0.003; 0.01 is > 3x that
+
+
+def cases():
+    rng = np.random.default_rng(42)
+    p_logits = rng.standard_normal(V) * 2
+    p1_logits = rng.standard_normal((V, V)) * 2  # target at position 1, given token 0
+    yield "q near p", p_logits, p_logits + rng.standard_normal(V) * 0.3, p1_logits, SamplingParams(temperature=1.0)
+    yield "q much worse", p_logits, -p_logits, p1_logits, SamplingParams(temperature=1.0)
+    disjoint_q = np.where(np.arange(V) < V // 2, -100.0, 0.0)
+    disjoint_p = np.where(np.arange(V) < V // 2, 0.0, -100.0)
+    yield "disjoint supports", disjoint_p, disjoint_q, p1_logits, SamplingParams(temperature=1.0)
+    yield "top-k 3", p_logits, rng.standard_normal(V), p1_logits, SamplingParams(temperature=0.7, top_k=3)
+    yield "top-p 0.8", p_logits, rng.standard_normal(V), p1_logits, SamplingParams(temperature=1.3, top_p=0.8)
+    yield "deterministic drafter", p_logits, None, p1_logits, SamplingParams(temperature=1.0)
+
+
+@pytest.mark.parametrize("name, p_logits, q_logits, p1_logits, params", list(cases()),
+                         ids=[c[0] for c in cases()])
+def test_emitted_tokens_follow_the_target_distribution(name, p_logits, q_logits, p1_logits, params):
+    """First emitted token ~ p; second (given the first was an accepted draft y) ~ p1[y]."""
+    t, tk, tp = params.temperature, params.top_k, params.top_p
+    p0 = probs_from_logits(p_logits, t, tk, tp)
+    q0 = None if q_logits is None else probs_from_logits(q_logits, t, tk, tp)
+    q1_logits = np.roll(p1_logits, 1, axis=1)  # the draft's 2nd position: off by one token
+    rng = np.random.default_rng(0)
+    q1 = [None if q0 is None else probs_from_logits(q1_logits[y], t, tk, tp) for y in range(V)]
+    p1_argmax = p1_logits.argmax(-1)
+    # the drafts, drawn up front (vectorized); the verifier runs once per trial
+    d1s = np.full(N, int(np.argmax(p0))) if q0 is None else rng.choice(V, size=N, p=q0)
+    u = rng.random(N)
+    first = np.zeros(V)
+    second = {y: np.zeros(V) for y in range(V)}
+    for d1, ui in zip(d1s.tolist(), u.tolist()):
+        if q0 is None:
+            d2, q = int(p1_argmax[d1]), None
+        else:
+            d2 = min(int(np.searchsorted(np.cumsum(q1[d1]), ui, side="right")), V - 1)
+            q = np.stack([q0, q1[d1]])
+        logits = np.stack([p_logits, p1_logits[d1], p_logits])
+        a, out = stochastic_verify(np.array([d1, d2]), q, logits, params, rng)
+        first[out[0]] += 1
+        if a >= 1:
+            second[out[0]][out[1]] += 1
+    assert first[p0 == 0].sum() == 0
+    assert tv(first, p0) < TV_BOUND, (name, first / N, p0)
+    for y, counts in second.items():
+        if counts.sum() < 20_000:
+            continue  # too few draws of this prefix for a tight bound
+        p1 = probs_from_logits(p1_logits[y], t, tk, tp)
+        assert counts[p1 == 0].sum() == 0
+        assert tv(counts, p1) < 2.5 * TV_BOUND, (name, y, counts / counts.sum(), p1)
