@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import onnx
 
-from trt_spec.export.checkpoint import load_target, resolve_model
+from trt_spec.export.checkpoint import load_into, load_target, resolve_model
+from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import export_target, save_with_external_data, target_io
 from trt_spec.export.quantize import matmuls_to_nbits, tie_embedding_int8
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
@@ -48,15 +50,61 @@ def copy_tokenizer(hf_dir: Path, out: Path) -> list[str]:
     return ["tokenizer.json", "tokenizer_config.json"]
 
 
+def truncated_draft(target: TargetModel, layers: int) -> TargetModel:
+    """A layer-truncated self-draft: the target's first `layers` decoder layers, its final
+    norm and its head (tied or not). Weak but real; it needs no training."""
+    config = target.config
+    if not 1 <= layers < config.num_layers:
+        raise ValueError(f"--draft-layers {layers}: must be in 1..{config.num_layers - 1} "
+                         f"(the target has {config.num_layers} layers)")
+    draft_config = dataclasses.replace(config, num_layers=layers, eagle3_layers=())
+    draft = TargetModel(draft_config)
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("layers.") or int(k.split(".")[1]) < layers}
+    load_into(draft, state)
+    return draft.eval()
+
+
+def export_graph(model: TargetModel, folder: Path, name: str, precision: str, backend: str,
+                 inputs: list[dict], outputs: list[dict]) -> dict:
+    """Exports `model` as `<name>.onnx` (+ .data) in `folder`, lowered to `precision`; returns
+    its manifest entry."""
+    graph = folder / f"{name}.onnx"
+    log(f"exporting {name} ({model.config.num_layers} layers) to ONNX ...")
+    export_target(model, graph)
+    if precision in BITS:
+        log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
+        proto = onnx.load(str(graph))
+        aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
+        n = matmuls_to_nbits(proto, BITS[precision])
+        save_with_external_data(proto, graph, aliases)
+        log(f"  {n} MatMuls quantized"
+            + (", embedding and lm_head share one int8 table" if aliases else ""))
+    return {
+        "files": [graph.name, graph.name + ".data"],
+        "backend": backend,
+        "precision": precision,
+        "inputs": inputs,
+        "outputs": outputs,
+        "kv_cache": {"layout": "[batch, kv_heads, max_len, head_dim]",
+                     "dtype": "float32", "in_place": "past and present share one buffer"},
+    }
+
+
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
-                  force: bool = False) -> Path:
+                  force: bool = False, draft_layers: int = 0, draft_model: str | None = None) -> Path:
+    """Exports the target (and a vanilla draft: `draft_layers` of the target itself, or a
+    separate `draft_model` with the same vocabulary) into the engine folder `out`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not supported; choose from {PRECISIONS}")
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not supported by export yet; choose from "
                          f"{BACKENDS} (TensorRT: see issue 8)")
+    if draft_layers and draft_model:
+        raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
-    source = {"model": model, "precision": precision, "backend": backend}
+    source = {"model": model, "precision": precision, "backend": backend,
+              "draft_layers": draft_layers, "draft_model": draft_model}
     if not force and (out / MANIFEST).exists():
         try:
             existing = load_manifest(out, verify="size")
@@ -69,38 +117,36 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     hf_dir = resolve_model(model)
     log(f"loading {hf_dir}")
     target, config = load_target(hf_dir)
+    draft, drafters = None, {}
+    if draft_layers:
+        draft = truncated_draft(target, draft_layers)
+        kind = f"self-draft: the target's first {draft_layers} of {config.num_layers} layers"
+    elif draft_model:
+        draft, _ = load_target(resolve_model(draft_model))
+        kind = f"draft model {draft_model}"
+        if draft.config.vocab_size != config.vocab_size:
+            raise ValueError(f"draft model {draft_model!r} has vocab {draft.config.vocab_size}, "
+                             f"the target {config.vocab_size}: a vanilla draft must share it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
-        graph = tmp / "target.onnx"
-        log(f"exporting target ({config.num_layers} layers) to ONNX ...")
-        export_target(target, graph)
-        if precision in BITS:
-            log(f"quantizing weights to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
-            proto = onnx.load(str(graph))
-            aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
-            n = matmuls_to_nbits(proto, BITS[precision])
-            save_with_external_data(proto, graph, aliases)
-            log(f"  {n} MatMuls quantized"
-                + (", embedding and lm_head share one int8 table" if aliases else ""))
-        inputs, outputs = target_io(config)
+        graphs = {"target": export_graph(target, tmp, "target", precision, backend,
+                                         *target_io(config))}
+        if draft is not None:
+            graphs["draft"] = export_graph(draft, tmp, "draft", precision, backend,
+                                           *target_io(draft.config))
+            drafters["vanilla"] = {"graph": "draft", "kind": kind,
+                                   "model_config": draft.config.to_dict()}
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {
             "name": out.name,
             "source": source,
             "model_config": config.to_dict(),
             "tokenizer": {"files": tokenizer_files},
-            "graphs": {"target": {
-                "files": ["target.onnx", "target.onnx.data"],
-                "backend": backend,
-                "precision": precision,
-                "inputs": inputs,
-                "outputs": outputs,
-                "kv_cache": {"layout": "[batch, kv_heads, max_len, head_dim]",
-                             "dtype": "float32", "in_place": "past and present share one buffer"},
-            }},
-            "drafters": {},
+            "graphs": graphs,
+            "drafters": drafters,
         })
+        tmp.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -119,7 +119,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, bits_for, accuracy_level: int = 4,
     return replaced
 
 
-def tie_embedding_int8(model: onnx.ModelProto) -> dict[str, str] | None:
+def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[str, str] | None:
     """Makes the tied embedding and lm_head share one int8 copy of the table.
 
         ids --Gather(E)-->            becomes   ids --GatherBlockQuantized(Eq, s, zp)-->
@@ -163,7 +163,7 @@ def tie_embedding_int8(model: onnx.ModelProto) -> dict[str, str] | None:
             node = helper.make_node(
                 "MatMulNBits", [head.input[0], p + ".q", p + ".scales", p + ".zp"], ["logits"],
                 name="/lm_head/MatMulNBits", domain="com.microsoft", K=hidden, N=vocab, bits=8,
-                block_size=BLOCK, accuracy_level=4)
+                block_size=BLOCK, accuracy_level=accuracy_level)
         elif node is gather:
             node = helper.make_node(
                 "GatherBlockQuantized", [p + ".rows", gather.input[1], p + ".rows.scales",

@@ -1,13 +1,22 @@
-"""Streams and the plain (non-speculative) engine.
+"""Streams and the engines that advance them.
 
 A Stream carries everything about one generation that must survive between steps: its
-tokens, its KV-cache slot, its sampling state. Engines hold no per-stream state, so a stream
-can move between engines between steps.
+tokens, its KV-cache slot, its sampling state, its counters. Engines keep no per-stream state
+(a proposer's draft cache is keyed by slot and checked against the stream), so a stream can
+move between NormalEngine and SpeculativeEngine between steps.
 
     step(streams):                              # NormalEngine
-        prefill each new stream (one ragged batch), sample its first token
-        decode every other stream: its last token, one batched forward, sample
+        prefill new streams (one ragged batch), sample their first token
+        decode the others: last token, one batched forward, sample
         check stop conditions; free the slots of finished streams
+
+    step(streams):                              # SpeculativeEngine
+        prefill new streams, as above
+        ks     = policy.draft_tokens(stream)                 # 0 = plain decode this step
+        drafts = proposer.propose(streams, ks)               # [k_i] tokens (+ q when sampling)
+        scores = scorer.score(streams, drafts)               # target over [last, d1..dk]
+        result = verify_batch(drafts, scores)                # accepted prefix + 1 token
+        commit(streams, result)                              # append, stop, rewind caches
 """
 
 from __future__ import annotations
@@ -20,7 +29,11 @@ import numpy as np
 
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.proposers.base import Proposer
+from trt_spec.runtime.sampler import verify_batch
 from trt_spec.runtime.sampling import SamplingParams, next_token
+from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.step_inputs import Request
 from trt_spec.runtime.tokenizer import Tokenizer
 
@@ -37,10 +50,23 @@ class Stream:
     finish_reason: str | None = None  # "stop" | "length"
     text: str = ""
     rng: np.random.Generator = None
+    speculate: bool = True  # the request allows speculation (RTP-LLM's force_disable_sp_run)
     # timings (time.perf_counter())
     t_added: float = 0.0
     t_first_token: float | None = None
     t_finished: float | None = None
+    # counters: target forwards (prefill included) and speculative totals
+    target_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sample_s: float = 0.0
+    # speculation policy state (see runtime/policy.py)
+    spec_window: list[tuple[int, int]] = field(default_factory=list)
+    spec_cooldown: int = 0
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -67,17 +93,51 @@ class Stream:
             "time_to_first_token_s": ttft,
             "decode_s": decode_s,
             "decode_tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            "target_forwards": self.target_forwards,
+            # tau: tokens per target forward, bonus/recovered token included (1.0 = no gain)
+            "tau": n / self.target_forwards if self.target_forwards else None,
+            "proposed_tokens": self.proposed,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
+            "acceptance_per_position": [a / p for a, p in zip(self.accepted_per_position,
+                                                              self.proposed_per_position)],
+            "propose_s": self.propose_s,
+            "score_s": self.score_s,
+            "sample_s": self.sample_s,
         }
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.target_forwards += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        grow = proposed - len(self.proposed_per_position)
+        if grow > 0:
+            self.proposed_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i in range(proposed):
+            self.proposed_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
 
 
 @dataclass
 class StepMetrics:
-    """What one engine step did, returned as data (the CLI prints it)."""
+    """What one engine step did, returned as data (as RTP-LLM's
+    SpeculativeEngineStepMetrics; times in microseconds)."""
 
     prefill_streams: int = 0
     prefill_tokens: int = 0
     decode_streams: int = 0
-    seconds: float = 0.0
+    speculating_streams: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_us: float = 0.0
+    propose_us: float = 0.0
+    score_us: float = 0.0
+    sample_us: float = 0.0
+    total_us: float = 0.0
 
 
 class StopChecker:
@@ -110,6 +170,30 @@ class StopChecker:
                 s.text = self.tokenizer.decode(s.output_ids)
 
 
+def prefill(target: OrtTarget, cache: KVCache, stops: "StopChecker", streams: list[Stream],
+            on_release) -> None:
+    """One ragged forward over the prompts of new streams; samples their first token."""
+    requests = [Request(s.slot, s.prompt_ids, [len(s.prompt_ids) - 1]) for s in streams]
+    out = target.step(cache, requests)
+    for s, logits in zip(streams, out.logits):
+        s.record(0, 0)
+        append(s, [next_token(logits[-1], s.params, s.rng)], stops)
+        if s.finished:
+            on_release(s)
+
+
+def append(s: Stream, tokens, stops: "StopChecker") -> int:
+    """Appends tokens one by one until a stop condition holds; returns how many were kept."""
+    for n, token in enumerate(tokens, 1):
+        s.output_ids.append(int(token))
+        if s.t_first_token is None:
+            s.t_first_token = time.perf_counter()
+        stops.update(s)
+        if s.finished:
+            return n
+    return len(tokens)
+
+
 class NormalEngine:
     """One target forward per generated token, every active stream batched."""
 
@@ -136,19 +220,82 @@ class NormalEngine:
         new = [s for s in active if not s.prefilled]
         old = [s for s in active if s.prefilled]
         m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
-        for group, requests in (
-            (new, [Request(s.slot, s.prompt_ids, [len(s.prompt_ids) - 1]) for s in new]),
-            (old, [Request(s.slot, [s.output_ids[-1]], [0]) for s in old]),
-        ):
-            if not group:
-                continue
-            out = self.target.step(self.cache, requests)
-            for s, logits in zip(group, out.logits):
-                s.output_ids.append(next_token(logits[-1], s.params, s.rng))
-                if s.t_first_token is None:
-                    s.t_first_token = time.perf_counter()
-                self.stops.update(s)
+        if new:
+            prefill(self.target, self.cache, self.stops, new, self.release)
+        t1 = time.perf_counter()
+        if old:
+            out = self.target.step(self.cache, [Request(s.slot, [s.output_ids[-1]], [0]) for s in old])
+            for s, logits in zip(old, out.logits):
+                s.record(0, 0)
+                m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
                 if s.finished:
                     self.release(s)
-        m.seconds = time.perf_counter() - t0
+        t2 = time.perf_counter()
+        m.prefill_us, m.score_us, m.total_us = 1e6 * (t1 - t0), 1e6 * (t2 - t1), 1e6 * (t2 - t0)
         return m
+
+
+class SpeculativeEngine(NormalEngine):
+    """Propose -> score -> sample -> commit; the proposer is chosen once, at construction."""
+
+    def __init__(self, target: OrtTarget, cache: KVCache, stops: StopChecker,
+                 proposer: Proposer, policy: SpeculationPolicy):
+        super().__init__(target, cache, stops)
+        self.proposer = proposer
+        self.policy = policy
+        self.scorer = Scorer(target, cache)
+
+    def release(self, s: Stream) -> None:
+        if s.slot is not None:
+            self.proposer.release(s)
+        super().release(s)
+
+    def step(self, streams: list[Stream]) -> StepMetrics:
+        t0 = time.perf_counter()
+        active = [s for s in streams if not s.finished]
+        new = [s for s in active if not s.prefilled]
+        old = [s for s in active if s.prefilled]
+        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
+        if new:
+            prefill(self.target, self.cache, self.stops, new, self.release)
+        t1 = time.perf_counter()
+        if old:
+            ks = [self.policy.draft_tokens(s, len(old)) for s in old]
+            drafts = self.proposer.propose(old, ks)
+            t2 = time.perf_counter()
+            scores = self.scorer.score(old, drafts.tokens)
+            t3 = time.perf_counter()
+            result = verify_batch(drafts.tokens, drafts.probs, scores, [s.params for s in old],
+                                  [s.rng for s in old])
+            self.commit(old, drafts, result, m)
+            t4 = time.perf_counter()
+            n = len(old)
+            for s in old:  # the step's time, shared out per stream
+                s.propose_s += (t2 - t1) / n
+                s.score_s += (t3 - t2) / n
+                s.sample_s += (t4 - t3) / n
+            m.propose_us, m.score_us, m.sample_us = 1e6 * (t2 - t1), 1e6 * (t3 - t2), 1e6 * (t4 - t3)
+        m.prefill_us = 1e6 * (t1 - t0)
+        m.total_us = 1e6 * (time.perf_counter() - t0)
+        return m
+
+    def commit(self, streams: list[Stream], drafts, result, m: StepMetrics) -> None:
+        """Appends the emitted tokens, rewinds both caches to what was accepted, records."""
+        for i, s in enumerate(streams):
+            proposed, accepted = len(drafts.tokens[i]), int(result.num_accepted[i])
+            emitted = result.tokens[i, :result.num_emitted[i]]
+            s.record(proposed, accepted)
+            self.policy.observe(s, proposed, accepted)
+            m.speculating_streams += proposed > 0
+            m.proposed_tokens += proposed
+            m.accepted_tokens += accepted
+            if len(m.accepted_per_position) < proposed:
+                m.accepted_per_position += [0] * (proposed - len(m.accepted_per_position))
+            for j in range(accepted):
+                m.accepted_per_position[j] += 1
+            m.emitted_tokens += append(s, emitted, self.stops)
+            if s.finished:
+                self.release(s)
+            else:
+                self.scorer.rewind(s)
+                self.proposer.commit(s)

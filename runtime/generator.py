@@ -7,13 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trt_spec.runtime.backends.ort import OrtTarget
-from trt_spec.runtime.engine import NormalEngine, StopChecker, Stream
+from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, StopChecker, Stream
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, load_manifest
+from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.proposers.ngram import NgramProposer
+from trt_spec.runtime.proposers.vanilla import VanillaProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.tokenizer import Tokenizer
 
-METHODS = ("none",)  # speculative methods arrive with their proposers
+METHODS = ("none", "vanilla", "ngram")
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
@@ -28,7 +32,8 @@ class GenerationResult:
 
 class Generator:
     def __init__(self, engine_dir: str | Path, method: str = "none", max_batch: int = 1,
-                 max_len: int = 2048, threads: int | None = None, verify: str = "sha256"):
+                 max_len: int = 2048, threads: int | None = None, verify: str = "sha256",
+                 speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4)):
         if method not in METHODS:
             raise ValueError(f"method {method!r} is not available; available: {', '.join(METHODS)}")
         if max_batch < 1:
@@ -56,9 +61,29 @@ class Generator:
         eos = set(config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.engine = NormalEngine(self.target, self.cache,
-                                   StopChecker(self.tokenizer, eos, self.cache.max_len))
+        stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
+        self.method = method
+        if method == "none":
+            self.engine = NormalEngine(self.target, self.cache, stops)
+        else:
+            policy = SpeculationPolicy(speculation or SpeculationConfig(), self.cache.max_len)
+            proposer = (NgramProposer(*ngram) if method == "ngram"
+                        else self._vanilla(max_batch, threads))
+            self.engine = SpeculativeEngine(self.target, self.cache, stops, proposer, policy)
         self.load_seconds = time.perf_counter() - t0
+
+    def _vanilla(self, max_batch: int, threads: int | None) -> VanillaProposer:
+        drafters = self.manifest.data["drafters"]
+        if "vanilla" not in drafters:
+            raise ValueError(f"{self.manifest.folder} has no vanilla draft (export it with "
+                             f"--draft-layers N or --draft-model); drafters here: "
+                             f"{sorted(drafters) or 'none'}")
+        entry = drafters["vanilla"]
+        config = ModelConfig.from_dict(entry["model_config"])
+        graph = self.manifest.graph(entry["graph"])
+        draft = OrtTarget(self.manifest.path(graph["files"][0]), config.num_layers,
+                          config.max_position_embeddings, threads)
+        return VanillaProposer(draft, KVCache(config, max_batch, self.cache.max_len))
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Chat messages always use the chat template; plain text uses it when chat=True, or
@@ -71,9 +96,10 @@ class Generator:
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
-    def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams) -> list[Stream]:
+    def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
+                     speculate: bool = True) -> list[Stream]:
         """Runs every prompt to completion, at most `cache.slots` at a time."""
-        streams = [Stream(ids, params) for ids in prompts_ids]
+        streams = [Stream(ids, params, speculate=speculate) for ids in prompts_ids]
         waiting, running = list(streams), []
         while waiting or running:
             while waiting and len(running) < self.cache.slots:
@@ -85,8 +111,8 @@ class Generator:
         return streams
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
-                 chat: bool | None = None) -> list[GenerationResult]:
+                 chat: bool | None = None, speculate: bool = True) -> list[GenerationResult]:
         params = params or SamplingParams()
-        streams = self.generate_ids([self.encode(p, chat) for p in prompts], params)
+        streams = self.generate_ids([self.encode(p, chat) for p in prompts], params, speculate)
         return [GenerationResult(s.text, s.output_ids, s.finish_reason, s.metrics())
                 for s in streams]

@@ -1,0 +1,1 @@
+"""Proposers: one file each, one interface (base.Proposer), chosen once at construction."""

@@ -1,0 +1,94 @@
+"""A draft model with the target's vocabulary and its own KV cache, run autoregressively.
+
+    catch up:  feed the tokens the draft has not seen (the whole prompt the first time; after
+               that the last accepted draft and the new target token), take d1
+    then:      feed d_{j-1}, take d_j, for j = 2..k       (one batched forward per j)
+
+The draft cache mirrors, per slot, the token ids it holds; after a step, `commit` rewinds it
+to the prefix that the accepted sequence shares with it (no copy: a length).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
+from trt_spec.runtime.step_inputs import Request
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
+    return int(diff[0]) if diff.size else n
+
+
+class VanillaProposer(Proposer):
+    name = "vanilla"
+
+    def __init__(self, draft: OrtTarget, cache: KVCache):
+        self.draft = draft
+        self.cache = cache  # same slot count as the target's; a stream uses its own slot
+        self.held: dict[int, tuple[int, list[int]]] = {}  # slot -> (stream id, tokens in cache)
+
+    def _tokens_in_cache(self, s) -> list[int]:
+        owner, tokens = self.held.get(s.slot, (None, []))
+        return tokens if owner == s.id else []
+
+    def commit(self, s) -> None:
+        tokens = self._tokens_in_cache(s)
+        keep = common_prefix(tokens, s.prompt_ids + s.output_ids)
+        self.cache.rewind(s.slot, keep)
+        self.held[s.slot] = (s.id, tokens[:keep])
+
+    def release(self, s) -> None:
+        self.held.pop(s.slot, None)
+        self.cache.lengths[s.slot] = 0
+
+    def _pick(self, s, logits: np.ndarray):
+        """logits [vocab] -> (token, q [vocab] or None when greedy)."""
+        if s.params.greedy:
+            return int(np.argmax(logits)), None
+        q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
+        return sample_from_probs(q, s.rng), q
+
+    def propose(self, streams, ks):
+        tokens = [[] for _ in streams]
+        probs = [[] for _ in streams]
+        active = [i for i, k in enumerate(ks) if k > 0]
+        # catch up, then take d1
+        requests, feeds = [], {}
+        for i in active:
+            s = streams[i]
+            seq = s.prompt_ids + s.output_ids
+            held = self._tokens_in_cache(s)
+            keep = common_prefix(held, seq)
+            if keep == len(seq):  # everything seen: re-feed the last token to get its logits
+                keep -= 1
+            self.cache.lengths[s.slot] = keep
+            feeds[i] = seq[keep:]
+            self.held[s.slot] = (s.id, seq[:keep])
+            requests.append(Request(s.slot, feeds[i], [len(feeds[i]) - 1]))
+        for j in range(max(ks, default=0)):
+            if j > 0:
+                active = [i for i in active if ks[i] > j]
+                requests = [Request(streams[i].slot, [tokens[i][-1]], [0]) for i in active]
+                feeds = {i: [tokens[i][-1]] for i in active}
+            if not active:
+                break
+            out = self.draft.step(self.cache, requests)
+            for i, logits in zip(active, out.logits):
+                s = streams[i]
+                owner, held = self.held[s.slot]
+                self.held[s.slot] = (owner, held + feeds[i])
+                token, q = self._pick(s, logits[-1])
+                tokens[i].append(token)
+                probs[i].append(q)
+        return Drafts(
+            [np.asarray(t, dtype=np.int64) for t in tokens],
+            [None if not p or p[0] is None else np.stack(p) for p in probs],
+        )
