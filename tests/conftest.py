@@ -17,32 +17,71 @@ TINY_HF_CONFIG = dict(
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
     max_position_embeddings=256,
+    initializer_range=0.2,  # large enough that greedy output varies (0.02 repeats one token)
     tie_word_embeddings=True,
     bos_token_id=1,
     eos_token_id=2,
 )
 
 
-@pytest.fixture(scope="session")
-def tiny_hf_dir(tmp_path_factory):
-    """A tiny random LlamaForCausalLM saved as a Hugging Face folder (config + safetensors +
-    a word-level tokenizer with a chat template)."""
+def make_tiny_hf(folder, seed: int, noisy_copy_of=None, noise: float = 0.0):
+    """A random tiny Llama, or (noisy_copy_of=folder) that model plus N(0, noise) on every
+    weight: a draft that agrees with it part of the time."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from tests.tiny_tokenizer import save_tiny_tokenizer
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**TINY_HF_CONFIG)
-    model = transformers.LlamaForCausalLM(config).eval()
-    # Random init leaves norms at 1; perturb them so the tests see their weights.
+    torch.manual_seed(seed)
+    if noisy_copy_of is None:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_HF_CONFIG)).eval()
+        noise = 0.1  # random init leaves norms at 1; perturb them so the tests see them
+        only = "norm"
+    else:
+        model = transformers.LlamaForCausalLM.from_pretrained(noisy_copy_of).eval()
+        only = ""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out)
-    save_tiny_tokenizer(out, TINY_HF_CONFIG["vocab_size"])
-    return out
+            if only in name:
+                p.add_(torch.randn_like(p) * noise)
+    model.save_pretrained(folder)
+    save_tiny_tokenizer(folder, TINY_HF_CONFIG["vocab_size"])
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory):
+    """A tiny random LlamaForCausalLM saved as a Hugging Face folder (config + safetensors +
+    a word-level tokenizer with a chat template)."""
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_spec_engine(tiny_hf_dir, tmp_path_factory):
+    """The tiny target with a vanilla draft: the target plus noise, accepted ~1/3 of the time."""
+    from trt_spec.export.pipeline import export_engine
+
+    draft = make_tiny_hf(tmp_path_factory.mktemp("tiny-draft"), seed=1, noisy_copy_of=tiny_hf_dir,
+                         noise=0.02)
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-spec",
+                         "fp32", draft_model=str(draft))
+
+
+@pytest.fixture(scope="session")
+def tiny_truncated_engine(tiny_hf_dir, tmp_path_factory):
+    """The tiny target with a layer-truncated self-draft (its first 2 of 4 layers)."""
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-trunc",
+                         "fp32", draft_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_self_engine(tiny_hf_dir, tmp_path_factory):
+    """The tiny target whose vanilla draft is the target itself (p = q everywhere)."""
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-self",
+                         "fp32", draft_model=str(tiny_hf_dir))
 
 
 @pytest.fixture(scope="session")

@@ -86,21 +86,37 @@ def test_int4_layout_roundtrip():
     assert np.all(np.abs(w - wq).reshape(3, 32, 40) <= step[:, None, :] * 0.5 + 1e-6)
 
 
-def test_int4_graph_close_to_fp32(tiny_hf_dir, tiny_engine, tiny_engine_int4):
-    """int4 stays within a stated tolerance of fp32 on the tiny model: logits within 10% of
-    their spread, and the same argmax on most positions."""
-    (logits, _, _), config = reference(tiny_hf_dir, IDS)
-    outs = []
-    for engine in (tiny_engine, tiny_engine_int4):
-        cache = KVCache(config, slots=1, max_len=64)
-        slot = cache.allocate()
-        out = open_target(engine, config).step(cache, [Request(slot, IDS, list(range(len(IDS))))])
-        outs.append(out.logits[0])
-    fp32, int4 = outs
-    np.testing.assert_allclose(fp32, logits, atol=1e-4)
-    spread = logits.max() - logits.min()
-    assert np.abs(int4 - fp32).max() <= 0.1 * spread
-    assert np.mean(int4.argmax(-1) == fp32.argmax(-1)) >= 0.7
+def test_int4_graph_computes_its_dequantized_weights(tiny_hf_dir, tiny_engine_int4):
+    """The int4 lowering is exact up to ORT's int8 activation rounding (accuracy level 4): the
+    graph matches the torch module whose weights were replaced by their int4 (body) / int8
+    (tied embedding and head) dequantized values five times more closely (or better) than it matches fp32."""
+    from trt_spec.export.quantize import dequantize_int8, quantize_int8
+
+    model, config = load_target(tiny_hf_dir)
+    with torch.no_grad():
+        fp32 = reference(tiny_hf_dir, IDS)[0][0]
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight.numpy().T  # (K, N)
+                wq = dequantize_int4(*quantize_int4(w), *w.shape)
+                module.weight.copy_(torch.from_numpy(wq.T.copy()))
+        e = model.embed_tokens.weight.numpy()
+        eq = dequantize_int8(*quantize_int8(e.T), *e.T.shape).T
+        model.embed_tokens.weight.copy_(torch.from_numpy(eq.copy()))
+        t = len(IDS)
+        want = model(torch.tensor([IDS]), torch.arange(t)[None],
+                     torch.tensor([t - 1], dtype=torch.int32), torch.tensor([t], dtype=torch.int32),
+                     torch.tensor(t, dtype=torch.int32), torch.arange(t)[None],
+                     *empty_cache(config, 1, 16))[0][0].numpy()
+    cache = KVCache(config, slots=1, max_len=64)
+    slot = cache.allocate()
+    got = open_target(tiny_engine_int4, config).step(
+        cache, [Request(slot, IDS, list(range(len(IDS))))]).logits[0]
+    lowering_error = np.abs(got - want).mean()
+    quantization_error = np.abs(want - fp32).mean()
+    # measured: ~0.065 against ~0.64
+    assert lowering_error < 0.2 * quantization_error, (lowering_error, quantization_error)
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
 
 
 def test_cache_is_written_in_place(tiny_hf_dir, tiny_engine):

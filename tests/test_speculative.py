@@ -1,0 +1,200 @@
+"""The speculative engine end to end on tiny models: lossless greedy output, p = q accepts
+everything, seeded sampling, dynamic disable, and moving streams between engines."""
+
+import numpy as np
+import pytest
+
+from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, Stream
+from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.proposers.ngram import NgramProposer, ngram_match
+from trt_spec.runtime.sampling import SamplingParams
+
+PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+
+
+def plain(engine_dir, prompts, params=GREEDY):
+    gen = Generator(engine_dir, max_batch=len(prompts))
+    return [s.output_ids for s in gen.generate_ids(prompts, params)]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_speculative_equals_plain(tiny_spec_engine, method, k, batch):
+    prompts = PROMPTS[:batch]
+    gen = Generator(tiny_spec_engine, method=method, max_batch=batch,
+                    speculation=SpeculationConfig(num_draft_tokens=k))
+    streams = gen.generate_ids(prompts, GREEDY)
+    assert [s.output_ids for s in streams] == plain(tiny_spec_engine, prompts)
+    for s in streams:
+        m = s.metrics()
+        assert m["tau"] == pytest.approx(len(s.output_ids) / s.target_forwards)
+        assert 0 <= m["accepted_tokens"] <= m["proposed_tokens"]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_truncated_self_draft_is_lossless(tiny_truncated_engine, k):
+    gen = Generator(tiny_truncated_engine, method="vanilla", max_batch=3,
+                    speculation=SpeculationConfig(num_draft_tokens=k))
+    assert [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)] == \
+        plain(tiny_truncated_engine, PROMPTS)
+
+
+def test_partial_acceptance_is_exercised(tiny_spec_engine):
+    """The noisy-copy draft is neither always accepted nor always rejected."""
+    gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
+    streams = gen.generate_ids(PROMPTS, GREEDY)
+    rate = sum(s.accepted for s in streams) / sum(s.proposed for s in streams)
+    assert 0.1 < rate < 0.9, rate
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_self_engine):
+    """p = q: every draft is accepted, so each target forward emits k + 1 tokens (greedy and
+    sampled alike), and the output is still the plain one."""
+    k = 4
+    gen = Generator(tiny_self_engine, method="vanilla", max_batch=3,
+                    speculation=SpeculationConfig(num_draft_tokens=k))
+    params = SamplingParams(max_tokens=21, ignore_eos=True)  # 1 (prefill) + 4 x 5
+    streams = gen.generate_ids(PROMPTS, params)
+    assert [s.output_ids for s in streams] == plain(tiny_self_engine, PROMPTS, params)
+    for s in streams:
+        assert s.accepted == s.proposed == 16 and s.target_forwards == 5
+        assert s.metrics()["acceptance_per_position"] == [1.0] * k
+    sampled = SamplingParams(max_tokens=21, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
+    for s in gen.generate_ids(PROMPTS, sampled):
+        assert s.accepted == s.proposed == 16
+
+
+@pytest.mark.parametrize("method", ["vanilla", "ngram"])
+def test_seeded_sampling_is_reproducible(tiny_spec_engine, method):
+    gen = Generator(tiny_spec_engine, method=method, max_batch=3)
+    params = SamplingParams(max_tokens=20, temperature=0.9, top_k=30, seed=5, ignore_eos=True)
+    a = [s.output_ids for s in gen.generate_ids(PROMPTS, params)]
+    b = [s.output_ids for s in gen.generate_ids(PROMPTS, params)]
+    assert a == b and all(len(x) == 20 for x in a)
+
+
+def test_stop_inside_accepted_drafts(tiny_self_engine):
+    """EOS / max_tokens that fall among accepted drafts cut the output exactly there."""
+    gen = Generator(tiny_self_engine, method="vanilla",
+                    speculation=SpeculationConfig(num_draft_tokens=8))
+    ref = plain(tiny_self_engine, PROMPTS[:1], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    s = gen.generate_ids(PROMPTS[:1], SamplingParams(max_tokens=7, ignore_eos=True))[0]
+    assert s.output_ids == ref[:7] and s.finish_reason == "length"
+    stop = ref[5]
+    s = gen.generate_ids(PROMPTS[:1], SamplingParams(max_tokens=30, stop_token_ids=(stop,),
+                                                     ignore_eos=True))[0]
+    assert s.output_ids == ref[:ref.index(stop) + 1] and s.finish_reason == "stop"
+
+
+def run_policy(engine_dir, config, prompts, speculate=True, method="vanilla"):
+    gen = Generator(engine_dir, method=method, max_batch=len(prompts), speculation=config)
+    return gen.generate_ids(prompts, GREEDY, speculate=speculate)
+
+
+def test_request_flag_turns_speculation_off(tiny_spec_engine):
+    streams = run_policy(tiny_spec_engine, SpeculationConfig(), PROMPTS, speculate=False)
+    assert all(s.proposed == 0 and s.target_forwards == len(s.output_ids) for s in streams)
+    assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS)
+
+
+def test_batch_over_threshold_turns_speculation_off(tiny_self_engine):
+    """max_batch=2: with 3 streams decoding nothing is drafted; once one has finished, the
+    other two speculate again."""
+    prompts = PROMPTS
+    gen = Generator(tiny_self_engine, method="vanilla", max_batch=3,
+                    speculation=SpeculationConfig(num_draft_tokens=2, max_batch=2))
+    streams = [Stream(p, SamplingParams(max_tokens=n, ignore_eos=True))
+               for p, n in zip(prompts, (4, 24, 24))]
+    for s in streams:
+        gen.engine.admit(s)
+    steps = []
+    while not all(s.finished for s in streams):
+        steps.append(gen.engine.step(streams))
+    decoding = [m for m in steps if m.decode_streams]
+    assert all(m.proposed_tokens == 0 for m in decoding if m.decode_streams > 2)
+    assert any(m.proposed_tokens > 0 for m in decoding if m.decode_streams <= 2)
+    assert [s.output_ids for s in streams][1:] == plain(tiny_self_engine, prompts)[1:]
+
+
+class ConstantProposer(Proposer):
+    """Always drafts token 0 (the tokenizer's <unk>, never the tiny model's argmax here)."""
+
+    name = "constant"
+
+    def propose(self, streams, ks):
+        return Drafts([np.zeros(k, dtype=np.int64) for k in ks], [None] * len(streams))
+
+
+def test_low_acceptance_turns_speculation_off_then_on(tiny_spec_engine):
+    """Drafts that are never accepted: after `window` speculative steps below min_acceptance
+    the stream decodes plainly for `cooldown` steps, then tries again."""
+    config = SpeculationConfig(num_draft_tokens=2, min_acceptance=0.5, window=2, cooldown=3)
+    gen = Generator(tiny_spec_engine)
+    engine = SpeculativeEngine(gen.target, gen.cache, gen.engine.stops, ConstantProposer(),
+                               SpeculationPolicy(config, gen.cache.max_len))
+    s = Stream(PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True))
+    engine.admit(s)
+    proposed = []
+    while not s.finished:
+        proposed.append(engine.step([s]).proposed_tokens)
+    pattern = "".join("s" if p else "-" for p in proposed[1:])  # after the prefill step
+    assert pattern.startswith("ss---ss---ss---"), pattern
+    assert s.accepted == 0
+    assert s.output_ids == plain(tiny_spec_engine, PROMPTS[1:2])[0]
+
+
+def test_policy_caps_k_by_budget_and_cache():
+    class S:
+        speculate, spec_cooldown = True, 0
+        params = SamplingParams(max_tokens=10)
+        prompt_ids, output_ids = [1] * 5, [2] * 7
+
+    policy = SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=100)
+    assert policy.draft_tokens(S(), 1) == 2  # 3 tokens still allowed: 2 drafts + 1
+    assert SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=14).draft_tokens(S(), 1) == 2
+    assert SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=13).draft_tokens(S(), 1) == 1
+
+
+def test_streams_move_between_engines(tiny_spec_engine):
+    """Normal steps, then speculative ones, then normal again, on the same streams and caches:
+    the output is the plain one."""
+    gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
+    spec = gen.engine
+    normal = NormalEngine(gen.target, gen.cache, spec.stops)
+    normal.release = spec.release  # finishing frees the draft state too
+    streams = [Stream(p, GREEDY) for p in PROMPTS]
+    for s in streams:
+        spec.admit(s)
+    for i in range(40):
+        engine = spec if (i // 3) % 2 else normal
+        engine.step([s for s in streams if not s.finished])
+    assert all(s.finished for s in streams)
+    assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS)
+    assert sum(s.proposed for s in streams) > 0
+
+
+def test_ngram_match():
+    seq = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3])
+    assert ngram_match(seq, 2, 1, 3).tolist() == [7, 8]  # the most recent match wins
+    assert ngram_match(seq, 5, 1, 3).tolist() == [7, 8, 1, 2, 3]
+    assert ngram_match(np.array([5, 6, 7]), 3, 1, 3).tolist() == []
+    assert ngram_match(np.array([4, 5, 4]), 3, 1, 3).tolist() == [5, 4]
+    with pytest.raises(ValueError, match="1 <= min_n <= max_n"):
+        NgramProposer(3, 2)
+
+
+def test_unknown_method_and_missing_draft(tiny_engine):
+    with pytest.raises(ValueError, match="method 'medusa' is not available"):
+        Generator(tiny_engine, method="medusa")
+    with pytest.raises(ValueError, match="has no vanilla draft"):
+        Generator(tiny_engine, method="vanilla")
+
+
+def test_speculative_engine_is_a_normal_engine_with_a_proposer(tiny_spec_engine):
+    gen = Generator(tiny_spec_engine, method="ngram")
+    assert isinstance(gen.engine, SpeculativeEngine)
+    assert isinstance(gen.engine.proposer, NgramProposer)
