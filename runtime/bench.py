@@ -1,43 +1,76 @@
-"""`trt-spec bench`: decode speed, batch 1, greedy, engines and methods interleaved so that a
-comparison holds while the machine's speed drifts."""
+"""`trt-spec bench`: tokens/s, tau and acceptance per method, side by side in one process.
+
+Every configuration (engine x method x k) runs on every prompt, interleaved (A B C A B C ...)
+after a warm-up, so a comparison holds while the machine's speed drifts; the engines of one
+folder share one loaded target and KV cache. Batch 1.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import resource
 import statistics
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 
-PROMPTS = [
-    "What is the capital of France, and why is it famous?",
-    "Write a short poem about the sea.",
-    "Explain how a bicycle works to a child.",
-    "Give me three tips for learning a new language.",
-    "What is the difference between a virus and a bacterium?",
-    "Write a Python function that reverses a string.",
-    "Summarize the plot of Romeo and Juliet in a few sentences.",
-    "Why is the sky blue?",
-]
-
 # Filler for synthetic long pasts: plain prose, tokenized once and cut to length.
-FILLER = " ".join(PROMPTS) + " " + (
+FILLER = (
     "The history of computing is a story of abstraction: each generation of engineers "
     "hides the details of the one before it, so that the next can think in larger pieces. ")
 
 
-def parse_past(text: str) -> list[int]:
+def default_prompts_path() -> Path:
+    return Path(str(resources.files("trt_spec.runtime") / "data" / "prompts.jsonl"))
+
+
+def load_prompts(path: str | Path | None) -> list:
+    """FILE.jsonl: one object per line, {"prompt": "..."} or {"messages": [...]}."""
+    path = Path(path) if path else default_prompts_path()
+    if not path.is_file():
+        raise ValueError(f"--prompts {str(path)!r}: no such file")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e})") from e
+        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            prompts.append(obj["prompt"])
+        elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+            prompts.append(obj["messages"])
+        else:
+            raise ValueError(f'{path}:{n}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+PROMPTS = load_prompts(None)  # the default prompts, as plain strings
+
+
+def parse_ints(text: str, option: str, minimum: int = 0) -> list[int]:
     if not text.strip():
         return []
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise ValueError(f"--past {text!r}: expected comma-separated integers, e.g. 0,512,1024")
-    if any(v < 0 for v in values):
-        raise ValueError(f"--past {text!r}: lengths must be >= 0")
+        raise ValueError(f"{option} {text!r}: expected comma-separated integers")
+    if any(v < minimum for v in values):
+        raise ValueError(f"{option} {text!r}: values must be >= {minimum}")
     return values
+
+
+def parse_past(text: str) -> list[int]:
+    return parse_ints(text, "--past")
 
 
 def synthetic_prompt(gen: Generator, length: int) -> list[int]:
@@ -51,51 +84,145 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_bench(engines: list[str], methods: list[str], max_tokens: int, num_prompts: int,
-              pasts: list[int], repeats: int, threads: int | None, progress=print) -> dict:
-    max_len = max(pasts + [512]) + max_tokens + 8
-    gens = {}
-    for e in engines:
-        for m in methods:
-            gens[(e, m)] = Generator(e, method=m, max_batch=1, max_len=max_len, threads=threads)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    cases = [("chat", i, p) for i, p in enumerate(PROMPTS[:num_prompts])]
-    cases += [("past", p, None) for p in pasts]
-    samples: dict[tuple, list[float]] = {}
-    # warm-up: one short run per configuration
-    for gen in gens.values():
-        gen.generate_ids([gen.encode(PROMPTS[0])], SamplingParams(max_tokens=8, ignore_eos=True))
-    for rep in range(repeats):
-        for kind, key, prompt in cases:
-            for (e, m), gen in gens.items():  # interleaved: A B A B ...
-                ids = gen.encode(prompt) if kind == "chat" else synthetic_prompt(gen, key)
-                s = gen.generate_ids([ids], params)[0]
-                rate = s.metrics()["decode_tokens_per_s"]
-                group = "chat" if kind == "chat" else f"past={key}"
-                samples.setdefault((e, m, group), []).append(rate)
-            progress(f"pass {rep + 1}/{repeats}: {kind} {key} done")
-    results = []
-    for (e, m, group), rates in samples.items():
-        gen = gens[(e, m)]
-        graph = gen.manifest.graph("target")
-        results.append({
-            "engine": str(Path(e)), "method": m, "precision": graph["precision"],
-            "workload": group, "runs": len(rates),
-            "decode_tokens_per_s_median": statistics.median(rates),
-            "decode_tokens_per_s_min": min(rates), "decode_tokens_per_s_max": max(rates),
-        })
-    header = f"{'engine':<32} {'method':<8} {'precision':<9} {'workload':<10} {'tok/s (median)':>15} {'min-max':>15}"
-    rows = [header, "-" * len(header)]
-    for r in results:
-        rows.append(f"{r['engine']:<32} {r['method']:<8} {r['precision']:<9} {r['workload']:<10} "
-                    f"{r['decode_tokens_per_s_median']:>15.1f} "
-                    f"{r['decode_tokens_per_s_min']:>7.1f}-{r['decode_tokens_per_s_max']:<7.1f}")
-    rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process, all engines loaded)")
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import onnxruntime
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
+
+
+@dataclass
+class Config:
+    engine: str
+    method: str
+    k: int | None  # None for "none"
+    runs: dict = field(default_factory=dict)  # workload -> list of per-run dicts
+
+    @property
+    def label(self) -> str:
+        return self.method if self.k is None else f"{self.method} k={self.k}"
+
+
+def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict] | None,
+              precision: str) -> dict:
+    rates = [r["tokens_per_s"] for r in runs]
+    tokens = sum(r["completion_tokens"] for r in runs)
+    forwards = sum(r["target_forwards"] for r in runs)
+    steps = sum(max(r["target_forwards"] - 1, 1) for r in runs)  # decode steps (no prefill)
+    width = max((len(r["proposed_pp"]) for r in runs), default=0)
+    proposed_pp = [sum(r["proposed_pp"][i] for r in runs if i < len(r["proposed_pp"]))
+                   for i in range(width)]
+    accepted_pp = [sum(r["accepted_pp"][i] for r in runs if i < len(r["accepted_pp"]))
+                   for i in range(width)]
+    identical = None
+    if baseline is not None:
+        same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
+        identical = sum(same) / len(same)
     return {
-        "settings": {"max_tokens": max_tokens, "prompts": num_prompts, "pasts": pasts,
-                     "repeats": repeats, "threads": threads, "batch": 1, "greedy": True,
-                     "machine": platform.processor() or platform.machine()},
-        "results": results,
-        "peak_rss_mb": peak_rss_mb(),
-        "table": "\n".join(rows),
+        "engine": cfg.engine, "precision": precision, "method": cfg.method,
+        "num_draft_tokens": cfg.k, "workload": workload,
+        "tokens_per_s": {"median": statistics.median(rates), "runs": rates},
+        "tau": tokens / forwards,
+        "acceptance_rate": (sum(accepted_pp) / sum(proposed_pp)) if sum(proposed_pp) else None,
+        "acceptance_per_position": [a / p for a, p in zip(accepted_pp, proposed_pp)],
+        "identical_to_baseline": identical,
+        "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
+        "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,
+        "score_us_per_step": 1e6 * sum(r["score_s"] for r in runs) / steps,
+        "sample_us_per_step": 1e6 * sum(r["sample_s"] for r in runs) / steps,
+        "peak_rss_mb": cfg.runs.get("_rss", peak_rss_mb()),
     }
+
+
+def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
+              prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
+              threads: int | None, seed: int = 0, progress=print) -> dict:
+    prompts = load_prompts(prompts_file)
+    methods = list(dict.fromkeys(methods))
+    if temperature == 0 and any(m != "none" for m in methods) and "none" not in methods:
+        methods = ["none"] + methods  # identical_to_baseline needs the plain output
+    max_len = max(pasts + [512]) + max_new_tokens + max(ks + [0]) + 8
+    gens, configs = {}, []
+    for e in engines:
+        gens[e] = Generator(e, max_batch=1, max_len=max_len, threads=threads)
+        for m in methods:
+            for k in ([None] if m == "none" else ks):
+                configs.append(Config(e, m, k))
+    built = {}
+    for c in configs:
+        spec = SpeculationConfig(num_draft_tokens=c.k) if c.k else None
+        built[id(c)] = gens[c.engine].make_engine(c.method, spec)
+    workloads = [("prompts", i, p) for i, p in enumerate(prompts)]
+    workloads += [(f"past={p}", p, None) for p in pasts]
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            ignore_eos=True)
+
+    def run(c: Config, ids: list[int]) -> dict:
+        gen = gens[c.engine]
+        gen.engine = built[id(c)]
+        s = gen.generate_ids([ids], params)[0]
+        m = s.metrics()
+        return {"tokens_per_s": m["decode_tokens_per_s"], "completion_tokens": len(s.output_ids),
+                "target_forwards": s.target_forwards, "proposed_pp": s.proposed_per_position,
+                "accepted_pp": s.accepted_per_position, "ttft_s": m["time_to_first_token_s"],
+                "propose_s": s.propose_s, "score_s": s.score_s, "sample_s": s.sample_s,
+                "output_ids": s.output_ids}
+
+    for c in configs:  # warm-up
+        run(c, gens[c.engine].encode(prompts[0])[:16])
+    for rep in range(repeats):
+        for name, key, prompt in workloads:
+            for c in configs:  # interleaved
+                gen = gens[c.engine]
+                ids = gen.encode(prompt) if prompt is not None else synthetic_prompt(gen, key)
+                c.runs.setdefault(name, []).append(run(c, ids))
+            progress(f"pass {rep + 1}/{repeats}: {name} done")
+    results = []
+    for c in configs:
+        precision = gens[c.engine].manifest.graph("target")["precision"]
+        for name in [w[0] for w in dict.fromkeys((w[0], 0) for w in workloads)]:
+            base = next((b for b in configs if b.engine == c.engine and b.method == "none"), None)
+            baseline = base.runs[name] if (base and temperature == 0 and c is not base) else None
+            results.append(summarize(c, name, c.runs[name], baseline, precision))
+    for r in results:
+        none = next((x for x in results if x["engine"] == r["engine"] and x["method"] == "none"
+                     and x["workload"] == r["workload"]), None)
+        r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none["tokens_per_s"]["median"]
+                                if none else None)
+    report = {
+        "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
+                     "max_new_tokens": max_new_tokens, "temperature": temperature,
+                     "prompts": str(prompts_file or default_prompts_path()),
+                     "num_prompts": len(prompts), "pasts": pasts, "repeats": repeats,
+                     "threads": threads, "batch": 1, "seed": seed,
+                     "tokens_per_s": "decode: (completion tokens - 1) / time after the first",
+                     "peak_rss_mb": "the whole process (all configurations loaded)"},
+        "machine": machine(),
+        "results": results,
+    }
+    report["table"] = table(results)
+    return report
+
+
+def table(results: list[dict]) -> str:
+    head = (f"{'engine':<28} {'method':<12} {'workload':<10} {'tok/s':>7} {'x none':>7} "
+            f"{'tau':>5} {'same':>5} {'propose us':>10}  acceptance by position")
+    rows = [head, "-" * len(head)]
+    for r in results:
+        label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
+        same = "" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.2f}"
+        speed = "" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
+        acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
+        rows.append(f"{Path(r['engine']).name:<28} {label:<12} {r['workload']:<10} "
+                    f"{r['tokens_per_s']['median']:>7.1f} {speed:>7} {r['tau']:>5.2f} {same:>5} "
+                    f"{r['propose_us_per_step']:>10.0f}  {acc}")
+    rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process)")
+    return "\n".join(rows)

@@ -22,6 +22,11 @@ METHODS = ("none", "vanilla", "ngram")
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
 
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not available; available: {', '.join(METHODS)}")
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -34,8 +39,7 @@ class Generator:
     def __init__(self, engine_dir: str | Path, method: str = "none", max_batch: int = 1,
                  max_len: int = 2048, threads: int | None = None, verify: str = "sha256",
                  speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4)):
-        if method not in METHODS:
-            raise ValueError(f"method {method!r} is not available; available: {', '.join(METHODS)}")
+        check_method(method)  # before any loading
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: must be >= 1")
         t0 = time.perf_counter()
@@ -61,18 +65,27 @@ class Generator:
         eos = set(config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
+        self.stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
+        self._threads = threads
+        self._draft: VanillaProposer | None = None
         self.method = method
-        if method == "none":
-            self.engine = NormalEngine(self.target, self.cache, stops)
-        else:
-            policy = SpeculationPolicy(speculation or SpeculationConfig(), self.cache.max_len)
-            proposer = (NgramProposer(*ngram) if method == "ngram"
-                        else self._vanilla(max_batch, threads))
-            self.engine = SpeculativeEngine(self.target, self.cache, stops, proposer, policy)
+        self.engine = self.make_engine(method, speculation, ngram)
         self.load_seconds = time.perf_counter() - t0
 
-    def _vanilla(self, max_batch: int, threads: int | None) -> VanillaProposer:
+    def make_engine(self, method: str, speculation: SpeculationConfig | None = None,
+                    ngram: tuple[int, int] = (1, 4)) -> NormalEngine:
+        """An engine for `method` over this generator's target, cache and tokenizer (engines
+        built here share them, so a bench can interleave methods on one loaded model)."""
+        check_method(method)
+        if method == "none":
+            return NormalEngine(self.target, self.cache, self.stops)
+        policy = SpeculationPolicy(speculation or SpeculationConfig(), self.cache.max_len)
+        proposer = NgramProposer(*ngram) if method == "ngram" else self._vanilla()
+        return SpeculativeEngine(self.target, self.cache, self.stops, proposer, policy)
+
+    def _vanilla(self) -> VanillaProposer:
+        if self._draft is not None:
+            return self._draft
         drafters = self.manifest.data["drafters"]
         if "vanilla" not in drafters:
             raise ValueError(f"{self.manifest.folder} has no vanilla draft (export it with "
@@ -82,8 +95,9 @@ class Generator:
         config = ModelConfig.from_dict(entry["model_config"])
         graph = self.manifest.graph(entry["graph"])
         draft = OrtTarget(self.manifest.path(graph["files"][0]), config.num_layers,
-                          config.max_position_embeddings, threads)
-        return VanillaProposer(draft, KVCache(config, max_batch, self.cache.max_len))
+                          config.max_position_embeddings, self._threads)
+        self._draft = VanillaProposer(draft, KVCache(config, self.cache.slots, self.cache.max_len))
+        return self._draft
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Chat messages always use the chat template; plain text uses it when chat=True, or

@@ -34,6 +34,8 @@ def test_generate_plain_prints_answer_and_rate(tiny_engine):
     (["--temperature", "-1"], "Invalid value for '--temperature'"),
     (["--max-tokens", "0"], "Invalid value for '--max-tokens'"),
     (["--method", "eagle9"], "method 'eagle9' is not available"),
+    (["--method", "vanilla"], "has no vanilla draft"),
+    (["--num-draft-tokens", "0"], "Invalid value for '--num-draft-tokens'"),
     (["--engine", "/no/such/folder"], "'/no/such/folder' does not exist"),
 ])
 def test_generate_bad_input(tiny_engine, args, message):
@@ -47,12 +49,33 @@ def test_export_refuses_unknown_model(tmp_path):
     assert result.exit_code != 0 and "'gpt-17' is not a known name" in result.output
 
 
-def test_bench_runs(tiny_engine, tmp_path):
+def test_bench_runs(tiny_spec_engine, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a b c"}\n{"messages": [{"role": "user", "content": "d e"}]}\n')
     out = tmp_path / "b.json"
-    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine), "--max-tokens", "8",
-                                       "--prompts", "2", "--past", "0,16", "--repeats", "1",
-                                       "--json", str(out)])
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_spec_engine), "--prompts",
+                                       str(prompts), "--methods", "vanilla,ngram",
+                                       "--num-draft-tokens", "2,4", "--max-new-tokens", "8",
+                                       "--past", "16", "--repeats", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert {r["workload"] for r in report["results"]} == {"chat", "past=0", "past=16"}
-    assert all(r["decode_tokens_per_s_median"] > 0 for r in report["results"])
+    assert set(report) == {"settings", "machine", "results"}
+    got = {(r["method"], r["num_draft_tokens"], r["workload"]) for r in report["results"]}
+    assert got == {(m, k, w) for m, k in [("none", None), ("vanilla", 2), ("vanilla", 4),
+                                          ("ngram", 2), ("ngram", 4)] for w in ("prompts", "past=16")}
+    for r in report["results"]:
+        assert r["tokens_per_s"]["median"] > 0 and len(r["tokens_per_s"]["runs"]) >= 1
+        assert r["tau"] >= 1.0
+        if r["method"] != "none":
+            assert r["identical_to_baseline"] == 1.0  # greedy on an fp32 graph: lossless
+    assert "tok/s" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "medusa"], "method 'medusa' is not available"),
+    (["--num-draft-tokens", "0"], "values must be >= 1"),
+    (["--prompts", "/no/file.jsonl"], "no such file"),
+])
+def test_bench_bad_input(tiny_engine, args, message):
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine)] + args)
+    assert result.exit_code != 0 and message in result.output

@@ -42,9 +42,15 @@ def main():
               help="Lowering target (TensorRT arrives with its own issue).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output engine folder [default: engines/<model name>].")
+@click.option("--draft-layers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also export a vanilla draft: the target's first N layers + its final norm "
+                   "and head (a layer-truncated self-draft). 0: none.")
+@click.option("--draft-model", default=None,
+              help="Also export a vanilla draft from this model (name, .gguf or HF folder; the "
+                   "target's vocabulary).")
 @click.option("--force", is_flag=True, help="Export again even if --out is up to date.")
-def export(model, precision, backend, out, force):
-    """Export a model to an engine folder (graphs, tokenizer, manifest)."""
+def export(model, precision, backend, out, draft_layers, draft_model, force):
+    """Export a model (and optionally a vanilla draft) to an engine folder."""
     from pathlib import Path
 
     from trt_spec.export.pipeline import export_engine
@@ -52,7 +58,7 @@ def export(model, precision, backend, out, force):
     if out is None:
         out = f"engines/{Path(model).stem if model.endswith('.gguf') else Path(model).name}"
     try:
-        export_engine(model, Path(out), precision, backend, force)
+        export_engine(model, Path(out), precision, backend, force, draft_layers, draft_model)
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
     click.echo(out)
@@ -75,10 +81,38 @@ def sampling_options(f):
     return f
 
 
+def speculation_options(f):
+    for opt in reversed([
+        click.option("--num-draft-tokens", "num_draft_tokens", type=click.IntRange(1, 64),
+                     default=4, show_default=True, help="k: tokens drafted per step."),
+        click.option("--ngram-min", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="ngram: shortest suffix to match."),
+        click.option("--ngram-max", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="ngram: longest suffix to match."),
+        click.option("--spec-max-batch", type=click.IntRange(min=1), default=None,
+                     help="Speculate only while at most this many streams decode."),
+        click.option("--spec-min-acceptance", type=click.FloatRange(0, 1), default=0.0,
+                     show_default=True,
+                     help="Turn speculation off for a stream whose rolling acceptance rate "
+                          "falls below this (0: never)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
+    from trt_spec.runtime.policy import SpeculationConfig
+
+    return SpeculationConfig(num_draft_tokens=num_draft_tokens, max_batch=spec_max_batch,
+                             min_acceptance=spec_min_acceptance)
+
+
 @main.command()
 @engine_option
 @click.option("--method", default="none", show_default=True,
-              help="Speculative method; 'none' decodes one token per target forward.")
+              help="none (one token per target forward), vanilla (the engine's draft model) "
+                   "or ngram (prompt lookup).")
+@speculation_options
 @sampling_options
 @click.option("--chat/--no-chat", default=None,
               help="Apply the chat template to PROMPT [default: when the model has one].")
@@ -86,7 +120,8 @@ def sampling_options(f):
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
 @click.argument("prompt")
-def generate(engine, method, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
+def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_batch,
+             spec_min_acceptance, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
              threads, prompt):
     """Generate an answer to PROMPT."""
     from trt_spec.runtime.generator import Generator
@@ -95,7 +130,9 @@ def generate(engine, method, max_tokens, temperature, top_k, top_p, seed, stop, 
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, stop=stop)
-        gen = Generator(engine, method=method, max_len=2048, threads=threads)
+        spec = speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance)
+        gen = Generator(engine, method=method, max_len=2048, threads=threads, speculation=spec,
+                        ngram=(ngram_min, ngram_max))
         result = gen.generate([prompt], params, chat=chat)[0]
     except ValueError as e:
         fail(e)
@@ -107,41 +144,57 @@ def generate(engine, method, max_tokens, temperature, top_k, top_p, seed, stop, 
         return
     click.echo(result.text)
     rate = m["decode_tokens_per_s"]
-    click.echo(f"[{m['completion_tokens']} tokens, "
-               f"{'n/a' if rate is None else f'{rate:.1f}'} tokens/s decode, "
-               f"first token {1000 * m['time_to_first_token_s']:.0f} ms, "
-               f"finish: {result.finish_reason}]", err=True)
+    line = (f"[{m['completion_tokens']} tokens, "
+            f"{'n/a' if rate is None else f'{rate:.1f}'} tokens/s decode, "
+            f"first token {1000 * m['time_to_first_token_s']:.0f} ms, tau {m['tau']:.2f}")
+    if m["proposed_tokens"]:
+        per_pos = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"])
+        line += (f", accepted {m['accepted_tokens']}/{m['proposed_tokens']} drafts "
+                 f"(by position: {per_pos}), propose {1000 * m['propose_s']:.0f} ms, "
+                 f"score {1000 * m['score_s']:.0f} ms, sample {1000 * m['sample_s']:.0f} ms")
+    click.echo(line + f", finish: {result.finish_reason}]", err=True)
 
 
 @main.command()
 @click.option("--engine", "engines", multiple=True, type=click.Path(file_okay=False),
               help="Engine folder; repeat to compare (runs are interleaved) "
                    f"[default: {DEFAULT_ENGINE}].")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line '
+                   "[default: the shipped runtime/data/prompts.jsonl].")
 @click.option("--methods", default="none", show_default=True,
-              help="Comma-separated methods to run.")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Comma-separated: none, vanilla, ngram. At temperature 0 'none' always runs "
+                   "(the baseline for identical_to_baseline).")
+@click.option("--num-draft-tokens", "ks", default="4", show_default=True,
+              help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
               help="New tokens per run (EOS ignored).")
-@click.option("--prompts", "num_prompts", type=click.IntRange(min=1, max=8), default=8,
-              show_default=True, help="How many of the built-in chat prompts to run.")
-@click.option("--past", default="", show_default=True,
-              help="Comma-separated past lengths (e.g. 0,512,1024): also time decoding after a "
-                   "synthetic prompt of that many tokens.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0 = greedy.")
+@click.option("--past", default="", help="Also time decoding after synthetic prompts of these "
+                                          "lengths (comma-separated, e.g. 0,512,1024).")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Passes over everything (interleaved).")
+              help="Passes over all prompts (interleaved).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the results to this JSON file.")
+              help="Write the report (settings, machine, results) to this JSON file.")
 @threads_option
-def bench(engines, methods, max_tokens, num_prompts, past, repeats, json_out, threads):
-    """Decode speed: batch 1, greedy, median tokens/s over prompts, side by side."""
-    from trt_spec.runtime.bench import parse_past, run_bench
+def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past, repeats,
+          json_out, threads):
+    """Tokens/s, tau and acceptance per method and k, batch 1, side by side in one process."""
+    from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
+    from trt_spec.runtime.generator import check_method
 
     try:
-        report = run_bench(list(engines) or [DEFAULT_ENGINE], methods.split(","), max_tokens,
-                           num_prompts, parse_past(past), repeats, threads,
-                           progress=lambda msg: click.echo(msg, err=True))
+        method_list = [m.strip() for m in methods.split(",") if m.strip()]
+        for m in method_list:
+            check_method(m)
+        k_list = parse_ints(ks, "--num-draft-tokens", minimum=1) or [4]
+        report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,
+                           max_new_tokens, prompts_file, parse_past(past), repeats, temperature,
+                           threads, progress=lambda msg: click.echo(msg, err=True))
     except ValueError as e:
         fail(e)
-    click.echo(report["table"])
+    click.echo(report.pop("table"))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
