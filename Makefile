@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench clean help
+.PHONY: setup export export-fp32 demo test test-fast bench bench-spec clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -21,11 +21,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[export,dev]'
 	touch $(STAMP)
 
-export: setup  ## export SmolLM2-135M-Instruct (int4) to engines/smollm2-135m (cached)
-	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
+# --draft-layers 4: a layer-truncated self-draft for --method vanilla until trained drafters exist.
+export: setup  ## export SmolLM2-135M-Instruct (int4 + 4-layer self-draft) to engines/smollm2-135m
+	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --draft-layers 4 --out $(ENGINE)
 
 export-fp32: setup  ## the fp32 reference engine, engines/smollm2-135m-fp32
-	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32
+	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --draft-layers 4 --out $(ENGINE)-fp32
 
 demo: export  ## export (once), then generate an answer on the embedded default
 	$(BIN)/trt-spec generate --engine $(ENGINE) --max-tokens 128 "$(PROMPT)"
@@ -36,9 +37,13 @@ test: setup  ## the whole test suite, real-model tests included
 test-fast: setup  ## tiny-model tests only
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
-bench: export export-fp32  ## decode tokens/s, fp32 vs int4, at past 0/512/1024
+bench: export export-fp32  ## plain decode tokens/s, fp32 vs int4, at past 0/512/1024
 	$(BIN)/trt-spec bench --engine $(ENGINE)-fp32 --engine $(ENGINE) --past 0,512,1024 \
 		--json bench-none.json
+
+bench-spec: export  ## none vs vanilla vs ngram, k = 2, 4, 6, on the default prompts
+	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,vanilla,ngram \
+		--num-draft-tokens 2,4,6 --max-new-tokens 128 --json bench-spec.json
 
 clean:  ## remove build outputs (keeps .venv and the model cache)
 	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 .pytest_cache

@@ -184,7 +184,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                 gen = gens[c.engine]
                 ids = gen.encode(prompt) if prompt is not None else synthetic_prompt(gen, key)
                 c.runs.setdefault(name, []).append(run(c, ids))
-            progress(f"pass {rep + 1}/{repeats}: {name} done")
+            progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
     results = []
     for c in configs:
         precision = gens[c.engine].manifest.graph("target")["precision"]

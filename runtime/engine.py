@@ -225,8 +225,10 @@ class NormalEngine:
         t1 = time.perf_counter()
         if old:
             out = self.target.step(self.cache, [Request(s.slot, [s.output_ids[-1]], [0]) for s in old])
+            t_scored = time.perf_counter()
             for s, logits in zip(old, out.logits):
                 s.record(0, 0)
+                s.score_s += (t_scored - t1) / len(old)
                 m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
                 if s.finished:
                     self.release(s)

@@ -61,3 +61,30 @@ def test_export_from_a_local_gguf_equals_the_named_model(smollm2_engine, tmp_pat
     assert result.exit_code == 0, result.output
     files = lambda d: json.loads((d / "manifest.json").read_text())["files"]
     assert files(out)["target.onnx.data"] == files(smollm2_engine)["target.onnx.data"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_spec_engine(tmp_path_factory):
+    """SmolLM2 fp32 with a 4-layer self-draft (fp32: the graph's arithmetic does not depend
+    on how many tokens a step holds, so plain and speculative greedy must agree exactly)."""
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-spec",
+                         "fp32", draft_layers=4)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "ngram"])
+def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
+    """k in {1, 2, 4, 8}, batch 1 and batch 3 with different prompt lengths, 24 tokens."""
+    from trt_spec.runtime.policy import SpeculationConfig
+
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = Generator(smollm2_spec_engine, max_batch=3, max_len=512)
+    prompts = [plain.encode(p) for p in PROMPTS[:3]]
+    assert len({len(p) for p in prompts}) == 3
+    want = [s.output_ids for s in plain.generate_ids(prompts, params)]
+    for k in (1, 2, 4, 8):
+        gen = Generator(smollm2_spec_engine, method=method, max_batch=3, max_len=512,
+                        speculation=SpeculationConfig(num_draft_tokens=k))
+        assert [s.output_ids for s in gen.generate_ids(prompts[:1], params)] == want[:1], k
+        assert [s.output_ids for s in gen.generate_ids(prompts, params)] == want, k
