@@ -2,7 +2,8 @@
 
 Every configuration (engine x method x k) runs on every prompt, interleaved (A B C A B C ...)
 after a warm-up, so a comparison holds while the machine's speed drifts; the engines of one
-folder share one loaded target and KV cache. Batch 1.
+folder share one loaded target and KV cache. Batch 1 by default; with --batch B, groups of B
+prompts decode together (throughput is then the figure to read).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import platform
 import resource
 import statistics
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -104,7 +106,8 @@ class Config:
     engine: str
     method: str
     k: int | None  # None for "none"
-    runs: dict = field(default_factory=dict)  # workload -> list of per-run dicts
+    runs: dict = field(default_factory=dict)  # workload -> list of per-stream dicts
+    groups: dict = field(default_factory=dict)  # workload -> list of (tokens, wall seconds)
 
     @property
     def label(self) -> str:
@@ -130,6 +133,9 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "engine": cfg.engine, "precision": precision, "method": cfg.method,
         "num_draft_tokens": cfg.k, "workload": workload,
         "tokens_per_s": {"median": statistics.median(rates), "runs": rates},
+        # all streams of a group together: generated tokens / wall time, prefill included
+        "throughput_tokens_per_s": (sum(t for t, _ in cfg.groups[workload])
+                                    / sum(w for _, w in cfg.groups[workload])),
         "tau": tokens / forwards,
         "acceptance_rate": (sum(accepted_pp) / sum(proposed_pp)) if sum(proposed_pp) else None,
         "acceptance_per_position": [a / p for a, p in zip(accepted_pp, proposed_pp)],
@@ -144,7 +150,7 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
 
 def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
               prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
-              threads: int | None, seed: int = 0, progress=print) -> dict:
+              threads: int | None, seed: int = 0, batch: int = 1, progress=print) -> dict:
     prompts = load_prompts(prompts_file)
     methods = list(dict.fromkeys(methods))
     if temperature == 0 and any(m != "none" for m in methods) and "none" not in methods:
@@ -152,7 +158,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     max_len = max(pasts + [512]) + max_new_tokens + max(ks + [0]) + 8
     gens, configs = {}, []
     for e in engines:
-        gens[e] = Generator(e, max_batch=1, max_len=max_len, threads=threads)
+        gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
@@ -160,30 +166,40 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     for c in configs:
         spec = SpeculationConfig(num_draft_tokens=c.k) if c.k else None
         built[id(c)] = gens[c.engine].make_engine(c.method, spec)
-    workloads = [("prompts", i, p) for i, p in enumerate(prompts)]
+    # groups of `batch` prompts decode together (the last group wraps around)
+    groups = [[prompts[(g + j) % len(prompts)] for j in range(batch)]
+              for g in range(0, len(prompts), batch)]
+    workloads = [("prompts", i, group) for i, group in enumerate(groups)]
     workloads += [(f"past={p}", p, None) for p in pasts]
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             ignore_eos=True)
 
-    def run(c: Config, ids: list[int]) -> dict:
+    def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
         gen = gens[c.engine]
         gen.engine = built[id(c)]
-        s = gen.generate_ids([ids], params)[0]
-        m = s.metrics()
-        return {"tokens_per_s": m["decode_tokens_per_s"], "completion_tokens": len(s.output_ids),
+        t0 = time.perf_counter()
+        streams = gen.generate_ids(prompts_ids, params)
+        c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
+                                              time.perf_counter() - t0))
+        for s in streams:
+            m = s.metrics()
+            c.runs.setdefault(name, []).append({
+                "tokens_per_s": m["decode_tokens_per_s"], "completion_tokens": len(s.output_ids),
                 "target_forwards": s.target_forwards, "proposed_pp": s.proposed_per_position,
                 "accepted_pp": s.accepted_per_position, "ttft_s": m["time_to_first_token_s"],
                 "propose_s": s.propose_s, "score_s": s.score_s, "sample_s": s.sample_s,
-                "output_ids": s.output_ids}
+                "output_ids": s.output_ids})
 
-    for c in configs:  # warm-up
-        run(c, gens[c.engine].encode(prompts[0])[:16])
+    for c in configs:  # warm-up, not recorded
+        run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]])
+        c.runs.pop("_warmup"), c.groups.pop("_warmup")
     for rep in range(repeats):
-        for name, key, prompt in workloads:
+        for name, key, group in workloads:
             for c in configs:  # interleaved
                 gen = gens[c.engine]
-                ids = gen.encode(prompt) if prompt is not None else synthetic_prompt(gen, key)
-                c.runs.setdefault(name, []).append(run(c, ids))
+                ids = ([gen.encode(p) for p in group] if group is not None
+                       else [synthetic_prompt(gen, key)])
+                run(c, name, ids)
             progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
     results = []
     for c in configs:
@@ -202,8 +218,11 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
                      "prompts": str(prompts_file or default_prompts_path()),
                      "num_prompts": len(prompts), "pasts": pasts, "repeats": repeats,
-                     "threads": threads, "batch": 1, "seed": seed,
-                     "tokens_per_s": "decode: (completion tokens - 1) / time after the first",
+                     "threads": threads, "batch": batch, "seed": seed,
+                     "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
+                                     "its first token",
+                     "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "
+                                                "/ wall time, prefill included",
                      "peak_rss_mb": "the whole process (all configurations loaded)"},
         "machine": machine(),
         "results": results,
@@ -213,7 +232,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
 
 
 def table(results: list[dict]) -> str:
-    head = (f"{'engine':<28} {'method':<12} {'workload':<10} {'tok/s':>7} {'x none':>7} "
+    head = (f"{'engine':<28} {'method':<12} {'workload':<10} {'tok/s':>7} {'x none':>7} {'thru':>7} "
             f"{'tau':>5} {'same':>5} {'propose us':>10}  acceptance by position")
     rows = [head, "-" * len(head)]
     for r in results:
@@ -222,7 +241,8 @@ def table(results: list[dict]) -> str:
         speed = "" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
         rows.append(f"{Path(r['engine']).name:<28} {label:<12} {r['workload']:<10} "
-                    f"{r['tokens_per_s']['median']:>7.1f} {speed:>7} {r['tau']:>5.2f} {same:>5} "
+                    f"{r['tokens_per_s']['median']:>7.1f} {speed:>7} "
+                    f"{r['throughput_tokens_per_s']:>7.1f} {r['tau']:>5.2f} {same:>5} "
                     f"{r['propose_us_per_step']:>10.0f}  {acc}")
     rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process)")
     return "\n".join(rows)

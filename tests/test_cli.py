@@ -71,6 +71,22 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
     assert "tok/s" in result.stdout
 
 
+def test_bench_batch_throughput(tiny_spec_engine, tmp_path):
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_spec_engine), "--methods",
+                                       "ngram", "--num-draft-tokens", "2", "--batch", "3",
+                                       "--max-new-tokens", "6", "--repeats", "1", "--json",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["settings"]["batch"] == 3
+    for r in report["results"]:
+        assert len(r["tokens_per_s"]["runs"]) == 9  # 8 default prompts in 3 groups of 3
+        assert r["throughput_tokens_per_s"] > 0
+        if r["method"] == "ngram":
+            assert r["identical_to_baseline"] == 1.0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "medusa"], "method 'medusa' is not available"),
     (["--num-draft-tokens", "0"], "values must be >= 1"),

@@ -175,12 +175,14 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
                                           "lengths (comma-separated, e.g. 0,512,1024).")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Passes over all prompts (interleaved).")
+@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Streams decoding together (groups of prompts; see throughput).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the report (settings, machine, results) to this JSON file.")
 @threads_option
-def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past, repeats,
+def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past, repeats, batch,
           json_out, threads):
-    """Tokens/s, tau and acceptance per method and k, batch 1, side by side in one process."""
+    """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
     from trt_spec.runtime.generator import check_method
 
@@ -191,7 +193,7 @@ def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past,
         k_list = parse_ints(ks, "--num-draft-tokens", minimum=1) or [4]
         report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,
                            max_new_tokens, prompts_file, parse_past(past), repeats, temperature,
-                           threads, progress=lambda msg: click.echo(msg, err=True))
+                           threads, batch=batch, progress=lambda msg: click.echo(msg, err=True))
     except ValueError as e:
         fail(e)
     click.echo(report.pop("table"))
