@@ -60,16 +60,3 @@ def default_eagle3_layers(num_layers: int) -> tuple[int, ...]:
     layers = (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
     return layers
 
-
-TINY = ModelConfig(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)

@@ -5,13 +5,15 @@ tokens, its KV-cache slot, its sampling state, its counters. Engines keep no per
 (a proposer's draft cache is keyed by slot and checked against the stream), so a stream can
 move between NormalEngine and SpeculativeEngine between steps.
 
-    step(streams):                              # NormalEngine
+    step(streams):                              # both engines
         prefill new streams (one ragged batch), sample their first token
-        decode the others: last token, one batched forward, sample
-        check stop conditions; free the slots of finished streams
+        decode(the others)
+        (stop conditions are checked per appended token; finished streams free their slot)
 
-    step(streams):                              # SpeculativeEngine
-        prefill new streams, as above
+    decode(streams):                            # NormalEngine
+        last token of each, one batched forward, sample
+
+    decode(streams):                            # SpeculativeEngine
         ks     = policy.draft_tokens(stream)                 # 0 = plain decode this step
         drafts = proposer.propose(streams, ks)               # [k_i] tokens (+ q when sampling)
         scores = scorer.score(streams, drafts)               # target over [last, d1..dk]
@@ -215,6 +217,7 @@ class NormalEngine:
             s.slot = None
 
     def step(self, streams: list[Stream]) -> StepMetrics:
+        """Prefills new streams, then advances the others by `decode`."""
         t0 = time.perf_counter()
         active = [s for s in streams if not s.finished]
         new = [s for s in active if not s.prefilled]
@@ -222,19 +225,24 @@ class NormalEngine:
         m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
         if new:
             prefill(self.target, self.cache, self.stops, new, self.release)
-        t1 = time.perf_counter()
+        m.prefill_us = 1e6 * (time.perf_counter() - t0)
         if old:
-            out = self.target.step(self.cache, [Request(s.slot, [s.output_ids[-1]], [0]) for s in old])
-            t_scored = time.perf_counter()
-            for s, logits in zip(old, out.logits):
-                s.record(0, 0)
-                s.score_s += (t_scored - t1) / len(old)
-                m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
-                if s.finished:
-                    self.release(s)
-        t2 = time.perf_counter()
-        m.prefill_us, m.score_us, m.total_us = 1e6 * (t1 - t0), 1e6 * (t2 - t1), 1e6 * (t2 - t0)
+            self.decode(old, m)
+        m.total_us = 1e6 * (time.perf_counter() - t0)
         return m
+
+    def decode(self, streams: list[Stream], m: StepMetrics) -> None:
+        """One token per stream: the last token in, one batched forward, sample."""
+        t0 = time.perf_counter()
+        out = self.target.step(self.cache, [Request(s.slot, [s.output_ids[-1]], [0]) for s in streams])
+        t1 = time.perf_counter()
+        for s, logits in zip(streams, out.logits):
+            s.record(0, 0)
+            s.score_s += (t1 - t0) / len(streams)
+            m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
+            if s.finished:
+                self.release(s)
+        m.score_us = 1e6 * (t1 - t0)
 
 
 class SpeculativeEngine(NormalEngine):
@@ -252,34 +260,24 @@ class SpeculativeEngine(NormalEngine):
             self.proposer.release(s)
         super().release(s)
 
-    def step(self, streams: list[Stream]) -> StepMetrics:
+    def decode(self, streams: list[Stream], m: StepMetrics) -> None:
+        """Propose -> score -> sample -> commit, every stream in one target forward."""
         t0 = time.perf_counter()
-        active = [s for s in streams if not s.finished]
-        new = [s for s in active if not s.prefilled]
-        old = [s for s in active if s.prefilled]
-        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
-        if new:
-            prefill(self.target, self.cache, self.stops, new, self.release)
+        ks = [self.policy.draft_tokens(s, len(streams)) for s in streams]
+        drafts = self.proposer.propose(streams, ks)
         t1 = time.perf_counter()
-        if old:
-            ks = [self.policy.draft_tokens(s, len(old)) for s in old]
-            drafts = self.proposer.propose(old, ks)
-            t2 = time.perf_counter()
-            scores = self.scorer.score(old, drafts.tokens)
-            t3 = time.perf_counter()
-            result = verify_batch(drafts.tokens, drafts.probs, scores, [s.params for s in old],
-                                  [s.rng for s in old])
-            self.commit(old, drafts, result, m)
-            t4 = time.perf_counter()
-            n = len(old)
-            for s in old:  # the step's time, shared out per stream
-                s.propose_s += (t2 - t1) / n
-                s.score_s += (t3 - t2) / n
-                s.sample_s += (t4 - t3) / n
-            m.propose_us, m.score_us, m.sample_us = 1e6 * (t2 - t1), 1e6 * (t3 - t2), 1e6 * (t4 - t3)
-        m.prefill_us = 1e6 * (t1 - t0)
-        m.total_us = 1e6 * (time.perf_counter() - t0)
-        return m
+        scores = self.scorer.score(streams, drafts.tokens)
+        t2 = time.perf_counter()
+        result = verify_batch(drafts.tokens, drafts.probs, scores, [s.params for s in streams],
+                              [s.rng for s in streams])
+        self.commit(streams, drafts, result, m)
+        t3 = time.perf_counter()
+        n = len(streams)
+        for s in streams:  # the step's time, shared out per stream
+            s.propose_s += (t1 - t0) / n
+            s.score_s += (t2 - t1) / n
+            s.sample_s += (t3 - t2) / n
+        m.propose_us, m.score_us, m.sample_us = 1e6 * (t1 - t0), 1e6 * (t2 - t1), 1e6 * (t3 - t2)
 
     def commit(self, streams: list[Stream], drafts, result, m: StepMetrics) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records."""
