@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from trt_spec.cli import main
 
 
-@pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"], ["fidelity"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, command + ["--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
@@ -95,3 +95,12 @@ def test_bench_batch_throughput(tiny_spec_engine, tmp_path):
 def test_bench_bad_input(tiny_engine, args, message):
     result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine)] + args)
     assert result.exit_code != 0 and message in result.output
+
+
+def test_fidelity_of_an_engine_to_itself(tiny_engine):
+    result = CliRunner().invoke(main, ["fidelity", "--reference", str(tiny_engine), "--engine",
+                                       str(tiny_engine), "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["greedy_agreement"] == 1.0 and report["mean_kl"] < 1e-9
+    assert report["positions"] == 8 * 4

@@ -202,5 +202,31 @@ def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past,
             json.dump(report, f, indent=2)
 
 
+@main.command()
+@click.option("--reference", required=True, type=click.Path(file_okay=False),
+              help="Reference engine folder (e.g. the fp32 export).")
+@engine_option
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSONL prompts [default: the shipped runtime/data/prompts.jsonl].")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=64, show_default=True,
+              help="Length of the reference's greedy continuation per prompt.")
+@threads_option
+def fidelity(reference, engine, prompts_file, max_new_tokens, threads):
+    """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
+    from trt_spec.runtime.bench import load_prompts
+    from trt_spec.runtime.fidelity import fidelity as measure
+    from trt_spec.runtime.generator import Generator
+
+    try:
+        prompts = load_prompts(prompts_file)
+        max_len = 4096
+        ref = Generator(reference, max_len=max_len, threads=threads)
+        test = Generator(engine, max_len=max_len, threads=threads)
+        report = measure(ref, test, [ref.encode(p) for p in prompts], max_new_tokens)
+    except ValueError as e:
+        fail(e)
+    click.echo(json.dumps({"reference": reference, "engine": engine, **report}))
+
+
 if __name__ == "__main__":
     sys.exit(main())
