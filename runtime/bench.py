@@ -144,7 +144,7 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,
         "score_us_per_step": 1e6 * sum(r["score_s"] for r in runs) / steps,
         "sample_us_per_step": 1e6 * sum(r["sample_s"] for r in runs) / steps,
-        "peak_rss_mb": cfg.runs.get("_rss", peak_rss_mb()),
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
@@ -204,8 +204,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     results = []
     for c in configs:
         precision = gens[c.engine].manifest.graph("target")["precision"]
-        for name in [w[0] for w in dict.fromkeys((w[0], 0) for w in workloads)]:
-            base = next((b for b in configs if b.engine == c.engine and b.method == "none"), None)
+        base = next((b for b in configs if b.engine == c.engine and b.method == "none"), None)
+        for name in dict.fromkeys(w[0] for w in workloads):
             baseline = base.runs[name] if (base and temperature == 0 and c is not base) else None
             results.append(summarize(c, name, c.runs[name], baseline, precision))
     for r in results:

@@ -112,14 +112,16 @@ class Stream:
         self.target_forwards += 1
         self.proposed += proposed
         self.accepted += accepted
-        grow = proposed - len(self.proposed_per_position)
-        if grow > 0:
-            self.proposed_per_position += [0] * grow
-            self.accepted_per_position += [0] * grow
-        for i in range(proposed):
-            self.proposed_per_position[i] += 1
-        for i in range(accepted):
-            self.accepted_per_position[i] += 1
+        count_positions(self.proposed_per_position, proposed)
+        count_positions(self.accepted_per_position, accepted)
+
+
+def count_positions(counts: list[int], n: int) -> None:
+    """Adds 1 to counts[0..n-1] (draft positions 1..n), growing the list as needed."""
+    if n > len(counts):
+        counts += [0] * (n - len(counts))
+    for i in range(n):
+        counts[i] += 1
 
 
 @dataclass
@@ -289,10 +291,7 @@ class SpeculativeEngine(NormalEngine):
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted
-            if len(m.accepted_per_position) < proposed:
-                m.accepted_per_position += [0] * (proposed - len(m.accepted_per_position))
-            for j in range(accepted):
-                m.accepted_per_position[j] += 1
+            count_positions(m.accepted_per_position, accepted)
             m.emitted_tokens += append(s, emitted, self.stops)
             if s.finished:
                 self.release(s)
