@@ -38,13 +38,14 @@ def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, qkv_in: int | None = None):
+        """qkv_in: width of the attention input (Eagle3's layer reads 2H); default H."""
         super().__init__()
         c = config
         self.config = c
         self.input_layernorm = nn.Parameter(torch.ones(c.hidden_size))
-        self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
-                                  bias=False)
+        self.qkv_proj = nn.Linear(qkv_in or c.hidden_size,
+                                  (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -42,27 +43,82 @@ def target_io(config: ModelConfig) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
+def drafter_io(config: ModelConfig, head_vocab: int) -> tuple[list[dict], list[dict]]:
+    """An MTP / Eagle / Eagle3 step graph: the target's inputs with one layer of past and a
+    hidden state per new token; logits over `head_vocab` and the hidden state for the next."""
+    inputs, outputs = target_io(dataclasses.replace(config, num_layers=1, eagle3_layers=(0,)))
+    hidden = {"name": "hidden_states", "dtype": "float32",
+              "shape": [BATCH, NEW_TOKENS, config.hidden_size]}
+    outputs = [
+        {"name": "logits", "dtype": "float32", "shape": [BATCH, NUM_LOGITS, head_vocab]},
+        {"name": "next_hidden_states", "dtype": "float32",
+         "shape": [BATCH, NEW_TOKENS, config.hidden_size]},
+    ] + outputs[3:]
+    return inputs[:1] + [hidden] + inputs[1:], outputs
+
+
+def fc_io(in_features: int, hidden_size: int) -> tuple[list[dict], list[dict]]:
+    """Eagle3's fc: the target's fused features -> the head's first hidden state."""
+    return ([{"name": "features", "dtype": "float32", "shape": [BATCH, NEW_TOKENS, in_features]}],
+            [{"name": "hidden_states", "dtype": "float32",
+              "shape": [BATCH, NEW_TOKENS, hidden_size]}])
+
+
 def export_target(model: TargetModel, path: Path) -> None:
     """Writes `path` (+ `path`.data with the weights). Sample sizes are all >= 2 so no
     dynamic axis is specialised to 0 or 1 by tracing."""
     config = model.config
-    batch, new_tokens, num_logits, max_len = 2, 3, 2, 16
-    args = (
+    batch, new_tokens, max_len = 2, 3, 16
+    args = (*step_args(batch, new_tokens, max_len), *empty_cache(config, batch, max_len))
+    *dims, cache = step_dims(config)
+    dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
+    export_module(model, args, dynamic, *target_io(config), path)
+
+
+def export_drafter(model: torch.nn.Module, head_vocab: int, path: Path) -> None:
+    """An MTP module / Eagle / Eagle3 step (export/drafters.py) to `path`."""
+    config = model.config
+    batch, new_tokens, max_len = 2, 3, 16
+    ids, *rest = step_args(batch, new_tokens, max_len)
+    hidden = torch.zeros(batch, new_tokens, config.hidden_size)
+    args = (ids, hidden, *rest, *empty_cache(config, batch, max_len))
+    *dims, cache = step_dims(config)
+    dynamic = (dims[0], dims[0], *dims[1:], cache, cache)  # hidden_states: as input_ids
+    export_module(model, args, dynamic, *drafter_io(config, head_vocab), path)
+
+
+def export_fc(model: torch.nn.Module, path: Path) -> None:
+    fc = model.fc
+    b = torch.export.Dim("batch", min=1, max=1024)
+    t = torch.export.Dim("new_tokens", min=1, max=1 << 16)
+    export_module(model, (torch.zeros(2, 3, fc.in_features),), ({0: b, 1: t},),
+                  *fc_io(fc.in_features, fc.out_features), path)
+
+
+def step_args(batch: int, new_tokens: int, max_len: int) -> tuple[torch.Tensor, ...]:
+    """Sample step inputs (ids .. logits_index) for tracing; every size >= 2."""
+    return (
         torch.zeros(batch, new_tokens, dtype=torch.int64),
         torch.arange(new_tokens).repeat(batch, 1),
         torch.full((batch,), new_tokens - 1, dtype=torch.int32),
         torch.full((batch,), new_tokens, dtype=torch.int32),
         torch.tensor(max_len, dtype=torch.int32),
-        torch.zeros(batch, num_logits, dtype=torch.int64),
-        *empty_cache(config, batch, max_len),
+        torch.zeros(batch, 2, dtype=torch.int64),
     )
+
+
+def step_dims(config: ModelConfig) -> tuple:
+    """Dynamic shapes of step_args, then a cache's: ({0: batch, 2: max_len}) last."""
     b = torch.export.Dim("batch", min=1, max=1024)
     t = torch.export.Dim("new_tokens", min=1, max=config.max_position_embeddings)
     n = torch.export.Dim("num_logits", min=1, max=config.max_position_embeddings)
     m = torch.export.Dim("max_len", min=2, max=config.max_position_embeddings)
-    dynamic = ({0: b, 1: t}, {0: b, 1: t}, {0: b}, {0: b}, None, {0: b, 1: n},
-               ({0: b, 2: m},) * (2 * config.num_layers))  # *past: one tuple
-    inputs, outputs = target_io(config)
+    return ({0: b, 1: t}, {0: b, 1: t}, {0: b}, {0: b}, None, {0: b, 1: n}, {0: b, 2: m})
+
+
+def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: list[dict],
+                  outputs: list[dict], path: Path) -> None:
+    """Traces `model` with the dynamo exporter; checks its I/O against the contract."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")

@@ -10,11 +10,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from trt_spec.export.checkpoint import load_into, load_target, resolve_model
+from trt_spec.export.drafter_checkpoint import load_drafter
+from trt_spec.export.drafters import KINDS, Drafter
 from trt_spec.export.model import TargetModel
-from trt_spec.export.onnx_export import export_target, save_with_external_data, target_io
+from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_target,
+                                         fc_io, save_with_external_data, target_io)
 from trt_spec.export.quantize import matmuls_to_nbits, tie_embedding_int8
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
 
@@ -65,13 +69,13 @@ def truncated_draft(target: TargetModel, layers: int) -> TargetModel:
     return draft.eval()
 
 
-def export_graph(model: TargetModel, folder: Path, name: str, precision: str, backend: str,
-                 inputs: list[dict], outputs: list[dict]) -> dict:
-    """Exports `model` as `<name>.onnx` (+ .data) in `folder`, lowered to `precision`; returns
-    its manifest entry."""
+def export_graph(write, folder: Path, name: str, precision: str, backend: str,
+                 io: tuple[list[dict], list[dict]]) -> dict:
+    """`write(path)` exports a graph to `<name>.onnx` (+ .data) in `folder`; it is lowered to
+    `precision` here. Returns its manifest entry."""
     graph = folder / f"{name}.onnx"
-    log(f"exporting {name} ({model.config.num_layers} layers) to ONNX ...")
-    export_target(model, graph)
+    log(f"exporting {name} to ONNX ...")
+    write(graph)
     if precision in BITS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
         proto = onnx.load(str(graph))
@@ -80,21 +84,55 @@ def export_graph(model: TargetModel, folder: Path, name: str, precision: str, ba
         save_with_external_data(proto, graph, aliases)
         log(f"  {n} MatMuls quantized"
             + (", embedding and lm_head share one int8 table" if aliases else ""))
-    return {
+    inputs, outputs = io
+    entry = {
         "files": [graph.name, graph.name + ".data"],
         "backend": backend,
         "precision": precision,
         "inputs": inputs,
         "outputs": outputs,
-        "kv_cache": {"layout": "[batch, kv_heads, max_len, head_dim]",
-                     "dtype": "float32", "in_place": "past and present share one buffer"},
     }
+    if any(i["name"].startswith("past_key_values.") for i in inputs):
+        entry["kv_cache"] = {"layout": "[batch, kv_heads, max_len, head_dim]", "dtype": "float32",
+                             "in_place": "past and present share one buffer"}
+    return entry
+
+
+def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backend: str,
+                          source: str) -> tuple[dict, dict]:
+    """A drafter's graphs (+ Eagle3's vocabulary map) -> (graph entries, drafters entry)."""
+    graphs = {}
+    kind = drafter.kind
+    names = [f"mtp_{i}" for i in range(len(drafter.modules))] if kind == "mtp" else [kind]
+    for name, module in zip(names, drafter.modules):
+        vocab = len(drafter.d2t) if kind == "eagle3" else module.config.vocab_size
+        graphs[name] = export_graph(lambda path, m=module, v=vocab: export_drafter(m, v, path),
+                                    folder, name, precision, backend,
+                                    drafter_io(module.config, vocab))
+    entry = {"graphs": names, "num_modules": len(names), "source": source,
+             "layer_config": drafter.config.to_dict()}
+    if kind == "eagle3":
+        fc = drafter.fc.fc
+        graphs["eagle3_fc"] = export_graph(lambda path: export_fc(drafter.fc, path), folder,
+                                           "eagle3_fc", precision, backend,
+                                           fc_io(fc.in_features, fc.out_features))
+        np.save(folder / "eagle3_d2t.npy", drafter.d2t.numpy().astype(np.int64))
+        entry.update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy", files=["eagle3_d2t.npy"],
+                     draft_vocab_size=len(drafter.d2t),
+                     feature_layers=list(drafter.feature_layers))
+    return graphs, entry
 
 
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
-                  force: bool = False, draft_layers: int = 0, draft_model: str | None = None) -> Path:
+                  force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
+                  heads: dict[str, str] | None = None) -> Path:
     """Exports the target (and a vanilla draft: `draft_layers` of the target itself, or a
-    separate `draft_model` with the same vocabulary) into the engine folder `out`."""
+    separate `draft_model` with the same vocabulary; and `heads` {"mtp" | "eagle" | "eagle3":
+    checkpoint folder}) into the engine folder `out`."""
+    heads = {k: str(v) for k, v in (heads or {}).items() if v}
+    unknown = sorted(set(heads) - set(KINDS))
+    if unknown:
+        raise ValueError(f"drafters {unknown} are not known; known: {', '.join(KINDS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not supported; choose from {PRECISIONS}")
     if backend not in BACKENDS:
@@ -104,7 +142,7 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
     source = {"model": model, "precision": precision, "backend": backend,
-              "draft_layers": draft_layers, "draft_model": draft_model}
+              "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads}
     if not force and (out / MANIFEST).exists():
         try:
             existing = load_manifest(out, verify="size")
@@ -127,16 +165,27 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         if draft.config.vocab_size != config.vocab_size:
             raise ValueError(f"draft model {draft_model!r} has vocab {draft.config.vocab_size}, "
                              f"the target {config.vocab_size}: a vanilla draft must share it")
+    loaded = {}
+    for head_kind, path in heads.items():
+        log(f"loading the {head_kind} drafter from {path}")
+        loaded[head_kind] = load_drafter(path, head_kind, target).eval()
+    if "eagle3" in loaded and loaded["eagle3"].feature_layers != config.eagle3_layers:
+        config = dataclasses.replace(config, eagle3_layers=loaded["eagle3"].feature_layers)
+        target.config = config  # the target's eagle3_features output follows the head's layers
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
-        graphs = {"target": export_graph(target, tmp, "target", precision, backend,
-                                         *target_io(config))}
+        graphs = {"target": export_graph(lambda path: export_target(target, path), tmp,
+                                         "target", precision, backend, target_io(config))}
         if draft is not None:
-            graphs["draft"] = export_graph(draft, tmp, "draft", precision, backend,
-                                           *target_io(draft.config))
+            graphs["draft"] = export_graph(lambda path: export_target(draft, path), tmp, "draft",
+                                           precision, backend, target_io(draft.config))
             drafters["vanilla"] = {"graph": "draft", "kind": kind,
                                    "model_config": draft.config.to_dict()}
+        for head_kind, drafter in loaded.items():
+            head_graphs, drafters[head_kind] = export_drafter_graphs(
+                drafter, tmp, precision, backend, heads[head_kind])
+            graphs.update(head_graphs)
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {
             "name": out.name,

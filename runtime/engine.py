@@ -174,18 +174,6 @@ class StopChecker:
                 s.text = self.tokenizer.decode(s.output_ids)
 
 
-def prefill(target: OrtTarget, cache: KVCache, stops: "StopChecker", streams: list[Stream],
-            on_release) -> None:
-    """One ragged forward over the prompts of new streams; samples their first token."""
-    requests = [Request(s.slot, s.prompt_ids, [len(s.prompt_ids) - 1]) for s in streams]
-    out = target.step(cache, requests)
-    for s, logits in zip(streams, out.logits):
-        s.record(0, 0)
-        append(s, [next_token(logits[-1], s.params, s.rng)], stops)
-        if s.finished:
-            on_release(s)
-
-
 def append(s: Stream, tokens, stops: "StopChecker") -> int:
     """Appends tokens one by one until a stop condition holds; returns how many were kept."""
     for n, token in enumerate(tokens, 1):
@@ -201,10 +189,15 @@ def append(s: Stream, tokens, stops: "StopChecker") -> int:
 class NormalEngine:
     """One target forward per generated token, every active stream batched."""
 
+    reads: str | None = None  # a target output the engine hands to `observe` (see proposers)
+
     def __init__(self, target: OrtTarget, cache: KVCache, stops: StopChecker):
         self.target = target
         self.cache = cache
         self.stops = stops
+
+    def observe(self, s: Stream, start: int, rows) -> None:
+        """Rows of the target's `reads` output for positions [start, start + len(rows))."""
 
     def admit(self, s: Stream) -> None:
         if len(s.prompt_ids) >= self.cache.max_len:
@@ -226,12 +219,24 @@ class NormalEngine:
         old = [s for s in active if s.prefilled]
         m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
         if new:
-            prefill(self.target, self.cache, self.stops, new, self.release)
+            self.prefill(new)
         m.prefill_us = 1e6 * (time.perf_counter() - t0)
         if old:
             self.decode(old, m)
         m.total_us = 1e6 * (time.perf_counter() - t0)
         return m
+
+    def prefill(self, streams: list[Stream]) -> None:
+        """One ragged forward over the prompts of new streams; samples their first token."""
+        requests = [Request(s.slot, s.prompt_ids, [len(s.prompt_ids) - 1]) for s in streams]
+        out = self.target.step(self.cache, requests, (self.reads,) if self.reads else ())
+        for i, (s, logits) in enumerate(zip(streams, out.logits)):
+            s.record(0, 0)
+            append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
+            if s.finished:
+                self.release(s)
+            elif self.reads:
+                self.observe(s, 0, out.rows[self.reads][i])
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """One token per stream: the last token in, one batched forward, sample."""
@@ -256,6 +261,10 @@ class SpeculativeEngine(NormalEngine):
         self.proposer = proposer
         self.policy = policy
         self.scorer = Scorer(target, cache)
+        self.reads = proposer.reads
+
+    def observe(self, s: Stream, start: int, rows) -> None:
+        self.proposer.observe(s, start, rows)
 
     def release(self, s: Stream) -> None:
         if s.slot is not None:
@@ -268,11 +277,11 @@ class SpeculativeEngine(NormalEngine):
         ks = [self.policy.draft_tokens(s, len(streams)) for s in streams]
         drafts = self.proposer.propose(streams, ks)
         t1 = time.perf_counter()
-        scores = self.scorer.score(streams, drafts.tokens)
+        scores = self.scorer.score(streams, drafts.tokens, self.reads)
         t2 = time.perf_counter()
-        result = verify_batch(drafts.tokens, drafts.probs, scores, [s.params for s in streams],
-                              [s.rng for s in streams])
-        self.commit(streams, drafts, result, m)
+        result = verify_batch(drafts.tokens, drafts.probs, scores.logits,
+                              [s.params for s in streams], [s.rng for s in streams])
+        self.commit(streams, drafts, result, scores, m)
         t3 = time.perf_counter()
         n = len(streams)
         for s in streams:  # the step's time, shared out per stream
@@ -281,8 +290,9 @@ class SpeculativeEngine(NormalEngine):
             s.sample_s += (t3 - t2) / n
         m.propose_us, m.score_us, m.sample_us = 1e6 * (t1 - t0), 1e6 * (t2 - t1), 1e6 * (t3 - t2)
 
-    def commit(self, streams: list[Stream], drafts, result, m: StepMetrics) -> None:
-        """Appends the emitted tokens, rewinds both caches to what was accepted, records."""
+    def commit(self, streams: list[Stream], drafts, result, scores, m: StepMetrics) -> None:
+        """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
+        hands the proposer the target's rows for the accepted positions."""
         for i, s in enumerate(streams):
             proposed, accepted = len(drafts.tokens[i]), int(result.num_accepted[i])
             emitted = result.tokens[i, :result.num_emitted[i]]
@@ -295,6 +305,9 @@ class SpeculativeEngine(NormalEngine):
             m.emitted_tokens += append(s, emitted, self.stops)
             if s.finished:
                 self.release(s)
-            else:
-                self.scorer.rewind(s)
-                self.proposer.commit(s)
+                continue
+            if self.reads:  # rows of [last, d1..d_accepted]: positions n-1 .. n-1+accepted
+                start = len(s.prompt_ids) + len(s.output_ids) - len(emitted) - 1
+                self.observe(s, start, scores.rows[self.reads][i][:accepted + 1])
+            self.scorer.rewind(s)
+            self.proposer.commit(s)

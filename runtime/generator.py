@@ -6,18 +6,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_spec.runtime.backends.ort import OrtTarget
+import numpy as np
+
+from trt_spec.runtime.backends.ort import OrtFunction, OrtTarget
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, StopChecker, Stream
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, load_manifest
 from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.proposers.base import Proposer
+from trt_spec.runtime.proposers.eagle import EagleProposer
+from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
+from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.proposers.ngram import NgramProposer
 from trt_spec.runtime.proposers.vanilla import VanillaProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.tokenizer import Tokenizer
 
-METHODS = ("none", "vanilla", "ngram")
+METHODS = ("none", "vanilla", "ngram", "mtp", "eagle", "eagle3")
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
@@ -67,7 +73,7 @@ class Generator:
             eos.add(self.tokenizer.eos_token_id)
         self.stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
         self._threads = threads
-        self._draft: VanillaProposer | None = None
+        self._proposers: dict[str, Proposer] = {}  # drafters loaded once, shared by engines
         self.method = method
         self.engine = self.make_engine(method, speculation, ngram)
         self.load_seconds = time.perf_counter() - t0
@@ -80,24 +86,47 @@ class Generator:
         if method == "none":
             return NormalEngine(self.target, self.cache, self.stops)
         policy = SpeculationPolicy(speculation or SpeculationConfig(), self.cache.max_len)
-        proposer = NgramProposer(*ngram) if method == "ngram" else self._vanilla()
+        proposer = NgramProposer(*ngram) if method == "ngram" else self._proposer(method)
         return SpeculativeEngine(self.target, self.cache, self.stops, proposer, policy)
 
-    def _vanilla(self) -> VanillaProposer:
-        if self._draft is not None:
-            return self._draft
+    def _proposer(self, method: str) -> Proposer:
+        """The drafter `method` from the engine folder, loaded once."""
+        if method in self._proposers:
+            return self._proposers[method]
         drafters = self.manifest.data["drafters"]
-        if "vanilla" not in drafters:
-            raise ValueError(f"{self.manifest.folder} has no vanilla draft (export it with "
-                             f"--draft-layers N or --draft-model); drafters here: "
-                             f"{sorted(drafters) or 'none'}")
-        entry = drafters["vanilla"]
-        config = ModelConfig.from_dict(entry["model_config"])
-        graph = self.manifest.graph(entry["graph"])
-        draft = OrtTarget(self.manifest.path(graph["files"][0]), config.num_layers,
-                          config.max_position_embeddings, self._threads)
-        self._draft = VanillaProposer(draft, KVCache(config, self.cache.slots, self.cache.max_len))
-        return self._draft
+        if method not in drafters:
+            how = ("--draft-layers N or --draft-model" if method == "vanilla"
+                   else f"--{method} CHECKPOINT")
+            raise ValueError(f"{self.manifest.folder} has no {method} drafter (export it with "
+                             f"{how}); drafters here: {sorted(drafters) or 'none'}")
+        entry = drafters[method]
+        if method == "vanilla":
+            config = ModelConfig.from_dict(entry["model_config"])
+            draft = self._graph(entry["graph"], config)
+            proposer = VanillaProposer(draft, self._cache(config))
+        else:
+            config = ModelConfig.from_dict(entry["layer_config"])
+            modules = [self._graph(name, config) for name in entry["graphs"]]
+            caches = [self._cache(config) for _ in modules]
+            if method == "mtp":
+                proposer = MtpProposer(modules, caches)
+            elif method == "eagle":
+                proposer = EagleProposer(modules[0], caches[0])
+            else:
+                fc = OrtFunction(self.manifest.path(
+                    self.manifest.graph(entry["fc_graph"])["files"][0]), self._threads)
+                d2t = np.load(self.manifest.path(entry["d2t"]))
+                proposer = Eagle3Proposer(modules[0], caches[0], fc, d2t, self.config.vocab_size)
+        self._proposers[method] = proposer
+        return proposer
+
+    def _graph(self, name: str, config: ModelConfig) -> OrtTarget:
+        graph = self.manifest.graph(name)
+        return OrtTarget(self.manifest.path(graph["files"][0]), config.num_layers,
+                         config.max_position_embeddings, self._threads)
+
+    def _cache(self, config: ModelConfig) -> KVCache:
+        return KVCache(config, self.cache.slots, self.cache.max_len)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Chat messages always use the chat template; plain text uses it when chat=True, or

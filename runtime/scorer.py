@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.backends.ort import OrtTarget, StepOutput
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import Request
 
@@ -19,14 +19,14 @@ class Scorer:
         self.target = target
         self.cache = cache
 
-    def score(self, streams, drafts: list[np.ndarray]) -> list[np.ndarray]:
-        """Returns per stream target logits [k_i + 1, vocab]. The target cache grows by
-        k_i + 1 rows; `rewind` after sampling keeps only the accepted ones."""
+    def score(self, streams, drafts: list[np.ndarray], reads: str | None = None) -> StepOutput:
+        """Per stream target logits [k_i + 1, vocab] (and the `reads` output's rows). The
+        target cache grows by k_i + 1 rows; `rewind` after sampling keeps the accepted ones."""
         requests = []
         for s, d in zip(streams, drafts):
             tokens = [s.output_ids[-1]] + [int(t) for t in d]
             requests.append(Request(s.slot, tokens, list(range(len(tokens)))))
-        return self.target.step(self.cache, requests).logits
+        return self.target.step(self.cache, requests, (reads,) if reads else ())
 
     def rewind(self, s) -> None:
         """The cache holds everything but the stream's last (not yet scored) token."""

@@ -18,6 +18,7 @@ class Request:
     slot: int
     tokens: list[int]  # new tokens, appended at the slot's current length
     logits_at: list[int]  # indices into `tokens` whose logits are wanted
+    hidden: np.ndarray | None = None  # [len(tokens), H]: a drafter graph's hidden_states
 
 
 @dataclass
@@ -44,6 +45,11 @@ def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: in
     seqlens_k = np.maximum(lengths - 1, 0).astype(np.int32)  # (B,) idle rows: unchanged
     query_seqlens = np.zeros(batch, dtype=np.int32)  # (B,)
     logits_index = np.zeros((batch, num_logits), dtype=np.int64)  # (B, N)
+    with_hidden = [r.hidden is not None for r in requests]
+    if any(with_hidden) and not all(with_hidden):
+        raise ValueError("either every request of a step carries hidden states or none does")
+    hidden = (np.zeros((batch, new_tokens, requests[0].hidden.shape[-1]), dtype=np.float32)
+              if all(with_hidden) else None)  # (B, T, H)
     for r in requests:
         row, n, past = r.slot - lo, len(r.tokens), int(cache.lengths[r.slot])
         if n == 0:
@@ -57,6 +63,10 @@ def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: in
         if any(not 0 <= i < n for i in r.logits_at):
             raise ValueError(f"slot {r.slot}: logits_at {r.logits_at} outside 0..{n - 1}")
         input_ids[row, :n] = r.tokens
+        if hidden is not None:
+            if r.hidden.shape != (n, hidden.shape[-1]):
+                raise ValueError(f"slot {r.slot}: hidden {r.hidden.shape} for {n} tokens")
+            hidden[row, :n] = r.hidden
         position_ids[row, :n] = np.arange(past, past + n)
         position_ids[row, n:] = past + n - 1  # padding: any in-range position
         seqlens_k[row] = past + n - 1
@@ -71,6 +81,8 @@ def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: in
         "total_sequence_length": total,
         "logits_index": logits_index,
     }
+    if hidden is not None:
+        feeds["hidden_states"] = hidden
     return StepInputs(lo, hi, [r.slot - lo for r in requests], feeds)
 
 

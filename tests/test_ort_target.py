@@ -39,14 +39,14 @@ def test_prefill_decode_verify_rewind(tiny_hf_dir, tiny_engine):
     slot = cache.allocate()
     got = []
 
-    def step(tokens, want_hidden=False):
-        out = target.step(cache, [Request(slot, tokens, list(range(len(tokens))))], want_hidden)
+    def step(tokens, want=()):
+        out = target.step(cache, [Request(slot, tokens, list(range(len(tokens))))], want)
         got.append(out.logits[0])
         return out
 
-    out = step(IDS[:6], want_hidden=True)  # prefill
-    np.testing.assert_allclose(out.hidden_states[0], hidden[:6], atol=1e-4)
-    np.testing.assert_allclose(out.eagle3_features[0], features[:6], atol=1e-4)
+    out = step(IDS[:6], want=("hidden_states", "eagle3_features"))  # prefill
+    np.testing.assert_allclose(out.rows["hidden_states"][0], hidden[:6], atol=1e-4)
+    np.testing.assert_allclose(out.rows["eagle3_features"][0], features[:6], atol=1e-4)
     step(IDS[6:7])  # decode
     step(IDS[7:10])  # 3-token verification after a past
     before = cache.lengths[slot]

@@ -19,12 +19,11 @@ from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_leng
 
 
 @dataclass
-class TargetOutput:
+class StepOutput:
     """Per request, in request order."""
 
     logits: list[np.ndarray]  # [len(logits_at), vocab]
-    hidden_states: list[np.ndarray] | None  # [len(tokens), H]
-    eagle3_features: list[np.ndarray] | None  # [len(tokens), 3H]
+    rows: dict[str, list[np.ndarray]]  # wanted per-token outputs: name -> [len(tokens), D]
 
 
 def default_threads() -> int:
@@ -72,7 +71,8 @@ def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession
 
 
 class OrtTarget:
-    """A target (or vanilla draft) graph with the contract of export/model.py."""
+    """A graph with the step contract of export/model.py: the target, a vanilla draft, or
+    a drafter step (export/drafters.py: one layer, plus a `hidden_states` input)."""
 
     def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None):
         self.session = make_session(path, threads)
@@ -84,14 +84,25 @@ class OrtTarget:
         missing = [n for n in self.past_names if n not in names]
         if missing:
             raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
+        self.takes_hidden = "hidden_states" in names
+        # per-token outputs besides logits, in graph order (bound first: read first)
+        self.outputs = [o.name for o in self.session.get_outputs()
+                        if o.name != "logits" and o.name not in self.present_names]
 
-    def step(self, cache: KVCache, requests: list[Request], want_hidden: bool = False) -> TargetOutput:
-        """Runs the new tokens of every request in one forward and advances their lengths."""
+    def step(self, cache: KVCache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
+        """Runs the new tokens of every request in one forward and advances their lengths.
+        `want`: per-token outputs to return (e.g. "hidden_states", "eagle3_features")."""
+        unknown = [w for w in want if w not in self.outputs]
+        if unknown:
+            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
         step = build_step_inputs(cache, requests, self.max_positions)
+        if self.takes_hidden != ("hidden_states" in step.feeds):
+            raise ValueError("a drafter graph needs hidden states with every request; a "
+                             "target graph takes none")
         io = self.session.io_binding()
         for name, value in step.feeds.items():
             io.bind_cpu_input(name, value)
-        for name in ("logits", "hidden_states", "eagle3_features"):  # bound first: read first
+        for name in ["logits", *self.outputs]:
             io.bind_output(name, "cpu")
         for past, present, view in zip(self.past_names, self.present_names,
                                        cache.views(step.lo, step.hi)):
@@ -100,12 +111,21 @@ class OrtTarget:
             io.bind_ortvalue_output(present, value)
         self.session.run_with_iobinding(io)
         commit_lengths(cache, requests)
-        logits, hidden, features = io.get_outputs()[:3]
-        logits = logits.numpy()  # (B, N, V)
-        out = TargetOutput([logits[row, :len(r.logits_at)] for row, r in zip(step.rows, requests)],
-                           None, None)
-        if want_hidden:
-            hidden, features = hidden.numpy(), features.numpy()  # (B, T, H), (B, T, 3H)
-            out.hidden_states = [hidden[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
-            out.eagle3_features = [features[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
+        values = io.get_outputs()
+        logits = values[0].numpy()  # (B, N, V)
+        out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(step.rows, requests)], {})
+        for name in want:
+            value = values[1 + self.outputs.index(name)].numpy()  # (B, T, D)
+            out.rows[name] = [value[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
         return out
+
+
+class OrtFunction:
+    """A graph without a cache (Eagle3's fc): named inputs -> its first output."""
+
+    def __init__(self, path: Path, threads: int | None = None):
+        self.session = make_session(path, threads)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        return self.session.run(None, dict(zip(self.inputs, arrays)))[0]

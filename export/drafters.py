@@ -1,0 +1,167 @@
+"""Drafter modules written for export: the MTP module (Eagle is one of them, looped) and the
+Eagle3 head. Pure forwards like the target: every changing value is an input, and each module
+has its own one-layer KV cache, preallocated and updated in place.
+
+Row p of a drafter's cache sits at position p and reads the token after it, x_{p+1}, with a
+hidden state of position p; its logits predict the token after that.
+
+    MTP module i / Eagle (DeepSeek-V3 layout; embedding first)
+        h    = eh_proj(concat(enorm(embed(x_{p+i+1})), hnorm(hidden_p)))     # 2H -> H
+        h    = decoder_layer(h)                                                # one Llama layer
+        out  = head(head_norm(h))      head: the module's shared_head, or the target's norm + lm_head
+        next_hidden_states = h         (module i+1's input at the same row; Eagle's next row)
+
+    Eagle3 (EAGLE-3; embedding first)
+        g    = fc(concat(features of target layers (2, L/2, L-3)))       # first step only: Eagle3Fc
+        a    = attention(qkv_proj(concat(input_layernorm(embed(tok)), hidden_norm(g))))  # 2H wide
+        h    = g + o_proj(a);  h = h + mlp(post_attention_layernorm(h))
+        out  = lm_head(norm(h))  over the draft vocabulary; target id = draft id + d2t[draft id]
+        next_hidden_states = h         (the next step's g)
+
+Graph contract (engines/README.md documents it for users): the target's inputs with one layer
+of past, plus `hidden_states` [batch, new_tokens, H]; outputs `logits` [batch, num_logits,
+vocab], `next_hidden_states` [batch, new_tokens, H] and the present key/value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trt_spec.export.model import DecoderLayer, rope_tables
+from trt_spec.plugins.attention import attention
+from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
+from trt_spec.runtime.config import ModelConfig
+
+KINDS = ("mtp", "eagle", "eagle3")
+
+
+def take_rows(x: torch.Tensor, logits_index: torch.Tensor) -> torch.Tensor:
+    """x: [batch, new_tokens, H]; logits_index: [batch, num_logits] -> [batch, num_logits, H]."""
+    index = logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return torch.gather(x, 1, index)
+
+
+class OneLayerDrafter(nn.Module):
+    """What MTP and Eagle3 share: one decoder layer over its own cache, then a norm and a head."""
+
+    def __init__(self, config: ModelConfig, head_vocab: int, qkv_in: int | None = None):
+        super().__init__()
+        assert config.num_layers == 1, config.num_layers
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layer = DecoderLayer(config, qkv_in)
+        self.head_norm = nn.Parameter(torch.ones(config.hidden_size))
+        tied = config.tie_word_embeddings and head_vocab == config.vocab_size
+        self.lm_head = None if tied else nn.Linear(config.hidden_size, head_vocab, bias=False)
+        cos, sin = rope_tables(config)
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, weight)
+
+    def attend(self, attn_in, residual, position_ids, seqlens_k, query_seqlens,
+               total_sequence_length, logits_index, past_key, past_value):
+        """attn_in: [B, T, qkv_in] (normed); residual: [B, T, H] ->
+        (logits [B, N, head_vocab], next_hidden_states [B, T, H], present_key, present_value)."""
+        c, layer = self.config, self.layer
+        a, present_k, present_v = attention(
+            layer.qkv_proj(attn_in), past_key, past_value, seqlens_k, query_seqlens,
+            position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
+            c.num_heads, c.num_kv_heads)
+        x, h = add_rms_norm(layer.o_proj(a), residual, layer.post_attention_layernorm,
+                            c.rms_norm_eps)
+        x, h = add_rms_norm(layer.mlp(x), h, self.head_norm, c.rms_norm_eps)
+        return self.head(take_rows(x, logits_index)), h, present_k, present_v
+
+
+class MTPModule(OneLayerDrafter):
+    """A DeepSeek-V3 MTP module; Eagle is one of these run in a loop."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, config.vocab_size)
+        h = config.hidden_size
+        self.enorm = nn.Parameter(torch.ones(h))
+        self.hnorm = nn.Parameter(torch.ones(h))
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [batch, new_tokens] int64: x_{p+i+1}
+        hidden_states: torch.Tensor,  # [batch, new_tokens, H]: target's (or module i-1's) at p
+        position_ids: torch.Tensor,  # [batch, new_tokens] int64
+        seqlens_k: torch.Tensor,  # [batch] int32
+        query_seqlens: torch.Tensor,  # [batch] int32
+        total_sequence_length: torch.Tensor,  # [] int32
+        logits_index: torch.Tensor,  # [batch, num_logits] int64
+        past_key: torch.Tensor,  # [batch, kv_heads, max_len, head_dim]
+        past_value: torch.Tensor,  # [batch, kv_heads, max_len, head_dim]
+    ):
+        c = self.config
+        e = rms_norm(self.embed_tokens(input_ids), self.enorm, c.rms_norm_eps)
+        h = self.eh_proj(torch.cat([e, rms_norm(hidden_states, self.hnorm, c.rms_norm_eps)], -1))
+        x = rms_norm(h, self.layer.input_layernorm, c.rms_norm_eps)
+        return self.attend(x, h, position_ids, seqlens_k, query_seqlens, total_sequence_length,
+                           logits_index, past_key, past_value)
+
+
+class Eagle3Step(OneLayerDrafter):
+    """One Eagle3 draft step: its attention reads 2H, its head the draft vocabulary."""
+
+    def __init__(self, config: ModelConfig, draft_vocab_size: int):
+        super().__init__(config, draft_vocab_size, qkv_in=2 * config.hidden_size)
+        self.hidden_norm = nn.Parameter(torch.ones(config.hidden_size))
+
+    def forward(self, input_ids, hidden_states, position_ids, seqlens_k, query_seqlens,
+                total_sequence_length, logits_index, past_key, past_value):
+        """As MTPModule.forward; hidden_states [batch, new_tokens, H] is g: fc(features) on
+        the first step, the previous step's next_hidden_states after."""
+        c = self.config
+        e = rms_norm(self.embed_tokens(input_ids), self.layer.input_layernorm, c.rms_norm_eps)
+        x = torch.cat([e, rms_norm(hidden_states, self.hidden_norm, c.rms_norm_eps)], -1)
+        return self.attend(x, hidden_states, position_ids, seqlens_k, query_seqlens,
+                           total_sequence_length, logits_index, past_key, past_value)
+
+
+class Eagle3Fc(nn.Module):
+    """features [batch, new_tokens, 3H_target] -> hidden_states [batch, new_tokens, H]."""
+
+    def __init__(self, in_features: int, hidden_size: int, bias: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(in_features, hidden_size, bias=bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(features)
+
+
+@dataclass
+class Drafter:
+    """A loaded drafter: what the exporter writes into an engine folder."""
+
+    kind: str  # one of KINDS
+    modules: list[OneLayerDrafter]  # mtp: N modules; eagle: 1; eagle3: [Eagle3Step]
+    fc: Eagle3Fc | None = None  # eagle3 only
+    d2t: torch.Tensor | None = None  # [draft_vocab] int64, eagle3 only: target = draft + d2t
+    feature_layers: tuple[int, ...] = ()  # eagle3: target layers whose inputs fc fuses
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"drafter kind {self.kind!r}; known: {', '.join(KINDS)}")
+        if self.kind == "eagle" and len(self.modules) != 1:
+            raise ValueError(f"an eagle drafter has one module, not {len(self.modules)}")
+        if self.kind == "eagle3" and (self.fc is None or self.d2t is None):
+            raise ValueError("an eagle3 drafter needs fc and d2t")
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.modules[0].config
+
+    def eval(self) -> "Drafter":
+        for m in self.modules + ([self.fc] if self.fc is not None else []):
+            m.eval()
+        return self

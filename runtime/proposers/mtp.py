@@ -1,0 +1,142 @@
+"""MTP proposer: N modules over their own one-layer caches, drafting from the target's hidden
+state (export/drafters.py has the module). Eagle and Eagle3 are this proposer with one module.
+
+Row p of a module's cache sits at position p. With n tokens known (x_0 .. x_{n-1}) the target
+has given hidden states for positions 0 .. n-2 (the last token is not scored yet), so the
+anchor row is a = n-2, and a propose step is
+
+    module 0   rows [start, a]: token x_{p+1}, target hidden h_p       -> logits at a: d1
+    module i   rows [start, a]: token x_{p+i+1} (d_i at row a), module i-1's hidden at p -> d_{i+1}
+    past N     the last module loops, Eagle-style: row a+1, a+2, ... reads (d_j, its own
+               hidden of the row before) -> d_{j+1}
+
+A module's row p is reusable by later steps only when every token it read is a real one:
+p + i + 1 <= n - 1. Those rows are the module's `committed` count; rows after it (drafts,
+loop rows) are scratch and dropped by the next propose, which also catches every module up
+from the smallest committed count it needs, so module i-1's hidden states for module i's rows
+are recomputed in the same batched forward instead of stored. The target rows (`observe`)
+are kept from that smallest count on.
+
+Drafts are argmax of the module's logits when greedy; when sampling, they are drawn from q
+(the module's distribution after the request's temperature / top-k / top-p) and q is returned,
+so verification stays lossless either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
+from trt_spec.runtime.step_inputs import Request
+
+
+@dataclass
+class SlotState:
+    stream_id: int
+    base: int  # position of hist[0]
+    hist: np.ndarray  # [rows, D] the target's rows for positions base .. base + rows - 1
+    committed: list[int]  # per module: cache rows valid for later steps
+    broken: bool = False  # a gap in the target rows: this stream gets no drafts
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.hist)
+
+
+class MtpProposer(Proposer):
+    name = "mtp"
+    reads = "hidden_states"
+
+    def __init__(self, modules: list[OrtTarget], caches: list[KVCache]):
+        assert modules and len(modules) == len(caches), (len(modules), len(caches))
+        self.modules = modules
+        self.caches = caches  # one per module, same slot count as the target's
+        self.slots: dict[int, SlotState] = {}
+
+    # --- the target's rows ---------------------------------------------------------------
+
+    def observe(self, s, start: int, rows: np.ndarray) -> None:
+        st = self.slots.get(s.slot)
+        if st is None or st.stream_id != s.id:
+            self.slots[s.slot] = SlotState(s.id, start, rows.copy(), [0] * len(self.modules),
+                                           broken=start != 0)
+            return
+        if not st.base <= start <= st.end:
+            st.broken = True
+            return
+        st.hist = np.concatenate([st.hist[:start - st.base], rows])
+
+    def release(self, s) -> None:
+        self.slots.pop(s.slot, None)
+        for cache in self.caches:
+            cache.lengths[s.slot] = 0
+
+    # --- what Eagle3 changes -------------------------------------------------------------
+
+    def first_hidden(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """The target's rows [r_i, D] -> the first module's hidden_states input [r_i, H]."""
+        return rows
+
+    def pick(self, s, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """logits [head_vocab] -> (target token, q [vocab] or None when greedy)."""
+        if s.params.greedy:
+            return int(np.argmax(logits)), None
+        q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
+        return sample_from_probs(q, s.rng), q
+
+    # --- propose -------------------------------------------------------------------------
+
+    def propose(self, streams, ks):
+        n_modules = len(self.modules)
+        tokens = [[] for _ in streams]
+        probs = [[] for _ in streams]
+        seqs, starts, anchors, rows = {}, {}, {}, {}
+        for i, (s, k) in enumerate(zip(streams, ks)):
+            st = self.slots.get(s.slot)
+            seq = s.prompt_ids + s.output_ids
+            anchor = len(seq) - 2
+            if k <= 0 or st is None or st.stream_id != s.id or st.broken or st.end != anchor + 1:
+                continue
+            start = min(st.committed[:min(k, n_modules)])
+            assert st.base <= start <= anchor, (st.base, start, anchor)
+            for cache in self.caches[:min(k, n_modules)]:
+                cache.rewind(s.slot, start)
+            seqs[i], starts[i], anchors[i] = seq, start, anchor
+            rows[i] = st.hist[start - st.base:anchor + 1 - st.base]
+        ok = list(seqs)
+        hidden = dict(zip(ok, self.first_hidden([rows[i] for i in ok])))
+        for j in range(max((ks[i] for i in ok), default=0)):
+            active = [i for i in ok if ks[i] > j]
+            if j < n_modules:  # module j over rows [start, anchor]
+                requests = []
+                for i in active:
+                    ids = seqs[i][starts[i] + j + 1:anchors[i] + j + 2]
+                    requests.append(Request(streams[i].slot, ids, [len(ids) - 1], hidden[i]))
+                module, cache = self.modules[j], self.caches[j]
+            else:  # the last module, one more row
+                requests = [Request(streams[i].slot, [seqs[i][-1]], [0], hidden[i][-1:])
+                            for i in active]
+                module, cache = self.modules[-1], self.caches[-1]
+            out = module.step(cache, requests, ("next_hidden_states",))
+            for i, logits, h in zip(active, out.logits, out.rows["next_hidden_states"]):
+                token, q = self.pick(streams[i], logits[-1])
+                seqs[i].append(token)
+                tokens[i].append(token)
+                probs[i].append(q)
+                hidden[i] = h
+        for i in ok:
+            st = self.slots[streams[i].slot]
+            n = anchors[i] + 2
+            for j in range(min(ks[i], n_modules)):
+                st.committed[j] = n - 1 - j
+            keep = min(st.committed)
+            st.hist, st.base = st.hist[keep - st.base:], keep
+        return Drafts(
+            [np.asarray(t, dtype=np.int64) for t in tokens],
+            [None if not p or p[0] is None else np.stack(p) for p in probs],
+        )
