@@ -19,7 +19,7 @@ from trt_spec.export.drafters import KINDS, Drafter
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_target,
                                          fc_io, save_with_external_data, target_io)
-from trt_spec.export.quantize import matmuls_to_nbits, tie_embedding_int8
+from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -80,10 +80,12 @@ def export_graph(write, folder: Path, name: str, precision: str, backend: str,
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
         proto = onnx.load(str(graph))
         aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
+        tables = 0 if aliases else embedding_int8(proto)
         n = matmuls_to_nbits(proto, BITS[precision])
         save_with_external_data(proto, graph, aliases)
         log(f"  {n} MatMuls quantized"
-            + (", embedding and lm_head share one int8 table" if aliases else ""))
+            + (", embedding and lm_head share one int8 table" if aliases else "")
+            + (", embedding to int8" if tables else ""))
     inputs, outputs = io
     entry = {
         "files": [graph.name, graph.name + ".data"],

@@ -175,3 +175,44 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[
     graph.node.extend(nodes)
     graph.initializer.remove(inits[table])
     return {p + ".rows": p + ".q", p + ".rows.scales": p + ".scales", p + ".rows.zp": p + ".zp"}
+
+
+def embedding_int8(model: onnx.ModelProto, min_rows: int = 1024) -> int:
+    """An embedding table read only by a Gather (a drafter's copy of the target's, untied from
+    any head) -> one int8 GatherBlockQuantized, as the tied case's gather half. Returns how
+    many tables were replaced."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    replaced = 0
+    for table, nodes in readers.items():
+        init = inits.get(table)
+        if (init is None or len(init.dims) != 2 or init.dims[0] < min_rows
+                or init.dims[1] % BLOCK or len(nodes) != 1 or nodes[0].op_type != "Gather"
+                or nodes[0].input[0] != table):
+            continue
+        gather = nodes[0]
+        e = numpy_helper.to_array(init)  # (vocab, H)
+        vocab, hidden = e.shape
+        q, scales, zps = quantize_int8(e.T)  # rows of E in 32-blocks
+        p = f"{table}.int8.rows"
+        graph.initializer.extend([
+            numpy_helper.from_array(q.reshape(vocab, hidden), p),
+            numpy_helper.from_array(scales.reshape(vocab, -1), p + ".scales"),
+            numpy_helper.from_array(zps.reshape(vocab, -1), p + ".zp"),
+        ])
+        new = helper.make_node(
+            "GatherBlockQuantized", [p, gather.input[1], p + ".scales", p + ".zp"],
+            list(gather.output), name=(gather.name or table) + "/GatherBlockQuantized",
+            domain="com.microsoft", bits=8, block_size=BLOCK, quantize_axis=1, gather_axis=0)
+        index = list(graph.node).index(gather)
+        graph.node.remove(gather)
+        graph.node.insert(index, new)
+        graph.initializer.remove(init)
+        replaced += 1
+    if replaced and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return replaced

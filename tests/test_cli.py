@@ -35,6 +35,7 @@ def test_generate_plain_prints_answer_and_rate(tiny_engine):
     (["--max-tokens", "0"], "Invalid value for '--max-tokens'"),
     (["--method", "eagle9"], "method 'eagle9' is not available"),
     (["--method", "vanilla"], "has no vanilla draft"),
+    (["--method", "eagle3"], "has no eagle3 drafter (export it with --eagle3 CHECKPOINT)"),
     (["--num-draft-tokens", "0"], "Invalid value for '--num-draft-tokens'"),
     (["--engine", "/no/such/folder"], "'/no/such/folder' does not exist"),
 ])
@@ -104,3 +105,44 @@ def test_fidelity_of_an_engine_to_itself(tiny_engine):
     report = json.loads(result.stdout)
     assert report["greedy_agreement"] == 1.0 and report["mean_kl"] < 1e-9
     assert report["positions"] == 8 * 4
+
+
+def test_export_and_generate_with_heads(tiny_hf_dir, tmp_path):
+    """`trt-spec export --eagle3 --mtp` from published layouts, then every method generates
+    the plain greedy text."""
+    from tests.random_drafters import eagle3_tensors, mtp_tensors, write_checkpoint
+    from trt_spec.export.checkpoint import config_from_hf
+
+    config = config_from_hf(json.loads((tiny_hf_dir / "config.json").read_text()))
+    write_checkpoint(tmp_path / "e3", *eagle3_tensors(config, seed=1, layout="model"))
+    write_checkpoint(tmp_path / "mtp", *mtp_tensors(config, seed=2, n=2))
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["export", "--model", str(tiny_hf_dir), "--precision",
+                                       "int4", "--out", str(out), "--eagle3", str(tmp_path / "e3"),
+                                       "--mtp", str(tmp_path / "mtp")])
+    assert result.exit_code == 0, result.output
+    texts = {}
+    for method in ("none", "mtp", "eagle3"):
+        result = CliRunner().invoke(main, ["generate", "--engine", str(out), "--method", method,
+                                           "--max-tokens", "12", "--json", "--no-chat", "a b c"])
+        assert result.exit_code == 0, result.output
+        out_json = json.loads(result.stdout)
+        texts[method] = out_json["token_ids"]
+        if method != "none":
+            assert out_json["metrics"]["proposed_tokens"] > 0
+    assert texts["mtp"] == texts["none"] == texts["eagle3"]
+
+
+def test_export_names_a_bad_drafter_key(tiny_hf_dir, tmp_path):
+    from tests.random_drafters import eagle3_tensors, write_checkpoint
+    from trt_spec.export.checkpoint import config_from_hf
+
+    config = config_from_hf(json.loads((tiny_hf_dir / "config.json").read_text()))
+    tensors, hf = eagle3_tensors(config, seed=1)
+    del tensors["midlayer.hidden_norm.weight"]
+    write_checkpoint(tmp_path / "e3", tensors, hf)
+    result = CliRunner().invoke(main, ["export", "--model", str(tiny_hf_dir), "--out",
+                                       str(tmp_path / "engine"), "--eagle3", str(tmp_path / "e3")])
+    assert result.exit_code != 0
+    assert "checkpoint is missing 'midlayer.hidden_norm.weight'" in result.output
+    assert not (tmp_path / "engine").exists()  # nothing half-written

@@ -270,3 +270,32 @@ def test_own_format_errors(target, tmp_path):
         load_drafter(tmp_path / "own", "mtp", target)
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         load_drafter(tmp_path / "nowhere", "mtp", target)
+
+
+def test_untied_embedding_to_int8(target, tmp_path):
+    """A drafter's own embedding table becomes one int8 GatherBlockQuantized, which computes
+    exactly what the fp32 graph does with the table rounded to int8 blocks."""
+    import onnx
+
+    from trt_spec.export.onnx_export import save_with_external_data
+    from trt_spec.export.quantize import dequantize_int8, embedding_int8, quantize_int8
+
+    W, cfg = eagle3_tensors(target.config, seed=9)
+    step = load_drafter(write_checkpoint(tmp_path / "ckpt", W, cfg), "eagle3", target).modules[0]
+    steps = [(TOKENS, torch.randn(len(TOKENS), target.config.hidden_size))]
+    export_drafter(step, len(W["d2t"]), tmp_path / "q.onnx")
+    proto = onnx.load(str(tmp_path / "q.onnx"))
+    assert embedding_int8(proto, min_rows=64) == 1
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("GatherBlockQuantized") == 1 and "Gather" not in ops
+    save_with_external_data(proto, tmp_path / "q.onnx")
+    graph = OrtTarget(tmp_path / "q.onnx", 1, step.config.max_position_embeddings)
+    cache = KVCache(step.config, slots=1, max_len=32)
+    got = graph.step(cache, [Request(cache.allocate(), TOKENS, list(range(len(TOKENS))),
+                                     steps[0][1].numpy())]).logits[0]
+    e = step.embed_tokens.weight.detach().numpy()
+    with torch.no_grad():
+        step.embed_tokens.weight.copy_(torch.from_numpy(
+            dequantize_int8(*quantize_int8(e.T), *e.T.shape).T.copy()))
+    (want, _), = run_torch(step, steps)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-4)

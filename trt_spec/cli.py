@@ -23,7 +23,8 @@ def threads_option(f):
 
 
 def fail(e: Exception):
-    raise click.ClickException(str(e)) from e
+    message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # no repr quotes
+    raise click.ClickException(str(message)) from e
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,9 +49,20 @@ def main():
 @click.option("--draft-model", default=None,
               help="Also export a vanilla draft from this model (name, .gguf or HF folder; the "
                    "target's vocabulary).")
+@click.option("--mtp", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Also export MTP modules from this folder: DeepSeek-V3 layout "
+                   "(model.layers.{L+i}.*, may be the target's own checkpoint) or trt-spec's "
+                   "drafter.json + model.safetensors.")
+@click.option("--eagle", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Also export an Eagle module (one MTP-style module, looped) from this "
+                   "folder: either MTP layout (module 0 is used).")
+@click.option("--eagle3", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Also export an Eagle3 head from this folder: EAGLE3 checkpoint "
+                   "(fc/midlayer/d2t or model.fc/model.layers.0 layouts, config.json) or "
+                   "trt-spec's own format. The target's feature layers follow the head's.")
 @click.option("--force", is_flag=True, help="Export again even if --out is up to date.")
-def export(model, precision, backend, out, draft_layers, draft_model, force):
-    """Export a model (and optionally a vanilla draft) to an engine folder."""
+def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle, eagle3, force):
+    """Export a model (and optionally its drafters) to an engine folder."""
     from pathlib import Path
 
     from trt_spec.export.pipeline import export_engine
@@ -58,7 +70,8 @@ def export(model, precision, backend, out, draft_layers, draft_model, force):
     if out is None:
         out = f"engines/{Path(model).stem if model.endswith('.gguf') else Path(model).name}"
     try:
-        export_engine(model, Path(out), precision, backend, force, draft_layers, draft_model)
+        export_engine(model, Path(out), precision, backend, force, draft_layers, draft_model,
+                      heads={"mtp": mtp, "eagle": eagle, "eagle3": eagle3})
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
     click.echo(out)
@@ -110,8 +123,9 @@ def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
 @main.command()
 @engine_option
 @click.option("--method", default="none", show_default=True,
-              help="none (one token per target forward), vanilla (the engine's draft model) "
-                   "or ngram (prompt lookup).")
+              help="none (one token per target forward), ngram (prompt lookup), or a drafter "
+                   "exported into the engine folder: vanilla (draft model), mtp (MTP modules; "
+                   "past the last module it loops), eagle, eagle3.")
 @speculation_options
 @sampling_options
 @click.option("--chat/--no-chat", default=None,
@@ -163,7 +177,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
               help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line '
                    "[default: the shipped runtime/data/prompts.jsonl].")
 @click.option("--methods", default="none", show_default=True,
-              help="Comma-separated: none, vanilla, ngram. At temperature 0 'none' always runs "
+              help="Comma-separated: none, vanilla, ngram, mtp, eagle, eagle3. At temperature 0 "
+                   "'none' always runs "
                    "(the baseline for identical_to_baseline).")
 @click.option("--num-draft-tokens", "ks", default="4", show_default=True,
               help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
