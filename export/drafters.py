@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from trt_spec.export.model import DecoderLayer, rope_tables
+from trt_spec.export.model import DecoderLayer, add_rope_buffers, apply_head
 from trt_spec.plugins.attention import attention
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.runtime.config import ModelConfig
@@ -57,13 +56,10 @@ class OneLayerDrafter(nn.Module):
         self.head_norm = nn.Parameter(torch.ones(config.hidden_size))
         tied = config.tie_word_embeddings and head_vocab == config.vocab_size
         self.lm_head = None if tied else nn.Linear(config.hidden_size, head_vocab, bias=False)
-        cos, sin = rope_tables(config)
-        self.register_buffer("cos_cache", cos, persistent=False)
-        self.register_buffer("sin_cache", sin, persistent=False)
+        add_rope_buffers(self, config)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight)
+        return apply_head(x, self.embed_tokens, self.lm_head)
 
     def attend(self, attn_in, residual, position_ids, seqlens_k, query_seqlens,
                total_sequence_length, logits_index, past_key, past_value):

@@ -37,6 +37,18 @@ def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return angles.cos().float(), angles.sin().float()
 
 
+def add_rope_buffers(module: nn.Module, config: ModelConfig) -> None:
+    """cos_cache, sin_cache: the RoPE tables every attention of `module` reads."""
+    cos, sin = rope_tables(config)
+    module.register_buffer("cos_cache", cos, persistent=False)
+    module.register_buffer("sin_cache", sin, persistent=False)
+
+
+def apply_head(x: torch.Tensor, embed: nn.Embedding, lm_head: nn.Linear | None) -> torch.Tensor:
+    """x: [..., H] (already normed) -> logits; lm_head None: tied to the embedding."""
+    return F.linear(x, embed.weight if lm_head is None else lm_head.weight)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, qkv_in: int | None = None):
         """qkv_in: width of the attention input (Eagle3's layer reads 2H); default H."""
@@ -65,14 +77,11 @@ class TargetModel(nn.Module):
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
-        cos, sin = rope_tables(config)
-        self.register_buffer("cos_cache", cos, persistent=False)
-        self.register_buffer("sin_cache", sin, persistent=False)
+        add_rope_buffers(self, config)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., H] (already normed) -> logits [..., vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, weight)
+        return apply_head(x, self.embed_tokens, self.lm_head)
 
     def forward(
         self,

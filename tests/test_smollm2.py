@@ -64,16 +64,27 @@ def test_export_from_a_local_gguf_equals_the_named_model(smollm2_engine, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def smollm2_spec_engine(tmp_path_factory):
-    """SmolLM2 fp32 with a 4-layer self-draft (fp32: the graph's arithmetic does not depend
-    on how many tokens a step holds, so plain and speculative greedy must agree exactly)."""
+def smollm2_spec_engine(smollm2_hf_dir, tmp_path_factory):
+    """SmolLM2 fp32 with a 4-layer self-draft and random MTP (2 modules), Eagle and Eagle3
+    (4096-token draft vocabulary) heads. fp32: the graph's arithmetic does not depend on how
+    many tokens a step holds, so plain and speculative greedy must agree exactly."""
+    from tests.random_drafters import random_eagle3, random_mtp
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.drafter_checkpoint import save_drafter
     from trt_spec.export.pipeline import export_engine
 
+    heads = tmp_path_factory.mktemp("smollm2-heads")
+    target, _ = load_target(smollm2_hf_dir)
+    save_drafter(random_mtp(target, 2, seed=1), heads / "mtp")
+    save_drafter(random_mtp(target, 1, seed=2, kind="eagle"), heads / "eagle")
+    save_drafter(random_eagle3(target, seed=3, draft_vocab=4096), heads / "eagle3")
+    del target
     return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-spec",
-                         "fp32", draft_layers=4)
+                         "fp32", draft_layers=4,
+                         heads={k: heads / k for k in ("mtp", "eagle", "eagle3")})
 
 
-@pytest.mark.parametrize("method", ["vanilla", "ngram"])
+@pytest.mark.parametrize("method", ["vanilla", "ngram", "mtp", "eagle", "eagle3"])
 def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
     """k in {1, 2, 4, 8}, batch 1 and batch 3 with different prompt lengths, 24 tokens."""
     from trt_spec.runtime.policy import SpeculationConfig
