@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import warnings
 from pathlib import Path
 
@@ -142,14 +143,18 @@ def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) ->
 
 
 def save_with_external_data(proto: onnx.ModelProto, path: Path,
-                            aliases: dict[str, str] | None = None) -> None:
+                            aliases: dict[str, str] | None = None,
+                            shared: dict[str, tuple[str, int, int]] | None = None) -> list[str]:
     """Weights go to `<name>.data` beside the graph (page-aligned, so ORT can map them instead
     of parsing a 500 MB protobuf). `aliases` {name: source}: initializers that hold the same
-    bytes as another (a reshaped view) point at the source's bytes instead of a copy."""
+    bytes as another (a reshaped view) point at the source's bytes instead of a copy.
+    `shared` {sha256 of bytes: (file, offset, length)}: tensors already written beside earlier
+    graphs of the folder (a drafter's copy of the target's embedding or head) point there; this
+    graph's new tensors are added to it. Returns the files the graph reads besides itself."""
     aliases = aliases or {}
     data = path.with_name(path.name + ".data")
     tmp = data.with_name(data.name + ".partial")
-    placed: dict[str, tuple[int, int]] = {}
+    placed: dict[str, tuple[str, int, int]] = {}
     with open(tmp, "wb") as f:
         inits = sorted(proto.graph.initializer, key=lambda t: t.name in aliases)  # sources first
         for tensor in inits:
@@ -157,17 +162,22 @@ def save_with_external_data(proto: onnx.ModelProto, path: Path,
                 tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
             if len(tensor.raw_data) < 1024 and tensor.name not in aliases:
                 continue
+            digest = hashlib.sha256(tensor.raw_data).hexdigest() if shared is not None else None
             if tensor.name in aliases:
-                source = aliases[tensor.name]
-                offset, length = placed[source]
-                assert length == len(tensor.raw_data), (tensor.name, source)
+                location = placed[aliases[tensor.name]]
+                assert location[2] == len(tensor.raw_data), (tensor.name, aliases[tensor.name])
+            elif digest in (shared or {}):
+                location = shared[digest]
             else:
                 f.seek(-f.tell() % 4096, 1)  # align to a page
-                offset, length = f.tell(), len(tensor.raw_data)
+                location = (data.name, f.tell(), len(tensor.raw_data))
                 f.write(tensor.raw_data)
-            placed[tensor.name] = (offset, length)
-            set_external_data(tensor, data.name, offset, length)
+                if shared is not None:
+                    shared[digest] = location
+            placed[tensor.name] = location
+            set_external_data(tensor, *location)
             tensor.ClearField("raw_data")
             tensor.data_location = onnx.TensorProto.EXTERNAL
     onnx.save_model(proto, str(path))
     tmp.replace(data)
+    return sorted({file for file, _, _ in placed.values()} - {data.name})

@@ -70,25 +70,30 @@ def truncated_draft(target: TargetModel, layers: int) -> TargetModel:
 
 
 def export_graph(write, folder: Path, name: str, precision: str, backend: str,
-                 io: tuple[list[dict], list[dict]]) -> dict:
+                 io: tuple[list[dict], list[dict]],
+                 shared: dict[str, tuple[str, int, int]] | None = None) -> dict:
     """`write(path)` exports a graph to `<name>.onnx` (+ .data) in `folder`; it is lowered to
-    `precision` here. Returns its manifest entry."""
+    `precision` here, and tensors whose bytes an earlier graph of the folder already wrote
+    (`shared`, see save_with_external_data) are read from there. Returns its manifest entry."""
     graph = folder / f"{name}.onnx"
     log(f"exporting {name} to ONNX ...")
     write(graph)
+    proto = onnx.load(str(graph))
+    aliases = None
     if precision in BITS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
-        proto = onnx.load(str(graph))
         aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
         tables = 0 if aliases else embedding_int8(proto)
         n = matmuls_to_nbits(proto, BITS[precision])
-        save_with_external_data(proto, graph, aliases)
         log(f"  {n} MatMuls quantized"
             + (", embedding and lm_head share one int8 table" if aliases else "")
             + (", embedding to int8" if tables else ""))
+    others = save_with_external_data(proto, graph, aliases, shared)
+    if others:
+        log(f"  {name} reads tensors it shares with earlier graphs from {', '.join(others)}")
     inputs, outputs = io
     entry = {
-        "files": [graph.name, graph.name + ".data"],
+        "files": [graph.name, graph.name + ".data", *others],
         "backend": backend,
         "precision": precision,
         "inputs": inputs,
@@ -101,7 +106,7 @@ def export_graph(write, folder: Path, name: str, precision: str, backend: str,
 
 
 def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backend: str,
-                          source: str) -> tuple[dict, dict]:
+                          source: str, shared: dict) -> tuple[dict, dict]:
     """A drafter's graphs (+ Eagle3's vocabulary map) -> (graph entries, drafters entry)."""
     graphs = {}
     kind = drafter.kind
@@ -110,14 +115,14 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
         vocab = len(drafter.d2t) if kind == "eagle3" else module.config.vocab_size
         graphs[name] = export_graph(lambda path, m=module, v=vocab: export_drafter(m, v, path),
                                     folder, name, precision, backend,
-                                    drafter_io(module.config, vocab))
+                                    drafter_io(module.config, vocab), shared)
     entry = {"graphs": names, "num_modules": len(names), "source": source,
              "layer_config": drafter.config.to_dict()}
     if kind == "eagle3":
         fc = drafter.fc.fc
         graphs["eagle3_fc"] = export_graph(lambda path: export_fc(drafter.fc, path), folder,
                                            "eagle3_fc", precision, backend,
-                                           fc_io(fc.in_features, fc.out_features))
+                                           fc_io(fc.in_features, fc.out_features), shared)
         np.save(folder / "eagle3_d2t.npy", drafter.d2t.numpy().astype(np.int64))
         entry.update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy", files=["eagle3_d2t.npy"],
                      draft_vocab_size=len(drafter.d2t),
@@ -176,17 +181,18 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         target.config = config  # the target's eagle3_features output follows the head's layers
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     try:
         graphs = {"target": export_graph(lambda path: export_target(target, path), tmp,
-                                         "target", precision, backend, target_io(config))}
+                                         "target", precision, backend, target_io(config), shared)}
         if draft is not None:
             graphs["draft"] = export_graph(lambda path: export_target(draft, path), tmp, "draft",
-                                           precision, backend, target_io(draft.config))
+                                           precision, backend, target_io(draft.config), shared)
             drafters["vanilla"] = {"graph": "draft", "kind": kind,
                                    "model_config": draft.config.to_dict()}
         for head_kind, drafter in loaded.items():
             head_graphs, drafters[head_kind] = export_drafter_graphs(
-                drafter, tmp, precision, backend, heads[head_kind])
+                drafter, tmp, precision, backend, heads[head_kind], shared)
             graphs.update(head_graphs)
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {

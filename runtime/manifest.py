@@ -37,6 +37,7 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     """`manifest` without "files": every graph, data and tokenizer file it names is hashed."""
     names = sorted({f for g in manifest["graphs"].values() for f in g["files"]}
                    | {f for d in manifest.get("drafters", {}).values() for f in d.get("files", ())}
+                   | set(manifest.get("extra_files", ()))
                    | set(manifest["tokenizer"]["files"]))
     manifest = {"format_version": FORMAT_VERSION, **manifest, "files": file_entries(folder, names)}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

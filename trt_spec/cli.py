@@ -243,5 +243,89 @@ def fidelity(reference, engine, prompts_file, max_new_tokens, threads):
     click.echo(json.dumps({"reference": reference, "engine": engine, **report}))
 
 
+@main.command()
+@click.argument("engine_dir", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--methods", default=None,
+              help="Comma-separated methods to keep (none is always kept), e.g. eagle3 "
+                   "[default: every method the folder has].")
+@click.option("--tar", is_flag=True, help="Also write OUT.tar.gz.")
+def bundle(engine_dir, out, methods, tar):
+    """Cut ENGINE_DIR down to a deployable folder OUT: the chosen methods' graphs, tokenizer,
+    pinned requirements.txt, checksums and an expected greedy output for `verify`."""
+    from trt_spec.runtime.bundle import bundle as make_bundle
+
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    try:
+        path = make_bundle(engine_dir, out, chosen, tar,
+                           progress=lambda msg: click.echo(msg, err=True))
+    except (ValueError, FileExistsError) as e:
+        fail(e)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    click.echo(f"{path} ({size / 1e6:.1f} MB)")
+
+
+@main.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@threads_option
+def verify(folder, threads):
+    """Check a bundle: files and checksums, pinned requirements against this environment,
+    and its stored greedy output reproduced. Exit status 1 when it does not hold."""
+    from trt_spec.runtime.bundle import verify as check
+
+    try:
+        report = check(folder, threads)
+    except ValueError as e:
+        fail(e)
+    click.echo(f"{report['folder']}: {report['files']} files, checksums {report['checksums']}")
+    for line in report["requirements"]:
+        click.echo(f"  requirement differs: {line}")
+    for method, r in report["methods"].items():
+        click.echo(f"  {method}: {r['same_as_expected']}/{r['tokens']} tokens as expected"
+                   + ("" if r["identical"] else " (differs)"))
+    click.echo("ok" if report["ok"] else "FAILED: the plain greedy output differs")
+    if not report["ok"]:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--engine", "engine", default=None, type=click.Path(file_okay=False),
+              help="Also check this engine folder (or bundle) against the machine.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def doctor(engine, as_json):
+    """What this machine can run: backends, CPU features, GPU, TensorRT, threads; and whether
+    an engine folder fits it."""
+    from trt_spec.runtime.doctor import engine_report, machine_report
+
+    report = {"machine": machine_report()}
+    if engine:
+        try:
+            report["engine"] = engine_report(engine, report["machine"])
+        except ValueError as e:
+            fail(e)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    m = report["machine"]
+    lines = [
+        f"python {m['python']} on {m['platform']}",
+        f"cpu: {m['cpu']}, {m['cores']} cores; features: {' '.join(m['cpu_features']) or 'none known'}",
+        f"threads in use: {m['threads']} (--threads or $TRT_SPEC_THREADS)",
+        f"onnxruntime {m['onnxruntime']}: {', '.join(m['ort_providers'])}",
+        f"gpu: {', '.join(m['gpus']) or 'none'}; tensorrt: {m['tensorrt'] or 'not installed'}",
+        f"export tools: torch {m['torch'] or 'absent'}, transformers {m['transformers'] or 'absent'}",
+    ]
+    if engine:
+        e = report["engine"]
+        lines.append(f"engine {e['folder']}: {', '.join(e['precisions'])} on "
+                     f"{', '.join(e['backends'])}, {e['bytes'] / 1e6:.1f} MB, methods "
+                     f"{', '.join(e['methods'])}{' (bundle)' if e['bundle'] else ''}")
+        lines += [f"  problem: {p}" for p in e["problems"]] + [f"  note: {n}" for n in e["notes"]]
+        lines.append("  runs here" if e["runs_here"] else "  does NOT run here")
+    click.echo("\n".join(lines))
+    if engine and not report["engine"]["runs_here"]:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     sys.exit(main())

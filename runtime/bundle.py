@@ -1,0 +1,151 @@
+"""`trt-spec bundle` and `trt-spec verify`: an engine folder cut down to what a device runs.
+
+A bundle is itself an engine folder (the runtime loads it like any other) holding only the
+graphs of the chosen methods, the tokenizer, `requirements.txt` pinned to the runtime's
+dependencies as installed here, and a manifest with a checksum per file plus a `bundle` entry:
+the methods and an expected greedy output, which `verify` reproduces on the device.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from trt_spec.runtime.manifest import MANIFEST, EngineFolderError, load_manifest, write_manifest
+
+REQUIREMENTS = "requirements.txt"
+EXPECTED_PROMPT = "Name three colours."
+EXPECTED_TOKENS = 16
+
+
+def available_methods(manifest) -> list[str]:
+    """none and ngram always; a drafter method when the folder has that drafter."""
+    return ["none", "ngram", *manifest.data.get("drafters", {})]
+
+
+def graphs_for(manifest, method: str) -> list[str]:
+    entry = manifest.data.get("drafters", {}).get(method)
+    if entry is None:
+        return []
+    if "graph" in entry:  # vanilla
+        return [entry["graph"]]
+    return list(entry["graphs"]) + ([entry["fc_graph"]] if "fc_graph" in entry else [])
+
+
+def runtime_requirements() -> list[str]:
+    """The base dependencies of trt-spec (no extras), pinned to the installed versions."""
+    pins = []
+    for req in metadata.requires("trt-spec") or []:
+        if "extra ==" in req:
+            continue
+        name = req.split(";")[0].strip()
+        for sep in "<>=!~[ ":
+            name = name.split(sep)[0]
+        pins.append(f"{name}=={metadata.version(name)}")
+    return sorted(pins, key=str.lower)
+
+
+def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = None,
+           tar: bool = False, progress=lambda msg: None) -> Path:
+    """Writes the bundle folder `out` (atomically) and, with `tar`, `out`.tar.gz."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.sampling import SamplingParams
+
+    manifest = load_manifest(engine_dir, verify="sha256")
+    available = available_methods(manifest)
+    methods = list(dict.fromkeys(methods or available))
+    unknown = [m for m in methods if m not in available]
+    if unknown:
+        raise ValueError(f"methods {unknown} are not in {manifest.folder}; it has "
+                         f"{', '.join(available)}")
+    if "none" not in methods:
+        methods.insert(0, "none")
+    data = manifest.data
+    graphs = {"target": data["graphs"]["target"]}
+    drafters = {}
+    for m in methods:
+        if m in data.get("drafters", {}):
+            drafters[m] = data["drafters"][m]
+            graphs.update({g: data["graphs"][g] for g in graphs_for(manifest, m)})
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another OUT")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        files = sorted({f for g in graphs.values() for f in g["files"]}
+                       | {f for d in drafters.values() for f in d.get("files", ())}
+                       | set(data["tokenizer"]["files"]))
+        for f in files:
+            progress(f"copying {f}")
+            shutil.copy2(manifest.path(f), tmp / f)
+        (tmp / REQUIREMENTS).write_text(
+            "# The runtime's dependencies as installed where this bundle was made (then\n"
+            "# `pip install trt-spec` without extras, or this project's wheel).\n"
+            + "\n".join(runtime_requirements()) + "\n")
+        bundled = {**{k: v for k, v in data.items() if k not in ("files", "format_version")},
+                   "graphs": graphs, "drafters": drafters,
+                   "extra_files": [REQUIREMENTS]}
+        write_manifest(tmp, bundled)
+        progress("running the expected greedy output")
+        gen = Generator(tmp, verify="none", max_len=256)
+        ids = gen.encode(EXPECTED_PROMPT)
+        s = gen.generate_ids([ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
+        bundled["bundle"] = {"from": str(manifest.folder), "methods": methods,
+                             "expected": {"prompt": EXPECTED_PROMPT, "prompt_ids": ids,
+                                          "max_tokens": EXPECTED_TOKENS,
+                                          "token_ids": s.output_ids}}
+        write_manifest(tmp, bundled)
+        tmp.chmod(0o755)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if tar:
+        progress(f"writing {out}.tar.gz")
+        partial = out.with_name(out.name + ".tar.gz.partial")
+        with tarfile.open(partial, "w:gz") as t:
+            t.add(out, arcname=out.name)
+        partial.replace(out.with_name(out.name + ".tar.gz"))
+    return out
+
+
+def verify(folder: str | Path, threads: int | None = None) -> dict:
+    """Files and checksums, the pinned requirements against what is installed, and the stored
+    greedy output reproduced by every bundled method. Returns a report; "ok" is the verdict."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.sampling import SamplingParams
+
+    manifest = load_manifest(folder, verify="sha256")  # raises, naming the file
+    info = manifest.data.get("bundle")
+    if info is None:
+        raise EngineFolderError(f"{manifest.folder / MANIFEST} has no 'bundle' entry: this is "
+                                "an engine folder, not a bundle (make one with `trt-spec bundle`)")
+    report = {"folder": str(manifest.folder), "files": len(manifest.data["files"]),
+              "checksums": "ok", "requirements": [], "methods": {}}
+    for line in (manifest.folder / REQUIREMENTS).read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, want = line.partition("==")
+        try:
+            have = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have != want:
+            report["requirements"].append(f"{name}: bundle made with {want}, "
+                                          f"installed {have or 'nothing'}")
+    expected = info["expected"]
+    params = SamplingParams(max_tokens=expected["max_tokens"], ignore_eos=True)
+    gen = Generator(manifest.folder, verify="none", max_len=256, threads=threads)
+    for method in info["methods"]:
+        gen.engine = gen.make_engine(method)
+        got = gen.generate_ids([expected["prompt_ids"]], params)[0].output_ids
+        same = sum(a == b for a, b in zip(got, expected["token_ids"]))
+        report["methods"][method] = {"tokens": len(got), "same_as_expected": same,
+                                     "identical": got == expected["token_ids"]}
+    # The plain greedy output must reproduce; speculative methods on quantized graphs may
+    # part at a near-tie (README: int4/int8 and speculation), reported, not failed.
+    report["ok"] = report["methods"]["none"]["identical"]
+    return report

@@ -1,0 +1,93 @@
+"""`trt-spec doctor`: what this machine can run, and whether an engine folder fits it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from importlib import metadata, util
+from pathlib import Path
+
+# CPU features that decide which ONNX Runtime kernels run fast (MatMulNBits' int8 compute
+# path, accuracy level 4, wants AVX2 at least; VNNI / AMX make it faster).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "sve")
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags |= set(line.split(":", 1)[1].split())
+    found = [f for f in CPU_FLAGS if f in flags]
+    return ["neon" if f == "asimd" else f for f in found]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def gpus() -> list[str]:
+    """NVIDIA GPUs by their device nodes (no driver library needed to ask)."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+def machine_report() -> dict:
+    import onnxruntime as ort
+
+    from trt_spec.runtime.backends.ort import default_threads
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "cpu_features": cpu_flags(),
+        "threads": default_threads(),
+        "onnxruntime": ort.__version__,
+        "ort_providers": ort.get_available_providers(),
+        "gpus": gpus(),
+        "nvidia_smi": shutil.which("nvidia-smi") is not None,
+        "tensorrt": version("tensorrt") if util.find_spec("tensorrt") else None,
+        "torch": version("torch"),  # export needs it; the runtime does not
+        "transformers": version("transformers"),
+    }
+
+
+def engine_report(engine_dir: str | Path, machine: dict) -> dict:
+    from trt_spec.runtime.manifest import load_manifest
+
+    manifest = load_manifest(engine_dir, verify="size")
+    data = manifest.data
+    problems, notes = [], []
+    backends = {g["backend"] for g in data["graphs"].values()}
+    precisions = sorted({g["precision"] for g in data["graphs"].values()})
+    if "trt" in backends and not machine["tensorrt"]:
+        problems.append("the folder has TensorRT engines and TensorRT is not installed")
+    if any(p in ("int4", "int8") for p in precisions) and "avx2" not in machine["cpu_features"] \
+            and "neon" not in machine["cpu_features"]:
+        notes.append("int4/int8 graphs run without AVX2/NEON here: MatMulNBits falls back to "
+                     "slow kernels")
+    size = sum(e["bytes"] for e in data["files"].values())
+    return {"folder": str(manifest.folder), "backends": sorted(backends),
+            "precisions": precisions, "graphs": sorted(data["graphs"]),
+            "methods": ["none", "ngram", *data.get("drafters", {})],
+            "bytes": size, "bundle": "bundle" in data,
+            "runs_here": not problems, "problems": problems, "notes": notes}
