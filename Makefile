@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench bench-spec clean help
+.PHONY: setup export export-fp32 demo test test-fast bench bench-spec edge-report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -45,5 +45,13 @@ bench-spec: export  ## none vs vanilla vs ngram, k = 2, 4, 6, on the default pro
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,vanilla,ngram \
 		--num-draft-tokens 2,4,6 --max-new-tokens 128 --json bench-spec.json
 
+# Random heads until trained ones ship: the Eagle3 graph at its real size (not its speed-up).
+$(ENGINE)-random-heads: | setup
+	$(BIN)/python scripts/random_heads.py --model smollm2-135m --precision int4 --out $@
+
+edge-report: $(ENGINE)-random-heads  ## runtime-only env size, cold start, peak RSS of an int4 + Eagle3 bundle
+	rm -rf $(ENGINE)-random-heads-bundle
+	$(BIN)/python scripts/edge_report.py --engine $(ENGINE)-random-heads --json edge-report.json
+
 clean:  ## remove build outputs (keeps .venv and the model cache)
-	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 .pytest_cache
+	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 engines/smollm2-135m-random-heads* .venv-runtime .pytest_cache

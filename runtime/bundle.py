@@ -35,17 +35,43 @@ def graphs_for(manifest, method: str) -> list[str]:
     return list(entry["graphs"]) + ([entry["fc_graph"]] if "fc_graph" in entry else [])
 
 
+# Dependencies of dependencies the runtime never imports: tokenizers reads tokenizer.json
+# itself and imports huggingface_hub only for `from_pretrained`.
+NOT_NEEDED = {"huggingface-hub"}
+
+
+def _name(requirement: str) -> str:
+    name = requirement.split(";")[0].strip()
+    for sep in "<>=!~[ (":
+        name = name.split(sep)[0]
+    return name.lower().replace("_", "-")
+
+
 def runtime_requirements() -> list[str]:
-    """The base dependencies of trt-spec (no extras), pinned to the installed versions."""
-    pins = []
-    for req in metadata.requires("trt-spec") or []:
-        if "extra ==" in req:
-            continue
-        name = req.split(";")[0].strip()
-        for sep in "<>=!~[ ":
-            name = name.split(sep)[0]
-        pins.append(f"{name}=={metadata.version(name)}")
-    return sorted(pins, key=str.lower)
+    """trt-spec's base dependencies (no extras) and theirs, pinned to the installed versions:
+    a closed set, so `pip install --no-deps -r requirements.txt` installs exactly the runtime."""
+    pins, todo, seen = [], ["trt-spec"], set()
+    while todo:
+        package = todo.pop()
+        for req in metadata.requires(package) or []:
+            name = _name(req)
+            if "extra ==" in req or name in seen or name in NOT_NEEDED:
+                continue
+            if ";" in req and not _marker_holds(req.split(";", 1)[1]):
+                continue
+            seen.add(name)
+            pins.append(f"{name}=={metadata.version(name)}")
+            todo.append(name)
+    return sorted(pins)
+
+
+def _marker_holds(marker: str) -> bool:
+    """An environment marker (python_version, sys_platform, ...) for this interpreter."""
+    try:
+        from packaging.markers import Marker
+    except ImportError:  # packaging is onnxruntime's dependency; keep the requirement if absent
+        return True
+    return Marker(marker).evaluate({"extra": ""})
 
 
 def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = None,
@@ -83,8 +109,9 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
             progress(f"copying {f}")
             shutil.copy2(manifest.path(f), tmp / f)
         (tmp / REQUIREMENTS).write_text(
-            "# The runtime's dependencies as installed where this bundle was made (then\n"
-            "# `pip install trt-spec` without extras, or this project's wheel).\n"
+            "# The runtime's dependencies, closed and pinned as installed where this bundle was\n"
+            "# made: pip install --no-deps -r requirements.txt, then trt-spec itself (its wheel,\n"
+            "# no extras) with --no-deps.\n"
             + "\n".join(runtime_requirements()) + "\n")
         bundled = {**{k: v for k, v in data.items() if k not in ("files", "format_version")},
                    "graphs": graphs, "drafters": drafters,

@@ -33,6 +33,18 @@ def check_method(method: str) -> None:
         raise ValueError(f"method {method!r} is not available; available: {', '.join(METHODS)}")
 
 
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None) -> list[int]:
+    """Chat messages always use the chat template; plain text uses it when chat=True, or
+    when chat is None and the tokenizer has one (an instruct model)."""
+    if isinstance(prompt, list):
+        return tokenizer.encode_chat(prompt)
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt {prompt!r}: expected a string or a list of chat messages")
+    if chat or (chat is None and tokenizer.chat_template):
+        return tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    return tokenizer.encode(prompt)
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -44,7 +56,9 @@ class GenerationResult:
 class Generator:
     def __init__(self, engine_dir: str | Path, method: str = "none", max_batch: int = 1,
                  max_len: int = 2048, threads: int | None = None, verify: str = "sha256",
-                 speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4)):
+                 speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
+                 tokenizer: Tokenizer | None = None):
+        """tokenizer: this folder's, when the caller already loaded it (see cli generate)."""
         check_method(method)  # before any loading
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: must be >= 1")
@@ -61,7 +75,7 @@ class Generator:
         got = [i.name for i in self.target.session.get_inputs()]
         if want != got:
             raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
-        self.tokenizer = Tokenizer(self.manifest.folder)
+        self.tokenizer = tokenizer or Tokenizer(self.manifest.folder)
         if self.tokenizer.vocab_size > config.vocab_size:
             raise EngineFolderError(f"{self.manifest.folder / 'tokenizer.json'}: "
                                     f"{self.tokenizer.vocab_size} tokens, the model has "
@@ -129,15 +143,7 @@ class Generator:
         return KVCache(config, self.cache.slots, self.cache.max_len)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Chat messages always use the chat template; plain text uses it when chat=True, or
-        when chat is None and the tokenizer has one (an instruct model)."""
-        if isinstance(prompt, list):
-            return self.tokenizer.encode_chat(prompt)
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt {prompt!r}: expected a string or a list of chat messages")
-        if chat or (chat is None and self.tokenizer.chat_template):
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
                      speculate: bool = True) -> list[Stream]:

@@ -138,15 +138,26 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
              spec_min_acceptance, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
              threads, prompt):
     """Generate an answer to PROMPT."""
-    from trt_spec.runtime.generator import Generator
+    from pathlib import Path
+
+    from trt_spec.runtime.generator import Generator, encode_prompt
     from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.tokenizer import Tokenizer
 
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, stop=stop)
         spec = speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance)
-        gen = Generator(engine, method=method, max_len=2048, threads=threads, speculation=spec,
-                        ngram=(ngram_min, ngram_max))
+        # The KV cache holds this request only: ONNX Runtime's attention touches the whole
+        # bound cache buffer on its first step, so an unused 2048-row cache costs RSS
+        # (SmolLM2: ~90 MB at 2048 rows; NOTES in the README).
+        tokenizer, max_len = None, 2048
+        if (Path(engine) / "tokenizer.json").is_file():
+            tokenizer = Tokenizer(engine)
+            need = len(encode_prompt(tokenizer, prompt, chat)) + max_tokens + num_draft_tokens + 1
+            max_len = min(max_len, max(64, -(-need // 64) * 64))
+        gen = Generator(engine, method=method, max_len=max_len, threads=threads,
+                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer)
         result = gen.generate([prompt], params, chat=chat)[0]
     except ValueError as e:
         fail(e)
