@@ -6,7 +6,8 @@ from click.testing import CliRunner
 from trt_spec.cli import main
 
 
-@pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"], ["fidelity"]])
+@pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"], ["fidelity"],
+                                     ["serve"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, command + ["--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
