@@ -47,20 +47,21 @@ class StreamOptions(BaseModel):
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
+    # null means the default, as in OpenAI's API (clients send "temperature": null)
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stream: bool = False
+    temperature: float | None = None  # default 1
+    top_p: float | None = None  # default 1
+    n: int | None = None  # default 1
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: Any = None  # str | list[str]; checked by hand for a clearer message
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     user: str | None = None  # accepted, unused
     # extensions (vLLM's names)
-    top_k: int = 0
-    ignore_eos: bool = False
+    top_k: int | None = None  # default 0 (off)
+    ignore_eos: bool | None = None
     speculative: Speculative | None = None
 
 
@@ -184,20 +185,24 @@ def stop_strings(stop) -> tuple[str, ...]:
 def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: int) \
         -> SamplingParams:
     """Checks the sampling fields (each error names the field and the allowed range)."""
-    if req.n != 1:
-        raise RequestError(f"n={req.n}: only n=1 is supported", "n")
-    if not (req.temperature >= 0 and math.isfinite(req.temperature)):
-        raise RequestError(f"temperature={req.temperature}: must be >= 0 (0 = greedy)",
+    n = 1 if req.n is None else req.n
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    top_k = req.top_k or 0
+    if n != 1:
+        raise RequestError(f"n={n}: only n=1 is supported", "n")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise RequestError(f"temperature={temperature}: must be >= 0 (0 = greedy)",
                            "temperature")
-    if not 0 < req.top_p <= 1:
-        raise RequestError(f"top_p={req.top_p}: must be in (0, 1]", "top_p")
-    if req.top_k < 0:
-        raise RequestError(f"top_k={req.top_k}: must be >= 0 (0 = off)", "top_k")
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p={top_p}: must be in (0, 1]", "top_p")
+    if top_k < 0:
+        raise RequestError(f"top_k={top_k}: must be >= 0 (0 = off)", "top_k")
     for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) != 0:
+        if getattr(req, name):
             raise RequestError(f"{name}={getattr(req, name)}: not supported (only 0)", name)
     if max_tokens is not None and max_tokens < 1:
         raise RequestError(f"max_tokens={max_tokens}: must be >= 1", "max_tokens")
-    return SamplingParams(max_tokens=max_tokens or default_max_tokens,
-                          temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                          seed=req.seed, stop=stop_strings(req.stop), ignore_eos=req.ignore_eos)
+    return SamplingParams(max_tokens=max_tokens or default_max_tokens, temperature=temperature,
+                          top_k=top_k, top_p=top_p, seed=req.seed, stop=stop_strings(req.stop),
+                          ignore_eos=bool(req.ignore_eos))

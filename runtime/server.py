@@ -149,8 +149,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
                                code="queue_full") from None
         created = int(time.time())
         if req.stream:
-            return StreamingResponse(sse(job, queue, kind, created), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return EventStream(sse(job, queue, kind, created), lambda: cancel(job))
         return await collect(request, job, queue, kind, created)
 
     def sse_event(obj) -> str:
@@ -171,25 +170,25 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
                           "finish_reason": finish_reason}
             return {**head, "choices": [choice]}
 
-        try:
-            if kind.chat:
-                yield sse_event(chunk(None, role=True))
-            while True:
-                out: Output = await queue.get()
-                if out.finish_reason in ("abort", "error"):
-                    message = job.error or "the request was cancelled (server shutting down)"
-                    yield sse_event({"error": {"message": message, "type": "server_error",
-                                               "param": None, "code": out.finish_reason}})
-                    break
-                if out.text and not out.finished:
-                    yield sse_event(chunk(out.text))
-                if out.finished:
-                    yield sse_event({**chunk(out.text, out.finish_reason), **result_extras(job)})
-                    yield "data: [DONE]\n\n"
-                    break
-        finally:  # normal end, or the client went away (this task is cancelled)
-            if not job.done:
-                scheduler.cancel(job.id)
+        if kind.chat:
+            yield sse_event(chunk(None, role=True))
+        while True:
+            out: Output = await queue.get()
+            if out.finish_reason in ("abort", "error"):
+                message = job.error or "the request was cancelled (server shutting down)"
+                yield sse_event({"error": {"message": message, "type": "server_error",
+                                           "param": None, "code": out.finish_reason}})
+                return
+            if out.text and not out.finished:
+                yield sse_event(chunk(out.text))
+            if out.finished:
+                yield sse_event({**chunk(out.text, out.finish_reason), **result_extras(job)})
+                yield "data: [DONE]\n\n"
+                return
+
+    def cancel(job: Job) -> None:
+        if not job.done:
+            scheduler.cancel(job.id)
 
     async def collect(request: Request, job: Job, queue: asyncio.Queue, kind: Kind,
                       created: int):
@@ -204,8 +203,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
                 pass
         finally:
             watcher.cancel()
-            if not job.done:
-                scheduler.cancel(job.id)
+            cancel(job)
         if out.finish_reason == "error":
             raise RequestError(f"generation failed: {job.error}", status=500, code="error")
         if out.finish_reason == "abort":
@@ -221,6 +219,22 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
                 "choices": [choice], **result_extras(job)}
 
     return app
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends: finished, failed, or
+    cancelled because the client went away (even before the first event)."""
+
+    def __init__(self, events, on_close):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def check_model(name: str, served: str) -> None:

@@ -132,3 +132,27 @@ def test_api_and_server_import_without_torch(tiny_engine):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_streaming_utf8_with_the_real_tokenizer(smollm2_engine):
+    """SmolLM2's byte-level BPE splits CJK and emoji across tokens: fed one token at a time,
+    the detokenizer still hands out whole characters only."""
+    from trt_spec.runtime.detokenizer import IncrementalDetokenizer
+
+    llm = LLM(smollm2_engine, max_num_seqs=1)
+    text = "naïve café, 日本語の文章, 🎉🦀 ok"
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in llm.tokenizer.decode([i]) for i in ids)  # some token is a partial char
+    d = IncrementalDetokenizer(llm.tokenizer)
+    deltas = []
+    for n in range(1, len(ids) + 1):
+        d.update(ids[:n])
+        deltas.append(d.delta())
+    assert "".join(deltas) + d.flush(text) == text
+    assert not any("\ufffd" in x for x in deltas)
+    prompt = "Repeat exactly: naïve café 日本語 🎉"
+    params = SamplingParams(max_tokens=40)
+    streamed = list(llm.stream(prompt, params))
+    assert "".join(streamed) == llm.generate(prompt, params)[0].text
+    assert not any("\ufffd" in x for x in streamed)

@@ -220,6 +220,14 @@ def test_bad_input_gets_4xx_and_the_server_keeps_serving(server, path, body, sta
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_null_means_the_default(server):
+    body = {**GOOD, "max_tokens": None, "temperature": None, "top_p": None, "n": None,
+            "stop": None, "seed": None, "stream": None, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16  # OpenAI's default for completions
+
+
 def test_bad_routes(server):
     r = httpx.get(f"{server.url}/v1/nothing")
     assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
