@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     model = "load-test"
     cmd = [sys.executable, "-m", "trt_spec.cli", "serve", "--engine", args.engine, "--port",
            str(port), "--served-model-name", model, *args.server_args]
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     proc = subprocess.Popen(cmd)
     try:
         wait_healthy(url, proc)
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
         "settings": {"engine": args.engine, "clients": args.clients, "duration_s": args.duration,
                      "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "server_args": args.server_args},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]}},
         "elapsed_s": elapsed,
         "requests": len(good),
         "errors": len(errors),
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
           f"first tok  p50 {fmt(ttft['p50'])} s, p99 {fmt(ttft['p99'])} s\n"
           f"server RSS {rss['before']:.0f} MB -> {rss['after']:.0f} MB "
           f"({rss['growth']:+.1f} MB; bound {args.rss_bound_mb:g} MB)\n"
-          f"server exit code {exit_code} (SIGTERM)\n"
+          f"server exit code {exit_code} (SIGTERM); machine load average "
+          f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
           f"{'PASS' if report['passed'] else 'FAIL'}; report: {args.json_out}")
     for e in errors[:5]:
         print(f"  error: {e}", file=sys.stderr)
