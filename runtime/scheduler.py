@@ -197,15 +197,17 @@ class Scheduler:
         report = StepReport()
         with self._cond:
             cancelled, self._cancelled = self._cancelled, set()
+        for r in [r for r in self._running if r.id in cancelled]:
+            self._release(r)
+            self._end(r, "abort", report)
+        self._running = [r for r in self._running if not r.done]
+        with self._cond:
             for r in [r for r in self._waiting if r.id in cancelled]:
                 self._waiting.remove(r)
                 self._end(r, "abort", report)
             free = self.gen.cache.slots - len(self._running)
             while self._waiting and len(report.admitted) < free:
                 report.admitted.append(self._waiting.popleft())
-        for r in [r for r in self._running if r.id in cancelled]:
-            self._release(r)
-            self._end(r, "abort", report)
         for r in report.admitted:
             try:
                 self._engine(*r.key).admit(r.stream)

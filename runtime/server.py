@@ -139,8 +139,10 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
             raise RequestError(str(e), "speculative") from None
         try:
             scheduler.check(ids, params)
-        except ValueError as e:
-            raise RequestError(str(e), "messages" if kind.chat else "prompt") from None
+        except ValueError as e:  # the prompt, or max_tokens, does not fit the context
+            param = "max_tokens" if str(e).startswith("max_tokens") else \
+                "messages" if kind.chat else "prompt"
+            raise RequestError(str(e), param) from None
         try:
             job = scheduler.submit(ids, params, method, k, on_output,
                                    f"{kind.id_prefix}-{uuid.uuid4().hex[:24]}")

@@ -75,7 +75,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, a
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     return {"error": chunk["error"]["message"]}
-                if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+                if ttft is None and delta.get("content"):
                     ttft = time.perf_counter() - t0
                 usage = chunk.get("usage") or usage
     except httpx.HTTPError as e:

@@ -90,6 +90,19 @@ def test_cancel_frees_the_slot_at_the_next_step(tiny_spec_engine):
     assert sched.slots_used == 0
 
 
+def test_a_cancelled_slot_is_reused_in_the_same_step(tiny_engine):
+    sched = Scheduler(Generator(tiny_engine, max_batch=1))
+    a = sched.submit(PROMPTS[0], greedy(50))
+    sched.step()
+    b = sched.submit(PROMPTS[1], greedy(5))
+    sched.step()
+    assert sched.num_waiting == 1
+    sched.cancel(a.id)
+    report = sched.step()
+    assert report.admitted == [b] and [r.id for r in report.finished] == [a.id]
+    assert b.stream.output_ids  # prefilled in that step
+
+
 def test_queue_bound(tiny_engine):
     sched = Scheduler(Generator(tiny_engine, max_batch=1), max_waiting=2)
     sched.submit(PROMPTS[0], greedy(4))

@@ -241,4 +241,7 @@ def test_openai_client_sees_the_error(server, client):
                                        temperature=-1)
     with pytest.raises(openai.NotFoundError, match="model 'nope' does not exist"):
         client.completions.create(model="nope", prompt="a")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="a", max_tokens=300)
+    assert e.value.body["param"] == "max_tokens" and "at most 255 new tokens" in e.value.message
     assert server.metric("trt_spec:request_rejected_total", reason="invalid") >= 2
