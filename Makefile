@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench bench-spec edge-report clean help
+.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load edge-report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,12 @@ bench: export export-fp32  ## plain decode tokens/s, fp32 vs int4, at past 0/512
 bench-spec: export  ## none vs vanilla vs ngram, k = 2, 4, 6, on the default prompts
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,vanilla,ngram \
 		--num-draft-tokens 2,4,6 --max-new-tokens 128 --json bench-spec.json
+
+CLIENTS  ?= 16
+DURATION ?= 120
+load: export  ## serve the int4 engine, CLIENTS streaming clients for DURATION s; writes load.json
+	$(BIN)/python scripts/load.py --engine $(ENGINE) --clients $(CLIENTS) --duration $(DURATION) \
+		--json load.json
 
 # Random heads until trained ones ship: the Eagle3 graph at its real size (not its speed-up).
 $(ENGINE)-random-heads: | setup

@@ -21,11 +21,6 @@ EXPECTED_PROMPT = "Name three colours."
 EXPECTED_TOKENS = 16
 
 
-def available_methods(manifest) -> list[str]:
-    """none and ngram always; a drafter method when the folder has that drafter."""
-    return ["none", "ngram", *manifest.data.get("drafters", {})]
-
-
 def graphs_for(manifest, method: str) -> list[str]:
     entry = manifest.data.get("drafters", {}).get(method)
     if entry is None:
@@ -77,7 +72,7 @@ def _marker_holds(marker: str) -> bool:
 def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = None,
            tar: bool = False, progress=lambda msg: None) -> Path:
     """Writes the bundle folder `out` (atomically) and, with `tar`, `out`.tar.gz."""
-    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.generator import Generator, available_methods
     from trt_spec.runtime.sampling import SamplingParams
 
     manifest = load_manifest(engine_dir, verify="sha256")

@@ -72,6 +72,7 @@ def machine_report() -> dict:
 
 
 def engine_report(engine_dir: str | Path, machine: dict) -> dict:
+    from trt_spec.runtime.generator import available_methods
     from trt_spec.runtime.manifest import load_manifest
 
     manifest = load_manifest(engine_dir, verify="size")
@@ -88,6 +89,6 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
     size = sum(e["bytes"] for e in data["files"].values())
     return {"folder": str(manifest.folder), "backends": sorted(backends),
             "precisions": precisions, "graphs": sorted(data["graphs"]),
-            "methods": ["none", "ngram", *data.get("drafters", {})],
+            "methods": available_methods(manifest),
             "bytes": size, "bundle": "bundle" in data,
             "runs_here": not problems, "problems": problems, "notes": notes}

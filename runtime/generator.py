@@ -12,7 +12,7 @@ from trt_spec.runtime.backends.ort import OrtFunction, OrtTarget
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, StopChecker, Stream
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.manifest import EngineFolderError, load_manifest
+from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
 from trt_spec.runtime.proposers.base import Proposer
 from trt_spec.runtime.proposers.eagle import EagleProposer
@@ -26,6 +26,13 @@ from trt_spec.runtime.tokenizer import Tokenizer
 METHODS = ("none", "vanilla", "ngram", "mtp", "eagle", "eagle3")
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
+
+
+def available_methods(manifest: Manifest) -> list[str]:
+    """The methods an engine folder can run: none and ngram always (no graph), a drafter
+    method when the manifest lists that drafter (`drafters.<method>`)."""
+    drafters = manifest.data.get("drafters", {})
+    return [m for m in METHODS if m in ("none", "ngram") or m in drafters]
 
 
 def check_method(method: str) -> None:

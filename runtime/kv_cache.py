@@ -34,6 +34,10 @@ class KVCache:
         return len(self.lengths)
 
     @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
     def nbytes(self) -> int:
         return self._block.nbytes
 

@@ -1,4 +1,4 @@
-"""`trt-spec`: export, generate, bench. The same option names on every command."""
+"""`trt-spec`: export, generate, bench, fidelity, serve. The same option names on every command."""
 
 from __future__ import annotations
 
@@ -226,6 +226,53 @@ def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past,
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
+
+
+@main.command()
+@engine_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on.")
+@click.option("--served-model-name", default=None,
+              help="The model id clients send [default: the engine folder's name].")
+@click.option("--method", default="none", show_default=True,
+              help="Default method for requests that do not set speculative.method: none, "
+                   "ngram, or a drafter the engine folder has.")
+@speculation_options
+@click.option("--max-num-seqs", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="KV-cache slots: requests decoding together (continuous batching).")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=2048, show_default=True,
+              help="Context per request (prompt + output), capped by the model's.")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests queued for a slot; past this, 429.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=60.0,
+              show_default=True, help="On SIGTERM, seconds to let in-flight requests finish.")
+@click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
+              help="Sleep this long after each step (tests: a slower model).")
+@threads_option
+def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
+          spec_max_batch, spec_min_acceptance, max_num_seqs, max_model_len, max_waiting,
+          shutdown_timeout, debug_step_delay, threads):
+    """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics)."""
+    from pathlib import Path
+
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import Scheduler
+    from trt_spec.runtime.server import serve as run_server
+
+    try:
+        gen = Generator(engine, max_batch=max_num_seqs, max_len=max_model_len, threads=threads)
+        scheduler = Scheduler(gen, method,
+                              speculation_config(num_draft_tokens, spec_max_batch,
+                                                 spec_min_acceptance),
+                              (ngram_min, ngram_max), max_waiting, debug_step_delay)
+    except ValueError as e:
+        fail(e)
+    name = served_model_name or Path(engine).resolve().name
+    click.echo(f"serving {name} ({engine}; methods: {', '.join(scheduler.methods)}) on "
+               f"http://{host}:{port}", err=True)
+    run_server(scheduler, name, host, port, shutdown_timeout)
 
 
 @main.command()

@@ -1,0 +1,162 @@
+"""The Python API: `from trt_spec import LLM, SamplingParams` (names after vLLM's).
+
+    llm = LLM("engines/smollm2-135m", method="ngram", num_draft_tokens=4)
+    outputs = llm.generate(["Why is the sky blue?"], SamplingParams(max_tokens=64))
+    for delta in llm.stream("Name three rivers."):
+        print(delta, end="")
+
+`LLM` drives the same Scheduler as `trt-spec serve`, from the calling thread: prompts are
+batched continuously up to `max_num_seqs` KV slots.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from trt_spec.runtime.generator import Generator, Prompt
+from trt_spec.runtime.policy import SpeculationConfig
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import Output, Request, Scheduler
+
+BACKENDS = ("auto", "ort")
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length"
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]  # one (n = 1)
+    finished: bool
+    metrics: dict  # tau, acceptance per position, timings: see Stream.metrics
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+
+def check_backend(backend: str) -> str:
+    """'auto' picks the only backend this runtime has today, ONNX Runtime."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)} "
+                         "(TensorRT is not available in this runtime yet)")
+    return "ort"
+
+
+def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    """A string, one chat (a list of message dicts), or a list of either."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        return list(prompts)
+    raise ValueError(f"prompts {prompts!r}: expected a string, a chat (list of "
+                     "{'role', 'content'} dicts) or a list of these")
+
+
+class LLM:
+    def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
+                 backend: str = "auto", max_num_seqs: int = 8, max_model_len: int = 2048,
+                 threads: int | None = None, speculation: SpeculationConfig | None = None):
+        """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
+        folder has (see `methods`). speculation: the policy beyond k (batch limit, minimum
+        acceptance); num_draft_tokens overrides its k."""
+        self.backend = check_backend(backend)
+        self.generator = Generator(model, max_batch=max_num_seqs, max_len=max_model_len,
+                                   threads=threads)
+        spec = replace(speculation or SpeculationConfig(), num_draft_tokens=num_draft_tokens)
+        self.scheduler = Scheduler(self.generator, method, spec)
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods this engine folder can run."""
+        return list(self.scheduler.methods)
+
+    @property
+    def tokenizer(self):
+        return self.generator.tokenizer
+
+    def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
+                chat, on_output=None) -> list[Request]:
+        ids = [self.generator.encode(p, chat) for p in prompts]
+        for p in ids:  # every prompt is checked before any is queued
+            self.scheduler.check(p, params)
+        self.scheduler.resolve(method, num_draft_tokens)
+        return [self.scheduler.submit(p, params, method, num_draft_tokens, on_output)
+                for p in ids]
+
+    def _cancel(self, requests: list[Request]) -> None:
+        left = [r for r in requests if not r.done]
+        for r in left:
+            self.scheduler.cancel(r.id)
+        if left:
+            self.scheduler.step()  # applies the cancellations: frees the KV slots
+
+    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | None
+                 = None, *, method: str | None = None, num_draft_tokens: int | None = None,
+                 chat: bool | None = None) -> list[RequestOutput]:
+        """Runs every prompt to completion; outputs in prompt order. Plain strings go through
+        the chat template when the model has one (chat=False: raw text)."""
+        prompts = as_prompt_list(prompts)
+        params = sampling_params or SamplingParams()
+        requests = self._submit(prompts, params, method, num_draft_tokens, chat)
+        try:
+            while not all(r.done for r in requests):
+                self.scheduler.step()
+        finally:
+            self._cancel(requests)
+        for r in requests:
+            if r.error:
+                raise RuntimeError(f"request {r.id} failed: {r.error}")
+        return [self._output(r, p) for r, p in zip(requests, prompts)]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,
+               method: str | None = None, num_draft_tokens: int | None = None,
+               chat: bool | None = None) -> Iterator[str]:
+        """Yields the text as it is generated, in deltas (whole characters, never past a stop
+        string); their concatenation is `generate`'s text. Breaking out frees the slot."""
+        params = sampling_params or SamplingParams()
+        pending: deque[Output] = deque()
+        request = self._submit([prompt], params, method, num_draft_tokens, chat,
+                               pending.append)[0]
+        try:
+            while True:
+                while pending:
+                    out = pending.popleft()
+                    if out.text:
+                        yield out.text
+                    if out.finished:
+                        if request.error:
+                            raise RuntimeError(f"request {request.id} failed: {request.error}")
+                        return
+                self.scheduler.step()
+        finally:
+            self._cancel([request])
+
+    @staticmethod
+    def _output(r: Request, prompt: Prompt) -> RequestOutput:
+        s = r.stream
+        return RequestOutput(r.id, prompt, s.prompt_ids,
+                             [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason)],
+                             s.finished, {**s.metrics(), "method": r.method,
+                                          "num_draft_tokens": r.num_draft_tokens})

@@ -1,0 +1,316 @@
+"""The scheduler: the one loop under the Python API (`LLM`) and the HTTP server.
+
+    submit(request)                  -> the waiting queue (bounded: past it, QueueFull)
+    step():                          # one iteration
+        apply cancellations                      (a running stream's KV slot is freed now)
+        admit waiting requests while a KV slot is free            (continuous batching)
+        for each (method, k) group of running streams: engine.step(group)
+        hand each request its delta: new token ids and text (the result when finished)
+
+`LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
+talks to it only through `submit` / `cancel` (thread-safe) and the `on_output` callbacks,
+which run on that thread (the server forwards them with `loop.call_soon_threadsafe`).
+
+Engines built by `Generator.make_engine` share the target, the KV cache and the tokenizer, so
+requests with different methods run side by side: one engine per (method, k), each stepping
+its own group of streams; a stream's KV slot is its row in every engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from trt_spec.runtime.detokenizer import IncrementalDetokenizer
+from trt_spec.runtime.engine import NormalEngine, StepMetrics, Stream
+from trt_spec.runtime.generator import Generator, available_methods
+from trt_spec.runtime.policy import SpeculationConfig
+from trt_spec.runtime.sampling import SamplingParams
+
+log = logging.getLogger("trt_spec.scheduler")
+_ids = itertools.count()
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound; the caller should retry later (HTTP 429)."""
+
+
+@dataclass
+class Output:
+    """What one step added to one request (a delta), handed to its `on_output`."""
+
+    request: "Request"
+    text: str  # new text: whole characters, never past a stop string
+    token_ids: list[int]  # new token ids
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    stream: Stream
+    method: str
+    num_draft_tokens: int  # 0 for method "none"
+    detok: IncrementalDetokenizer
+    on_output: Callable[[Output], None] | None = None
+    t_submitted: float = field(default_factory=time.perf_counter)
+    sent_tokens: int = 0
+    done: bool = False  # the final Output was handed out
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.method, self.num_draft_tokens
+
+
+@dataclass
+class StepReport:
+    """What one scheduler step did, returned as data (the server's metrics read it)."""
+
+    engine_steps: list[tuple[str, StepMetrics]] = field(default_factory=list)  # (method, m)
+    admitted: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    new_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, gen: Generator, method: str = "none",
+                 speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
+                 max_waiting: int | None = None, step_delay: float = 0.0):
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting={max_waiting}: must be >= 0 (or None for no bound)")
+        self.gen = gen
+        self.methods = available_methods(gen.manifest)
+        self.speculation = speculation or SpeculationConfig()
+        self.ngram = ngram
+        self.max_waiting = max_waiting
+        self.step_delay = step_delay  # seconds slept after each step (tests: a slower model)
+        self.default_method, self.default_k = self.resolve(method, None)
+        self.on_step: Callable[[StepReport], None] | None = None
+        self._engines: dict[tuple[str, int], NormalEngine] = {}
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()  # guarded by _cond
+        self._cancelled: set[str] = set()  # guarded by _cond
+        self._running: list[Request] = []  # the loop's own
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._engine(self.default_method, self.default_k)  # a broken drafter fails now
+
+    # -- requests (any thread) -------------------------------------------------------------
+
+    @property
+    def max_len(self) -> int:
+        return self.gen.cache.max_len
+
+    def resolve(self, method: str | None, num_draft_tokens: int | None) -> tuple[str, int]:
+        """(method, k) for a request; None takes the scheduler's default."""
+        method = self.default_method if method is None else method
+        if method not in self.methods:
+            raise ValueError(f"method {method!r} is not available for this engine folder; "
+                             f"available: {', '.join(self.methods)}")
+        if method == "none":
+            if num_draft_tokens is not None:
+                raise ValueError(f"num_draft_tokens={num_draft_tokens}: method 'none' drafts "
+                                 f"nothing; pick one of {', '.join(self.methods[1:])}")
+            return method, 0
+        k = self.speculation.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        if not isinstance(k, int) or not 1 <= k <= 64:
+            raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..64")
+        return method, k
+
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError unless the prompt and max_tokens fit the context."""
+        vocab = self.gen.config.vocab_size
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:4]} are outside 0..{vocab - 1}")
+        n = len(prompt_ids)
+        if n >= self.max_len:
+            raise ValueError(f"the prompt has {n} tokens; the context holds {self.max_len} "
+                             f"(prompt + output), so at most {self.max_len - 1} prompt tokens")
+        if n + params.max_tokens > self.max_len:
+            raise ValueError(f"max_tokens={params.max_tokens}: the prompt has {n} tokens and "
+                             f"the context holds {self.max_len}, so at most "
+                             f"{self.max_len - n} new tokens")
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
+               num_draft_tokens: int | None = None,
+               on_output: Callable[[Output], None] | None = None,
+               request_id: str | None = None) -> Request:
+        method, k = self.resolve(method, num_draft_tokens)
+        self.check(prompt_ids, params)
+        stream = Stream(list(prompt_ids), params, speculate=method != "none")
+        r = Request(request_id or f"req-{next(_ids)}", stream, method, k,
+                    IncrementalDetokenizer(self.gen.tokenizer, params.stop), on_output)
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting (the "
+                                f"bound is {self.max_waiting}); retry later")
+            self._waiting.append(r)
+            self._cond.notify()
+        return r
+
+    def cancel(self, request_id: str) -> None:
+        """Ends the request at the next step and frees its KV slot (no-op when finished)."""
+        with self._cond:
+            self._cancelled.add(request_id)
+            self._cond.notify()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def slots_used(self) -> int:
+        cache = self.gen.cache
+        return cache.slots - cache.free_slots
+
+    # -- the loop (one thread) -------------------------------------------------------------
+
+    def _engine(self, method: str, k: int) -> NormalEngine:
+        if (method, k) not in self._engines:
+            spec = replace(self.speculation, num_draft_tokens=k or 1)  # k = 0: method "none"
+            self._engines[method, k] = self.gen.make_engine(method, spec, self.ngram)
+        return self._engines[method, k]
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._cancelled)
+
+    def step(self) -> StepReport:
+        report = StepReport()
+        with self._cond:
+            cancelled, self._cancelled = self._cancelled, set()
+        for r in [r for r in self._running if r.id in cancelled]:
+            self._release(r)
+            self._end(r, "abort", report)
+        self._running = [r for r in self._running if not r.done]
+        with self._cond:
+            for r in [r for r in self._waiting if r.id in cancelled]:
+                self._waiting.remove(r)
+                self._end(r, "abort", report)
+            free = self.gen.cache.slots - len(self._running)
+            while self._waiting and len(report.admitted) < free:
+                report.admitted.append(self._waiting.popleft())
+        for r in report.admitted:
+            try:
+                self._engine(*r.key).admit(r.stream)
+                self._running.append(r)
+            except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
+                log.exception("admitting %s", r.id)
+                r.error = f"{type(e).__name__}: {e}"
+                self._release(r)
+                self._end(r, "error", report)
+        groups: dict[tuple[str, int], list[Request]] = {}
+        for r in self._running:
+            groups.setdefault(r.key, []).append(r)
+        for key, group in groups.items():
+            try:
+                m = self._engines[key].step([r.stream for r in group])
+                report.engine_steps.append((key[0], m))
+            except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+                log.exception("engine step (%s, k=%d)", *key)
+                for r in group:
+                    r.error = f"{type(e).__name__}: {e}"
+                    self._release(r)
+                    r.stream.finish_reason = "error"
+        for r in self._running:
+            self._emit(r, report)
+        self._running = [r for r in self._running if not r.done]
+        if self.on_step is not None:
+            self.on_step(report)
+        return report
+
+    def _release(self, r: Request) -> None:
+        if r.stream.slot is not None:
+            self._engines[r.key].release(r.stream)
+
+    def _emit(self, r: Request, report: StepReport) -> None:
+        s = r.stream
+        if r.done:
+            return
+        if s.finish_reason == "error":
+            self._end(r, "error", report)
+            return
+        r.detok.update(s.output_ids)
+        text = r.detok.flush(s.text) if s.finished else r.detok.delta()
+        ids = s.output_ids[r.sent_tokens:]
+        r.sent_tokens = len(s.output_ids)
+        report.new_tokens += len(ids)
+        if s.finished:
+            r.done = True
+            report.finished.append(r)
+        if text or ids or s.finished:
+            self._hand(r, Output(r, text, ids, s.finish_reason))
+
+    def _end(self, r: Request, reason: str, report: StepReport) -> None:
+        s = r.stream
+        s.finish_reason = reason
+        s.t_finished = s.t_finished or time.perf_counter()
+        r.done = True
+        report.finished.append(r)
+        self._hand(r, Output(r, "", [], reason))
+
+    def _hand(self, r: Request, out: Output) -> None:
+        if r.on_output is None:
+            return
+        try:
+            r.on_output(out)
+        except Exception:  # noqa: BLE001 - a consumer's bug must not stop the loop
+            log.exception("on_output of %s", r.id)
+
+    # -- background thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        assert self._thread is None, "already started"
+        self._thread = threading.Thread(target=self._loop, name="trt-spec-scheduler",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stops the loop; requests still waiting or running end with "abort"."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.has_work():
+                    self._cond.wait()
+                if self._stopping:
+                    break
+            self.step()
+            if self.step_delay:
+                time.sleep(self.step_delay)
+        report = StepReport()
+        with self._cond:
+            left, self._waiting = list(self._waiting) + self._running, deque()
+        for r in left:
+            self._release(r)
+            self._end(r, "abort", report)
+        self._running = []
+        if self.on_step is not None:
+            self.on_step(report)

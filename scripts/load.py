@@ -1,0 +1,208 @@
+"""Bounded load test of `trt-spec serve` (`make load`).
+
+Starts a server on ENGINE at 127.0.0.1 (a free port), warms it up with one request per client,
+reads its RSS, then runs N streaming chat clients back to back for T seconds (each request
+started before the deadline runs to its end), reads the RSS again and stops the server with
+SIGTERM. Prints requests/s, generated tokens/s, latency and time-to-first-token p50/p99,
+errors and the RSS change, and writes the same as JSON. Exits 1 when a request failed or the
+RSS grew past --rss-bound-mb.
+
+    python scripts/load.py --engine engines/smollm2-135m --clients 16 --duration 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [json.loads(line) for line in
+           (Path(__file__).resolve().parents[1] / "runtime" / "data" / "prompts.jsonl")
+           .read_text().splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q / 100 * len(v)))]
+
+
+def messages(i: int) -> list[dict]:
+    p = PROMPTS[i % len(PROMPTS)]
+    return p["messages"] if "messages" in p else [{"role": "user", "content": p["prompt"]}]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args) -> dict:
+    """One streaming chat completion; returns its latency, TTFT and token count, or error."""
+    body = {"model": model, "messages": messages(i), "max_tokens": args.max_tokens,
+            "temperature": args.temperature, "seed": i, "stream": True}
+    t0 = time.perf_counter()
+    ttft, usage, done = None, None, False
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return {"error": chunk["error"]["message"]}
+                delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+                if ttft is None and delta.get("content"):
+                    ttft = time.perf_counter() - t0
+                usage = chunk.get("usage") or usage
+    except httpx.HTTPError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    if not done or usage is None:
+        return {"error": "the stream ended without usage and [DONE]"}
+    return {"latency": time.perf_counter() - t0, "ttft": ttft,
+            "tokens": usage["completion_tokens"]}
+
+
+async def run_clients(url: str, model: str, args, duration: float) -> list[dict]:
+    deadline = time.perf_counter() + duration
+    results: list[dict] = []
+
+    async def client_loop(c: int):
+        n = 0
+        async with httpx.AsyncClient(timeout=args.request_timeout) as client:
+            while n == 0 or time.perf_counter() < deadline:  # at least one (the warm-up)
+                results.append(await one_request(client, url, model, c * 1000 + n, args))
+                n += 1
+
+    await asyncio.gather(*(client_loop(c) for c in range(args.clients)))
+    return results
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} was not healthy after {timeout} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", default="engines/smollm2-135m")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--duration", type=float, default=120, help="seconds of load")
+    ap.add_argument("--max-tokens", type=int, default=64, help="per request")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--request-timeout", type=float, default=300)
+    ap.add_argument("--rss-bound-mb", type=float, default=64,
+                    help="largest allowed RSS growth from after warm-up to the end")
+    ap.add_argument("--json", dest="json_out", default="load.json")
+    ap.add_argument("server_args", nargs="*", help="extra `trt-spec serve` options (after --)")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.duration <= 0:
+        ap.error("--clients must be >= 1 and --duration > 0")
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    model = "load-test"
+    cmd = [sys.executable, "-m", "trt_spec.cli", "serve", "--engine", args.engine, "--port",
+           str(port), "--served-model-name", model, *args.server_args]
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    proc = subprocess.Popen(cmd)
+    try:
+        wait_healthy(url, proc)
+        warm = asyncio.run(run_clients(url, model, args, 0))
+        rss_before = rss_mb(proc.pid)
+        t0 = time.perf_counter()
+        results = asyncio.run(run_clients(url, model, args, args.duration))
+        elapsed = time.perf_counter() - t0
+        rss_after = rss_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            exit_code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            exit_code = proc.wait()
+
+    good = [r for r in results if "error" not in r]
+    errors = [r["error"] for r in results + warm if "error" in r]
+    latencies = [r["latency"] for r in good]
+    ttfts = [r["ttft"] for r in good if r["ttft"] is not None]
+    tokens = sum(r["tokens"] for r in good)
+    report = {
+        "settings": {"engine": args.engine, "clients": args.clients, "duration_s": args.duration,
+                     "max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "server_args": args.server_args},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]}},
+        "elapsed_s": elapsed,
+        "requests": len(good),
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "requests_per_s": len(good) / elapsed,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
+        "ttft_s": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
+        "rss_mb": {"before": rss_before, "after": rss_after, "growth": rss_after - rss_before,
+                   "bound": args.rss_bound_mb},
+        "server_exit_code": exit_code,
+    }
+    report["passed"] = (not errors and report["requests"] > 0
+                        and report["rss_mb"]["growth"] <= args.rss_bound_mb and exit_code == 0)
+    Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    lat, ttft, rss = report["latency_s"], report["ttft_s"], report["rss_mb"]
+
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    print(f"{args.clients} clients x {args.duration:g} s on {args.engine} "
+          f"(max_tokens {args.max_tokens}, temperature {args.temperature})\n"
+          f"requests   {report['requests']} ({report['requests_per_s']:.2f}/s), "
+          f"errors {report['errors']}\n"
+          f"tokens     {tokens} generated ({report['tokens_per_s']:.1f}/s)\n"
+          f"latency    p50 {fmt(lat['p50'])} s, p99 {fmt(lat['p99'])} s\n"
+          f"first tok  p50 {fmt(ttft['p50'])} s, p99 {fmt(ttft['p99'])} s\n"
+          f"server RSS {rss['before']:.0f} MB -> {rss['after']:.0f} MB "
+          f"({rss['growth']:+.1f} MB; bound {args.rss_bound_mb:g} MB)\n"
+          f"server exit code {exit_code} (SIGTERM); machine load average "
+          f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
+          f"{'PASS' if report['passed'] else 'FAIL'}; report: {args.json_out}")
+    for e in errors[:5]:
+        print(f"  error: {e}", file=sys.stderr)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

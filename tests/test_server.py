@@ -1,0 +1,247 @@
+"""`trt-spec serve` as a real process on 127.0.0.1, driven by the official openai client and
+raw HTTP: completions and chat, streamed and not, 8 concurrent streams, per-request methods,
+metrics, and every kind of bad input (4xx, then the server still serves)."""
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.server_util import start_server
+from trt_spec import LLM, SamplingParams
+
+EXTRA = {"ignore_eos": True}  # greedy outputs of a fixed length
+
+
+@pytest.fixture(scope="module")
+def server(tiny_spec_engine):
+    s = start_server(tiny_spec_engine, "--max-num-seqs", "4", "--max-waiting", "64")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_health_and_models(server, client):
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+    assert models[0].model_extra["methods"] == ["none", "vanilla", "ngram"]
+    assert models[0].model_extra["max_model_len"] == 256
+
+
+def test_chat_streamed_equals_non_streamed(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "a b c"}], max_tokens=20,
+              temperature=0, extra_body=EXTRA)
+    full = client.chat.completions.create(**kw)
+    assert full.object == "chat.completion" and full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 20
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == full.choices[0].message.content != ""
+    assert len(chunks) > 3  # it did come in pieces
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.model_dump() == full.usage.model_dump()  # usage in the final chunk
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_text_streamed_equals_non_streamed(client):
+    kw = dict(model="tiny", prompt="d e f g", max_tokens=12, temperature=0, extra_body=EXTRA)
+    full = client.completions.create(**kw)
+    assert full.object == "text_completion" and full.usage.prompt_tokens == 4
+    chunks = list(client.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text != ""
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 12
+    # token ids as the prompt
+    ids = client.completions.create(**{**kw, "prompt": [5, 6, 7, 8]})
+    assert ids.usage.prompt_tokens == 4
+
+
+def test_stop_string_streamed_equals_non_streamed(client):
+    kw = dict(model="tiny", prompt="d e f g", max_tokens=12, temperature=0, extra_body=EXTRA)
+    word = client.completions.create(**kw).choices[0].text.split()[5]
+    full = client.completions.create(**kw, stop=[word, "zzz"])
+    assert full.choices[0].finish_reason == "stop" and word not in full.choices[0].text
+    chunks = list(client.completions.create(**kw, stop=[word, "zzz"], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_server_matches_the_python_api(client, tiny_spec_engine):
+    llm = LLM(tiny_spec_engine)
+    want = llm.generate([[{"role": "user", "content": "h i"}]],
+                        SamplingParams(max_tokens=15, ignore_eos=True))[0].text
+    got = client.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                  "content": "h i"}],
+                                         max_tokens=15, temperature=0, extra_body=EXTRA)
+    assert got.choices[0].message.content == want
+
+
+PROMPTS = ["a b c", "d e", "f g h i j", "k", "l m n o", "p q r", "s t u v w x", "y z"]
+METHODS = [None, {"method": "ngram", "num_draft_tokens": 2}, {"method": "vanilla"},
+           {"method": "none"}, {"method": "vanilla", "num_draft_tokens": 3},
+           {"method": "ngram"}, None, {"method": "vanilla", "num_draft_tokens": 1}]
+
+
+def test_8_concurrent_streams_equal_their_sequential_outputs(server, client):
+    """8 streaming clients on 4 slots with mixed methods and lengths: all finish, each with
+    the output it has when it runs alone (greedy; speculation is lossless)."""
+    lengths = [10 + 3 * i for i in range(8)]
+    sequential = [client.completions.create(model="tiny", prompt=p, max_tokens=n, temperature=0,
+                                            extra_body=EXTRA).choices[0].text
+                  for p, n in zip(PROMPTS, lengths)]
+    drafts_before = server.metric("trt_spec:spec_decode_num_draft_tokens_total")
+
+    async def one(aclient, p, n, spec):
+        extra = {**EXTRA, **({"speculative": spec} if spec else {})}
+        stream = await aclient.completions.create(model="tiny", prompt=p, max_tokens=n,
+                                                  temperature=0, stream=True, extra_body=extra)
+        text, last = "", None
+        async for chunk in stream:
+            text += chunk.choices[0].text
+            last = chunk
+        return text, last
+
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused",
+                                     max_retries=0)
+        return await asyncio.gather(*(one(aclient, p, n, spec)
+                                      for p, n, spec in zip(PROMPTS, lengths, METHODS)))
+
+    results = asyncio.run(main())
+    assert [text for text, _ in results] == sequential
+    for (_, last), n, spec in zip(results, lengths, METHODS):
+        assert last.choices[0].finish_reason == "length"
+        assert last.usage.completion_tokens == n
+        assert last.model_extra["metrics"]["method"] == (spec or {}).get("method", "none")
+    assert server.metric("trt_spec:spec_decode_num_draft_tokens_total") > drafts_before
+    assert server.metric("trt_spec:kv_cache_slots_used") == 0
+
+
+def test_per_request_speculation_and_its_metrics(server, client):
+    names = ["spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+             "spec_decode_num_accepted_tokens_total", "generation_tokens_total"]
+    before = {n: server.metric(f"trt_spec:{n}") for n in names}
+    pos_before = [server.metric("trt_spec:spec_decode_num_accepted_tokens_per_pos_total",
+                                position=str(i)) for i in range(4)]
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "a b a b a b"}],
+              max_tokens=30, temperature=0, extra_body=EXTRA)
+    plain = client.chat.completions.create(**kw)
+    spec = client.chat.completions.create(
+        **{**kw, "extra_body": {**EXTRA, "speculative": {"method": "vanilla",
+                                                         "num_draft_tokens": 4}}})
+    assert spec.choices[0].message.content == plain.choices[0].message.content
+    m = spec.model_extra["metrics"]
+    assert m["method"] == "vanilla" and m["num_draft_tokens"] == 4
+    assert m["proposed_tokens"] > 0 and plain.model_extra["metrics"]["proposed_tokens"] == 0
+    after = {n: server.metric(f"trt_spec:{n}") for n in names}
+    assert after["spec_decode_num_draft_tokens_total"] - \
+        before["spec_decode_num_draft_tokens_total"] == m["proposed_tokens"]
+    accepted = after["spec_decode_num_accepted_tokens_total"] - \
+        before["spec_decode_num_accepted_tokens_total"]
+    assert accepted == m["accepted_tokens"]
+    pos_after = [server.metric("trt_spec:spec_decode_num_accepted_tokens_per_pos_total",
+                               position=str(i)) for i in range(4)]
+    assert sum(pos_after) - sum(pos_before) == accepted
+    assert after["spec_decode_num_drafts_total"] > before["spec_decode_num_drafts_total"]
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == 60
+
+
+GOOD = {"model": "tiny", "prompt": "a b", "max_tokens": 3}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 3}
+LONG = " ".join(["a"] * 300)
+
+BAD = [  # (path, body, status, message)
+    ("completions", b'{"model": "tiny", "prompt": ', 400, "the request body is not valid JSON"),
+    ("completions", b"[1, 2]", 400, "the request body must be a JSON object, got list"),
+    ("completions", b'{"model": "tiny", "prompt": "a \xff b"}', 400,
+     "the request body is not valid UTF-8: byte 0xff"),
+    ("completions", b'{"model": "tiny", "prompt": "a \\ud800 b"}', 400,
+     "prompt holds '\\ud800' (a lone surrogate), which is not valid UTF-8"),
+    ("completions", {"model": "tiny"}, 400, "missing required field 'prompt'"),
+    ("chat/completions", {"model": "tiny"}, 400, "missing required field 'messages'"),
+    ("completions", {"prompt": "a"}, 400, "missing required field 'model'"),
+    ("completions", {**GOOD, "model": "gpt-4"}, 404,
+     "model 'gpt-4' does not exist; this server serves 'tiny'"),
+    ("completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens=0: must be >= 1"),
+    ("chat/completions", {**CHAT, "max_tokens": -5}, 400, "max_tokens=-5: must be >= 1"),
+    ("completions", {**GOOD, "max_tokens": 1000}, 400,
+     "max_tokens=1000: the prompt has 2 tokens and the context holds 256, so at most 254"),
+    ("completions", {**GOOD, "temperature": -0.5}, 400, "temperature=-0.5: must be >= 0"),
+    ("completions", {**GOOD, "temperature": "hot"}, 400,
+     "temperature: Input should be a valid number"),
+    ("completions", {**GOOD, "top_p": 0}, 400, "top_p=0.0: must be in (0, 1]"),
+    ("chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p=1.5: must be in (0, 1]"),
+    ("completions", {**GOOD, "n": 2}, 400, "n=2: only n=1 is supported"),
+    ("completions", {**GOOD, "prompt": LONG}, 400,
+     "the prompt has 300 tokens; the context holds 256"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": LONG}]}, 400,
+     "tokens; the context holds 256"),
+    ("completions", {**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400,
+     "stop has 5 strings; at most 4 are allowed"),
+    ("completions", {**GOOD, "stop": [""]}, 400, "each must have 1..256"),
+    ("completions", {**GOOD, "prompt": [5, 999]}, 400, "prompt token ids [999] are outside 0..127"),
+    ("completions", {**GOOD, "prompt": ""}, 400, "prompt is empty"),
+    ("chat/completions", {**CHAT, "messages": []}, 400, "messages is empty"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400,
+     "messages.0.role: Input should be 'system', 'developer', 'user' or 'assistant'"),
+    ("completions", {**GOOD, "best_of": 2}, 400, "unknown field 'best_of'; accepted fields: model"),
+    ("completions", {**GOOD, "frequency_penalty": 0.5}, 400,
+     "frequency_penalty=0.5: not supported (only 0)"),
+    ("completions", {**GOOD, "speculative": {"method": "eagle3"}}, 400,
+     "method 'eagle3' is not available for this engine folder; available: none, vanilla, ngram"),
+    ("chat/completions", {**CHAT, "speculative": {"method": "ngram", "num_draft_tokens": 0}},
+     400, "num_draft_tokens=0: must be an integer in 1..64"),
+    ("completions", {**GOOD, "speculative": {"method": "none", "num_draft_tokens": 2}}, 400,
+     "method 'none' drafts nothing"),
+    ("completions", {**GOOD, "speculative": {"k": 2}}, 400, "unknown field 'speculative.k'"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, message", BAD,
+                         ids=[f"{i}-{b[3][:30]}" for i, b in enumerate(BAD)])
+def test_bad_input_gets_4xx_and_the_server_keeps_serving(server, path, body, status, message):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{server.url}/v1/{path}", content=content,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert message in error["message"], error["message"]
+    assert error["type"] == "invalid_request_error"
+    ok = httpx.post(f"{server.url}/v1/completions", json=GOOD)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_null_means_the_default(server):
+    body = {**GOOD, "max_tokens": None, "temperature": None, "top_p": None, "n": None,
+            "stop": None, "seed": None, "stream": None, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16  # OpenAI's default for completions
+
+
+def test_bad_routes(server):
+    r = httpx.get(f"{server.url}/v1/nothing")
+    assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
+    r = httpx.get(f"{server.url}/v1/completions")
+    assert r.status_code == 405 and "Method Not Allowed" in r.json()["error"]["message"]
+
+
+def test_openai_client_sees_the_error(server, client):
+    with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be >= 0"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                       temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="model 'nope' does not exist"):
+        client.completions.create(model="nope", prompt="a")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="a", max_tokens=300)
+    assert e.value.body["param"] == "max_tokens" and "at most 255 new tokens" in e.value.message
+    assert server.metric("trt_spec:request_rejected_total", reason="invalid") >= 2
