@@ -47,11 +47,13 @@ class Server:
         return self.proc.wait()
 
 
-def start_server(engine, *args: str, model: str = "tiny", timeout: float = 60) -> Server:
+def start_server(engine, *args: str, model: str = "tiny", timeout: float = 60,
+                 cli: list[str] | None = None, env: dict | None = None) -> Server:
+    """cli: the command that runs trt-spec [default: this interpreter's module]."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trt_spec.cli", "serve", "--engine",
-                             str(engine), "--port", str(port), "--served-model-name", model,
-                             "--threads", "1", *args])
+    cli = cli or [sys.executable, "-m", "trt_spec.cli"]
+    proc = subprocess.Popen([*cli, "serve", "--engine", str(engine), "--port", str(port),
+                             "--served-model-name", model, "--threads", "1", *args], env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
     while time.time() - t0 < timeout:

@@ -8,9 +8,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
+from tests.server_util import start_server
 from trt_spec.cli import main
 from trt_spec.runtime.bundle import bundle, verify
 from trt_spec.runtime.manifest import EngineFolderError, load_manifest
@@ -88,7 +90,7 @@ def test_doctor(eagle3_bundle):
 @pytest.mark.slow
 def test_runtime_only_install_generates_from_a_bundle(eagle3_bundle, tmp_path):
     """A clean venv, `pip install` of this project without extras: no torch, no transformers;
-    `trt-spec generate` and `trt-spec verify` run on the bundle."""
+    `trt-spec generate`, `trt-spec verify` and `trt-spec serve` run on the bundle."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)],
@@ -108,3 +110,12 @@ def test_runtime_only_install_generates_from_a_bundle(eagle3_bundle, tmp_path):
     r = subprocess.run([cli, "verify", str(eagle3_bundle)], capture_output=True, text=True,
                        env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    server = start_server(eagle3_bundle, cli=[cli], env=env)
+    try:
+        reply = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": "a b c", "max_tokens": 6, "temperature": 0,
+            "speculative": {"method": "eagle3"}}).json()
+        assert reply["choices"][0]["finish_reason"] in ("stop", "length"), reply
+        assert reply["metrics"]["method"] == "eagle3"
+    finally:
+        assert server.stop() == 0
