@@ -205,13 +205,33 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
               help="Streams decoding together (groups of prompts; see throughput).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the report (settings, machine, results) to this JSON file.")
+@click.option("--step-costs", is_flag=True,
+              help="Instead: time one target forward of T = 1..9 new tokens after each --past "
+                   "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
+                   "bounds what speculation can gain.")
 @threads_option
 def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past, repeats, batch,
-          json_out, threads):
+          json_out, step_costs, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
     from trt_spec.runtime.generator import check_method
 
+    if step_costs:
+        from trt_spec.runtime.generator import Generator
+        from trt_spec.runtime.step_costs import step_costs as measure, table
+
+        try:
+            pasts = [p for p in parse_past(past)] or [64]
+            gen = Generator((list(engines) or [DEFAULT_ENGINE])[0], threads=threads,
+                            max_len=max(pasts) + 16)
+            result = measure(gen, pasts, list(range(1, 10)))
+        except ValueError as e:
+            fail(e)
+        click.echo(table(result))
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(result, f, indent=2)
+        return
     try:
         method_list = [m.strip() for m in methods.split(",") if m.strip()]
         for m in method_list:

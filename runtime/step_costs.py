@@ -1,0 +1,57 @@
+"""c(T): what one target forward of T new tokens costs after a past of P tokens.
+
+Speculation pays about tau / (c(k+1)/c(1) + drafting cost / c(1)), so the curve c(T)/c(1)
+decides how much it can pay on a machine. Each (P, T) is timed `repeats` times, the Ts
+interleaved within every repeat (1 2 .. 9 1 2 .. 9 ...) so drift hits them alike; the cache
+is rewound to P after every step, as a rejected verification would be.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from trt_spec.runtime.bench import synthetic_prompt
+from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.step_inputs import Request
+
+
+def step_costs(gen: Generator, pasts: list[int], ts: list[int], repeats: int = 12,
+               warmup: int = 2) -> dict:
+    """Returns {"ms": {P: {T: median ms}}, "ratio": {P: {T: c(T)/c(T_min)}}, "repeats"}."""
+    if not ts or min(ts) < 1:
+        raise ValueError(f"step sizes {ts}: need integers >= 1")
+    cache, slot = gen.cache, gen.cache.allocate()
+    try:
+        ms: dict[int, dict[int, float]] = {}
+        for past in pasts:
+            if past < 1 or past + max(ts) > cache.max_len:
+                raise ValueError(f"past {past}: with T up to {max(ts)} it needs 1.."
+                                 f"{cache.max_len - max(ts)} (the cache holds {cache.max_len})")
+            cache.lengths[slot] = 0
+            gen.target.step(cache, [Request(slot, synthetic_prompt(gen, past), [past - 1])])
+            tokens = synthetic_prompt(gen, max(ts))
+            times = {t: [] for t in ts}
+            for r in range(warmup + repeats):
+                for t in ts:
+                    t0 = time.perf_counter()
+                    gen.target.step(cache, [Request(slot, tokens[:t], list(range(t)))])
+                    if r >= warmup:
+                        times[t].append(time.perf_counter() - t0)
+                    cache.rewind(slot, past)
+            ms[past] = {t: 1000 * statistics.median(v) for t, v in times.items()}
+    finally:
+        cache.release(slot)
+    base = min(ts)
+    return {"ms": ms, "ratio": {p: {t: c / row[base] for t, c in row.items()}
+                                for p, row in ms.items()}, "repeats": repeats}
+
+
+def table(result: dict) -> str:
+    ts = list(next(iter(result["ms"].values())))
+    head = "past   " + " ".join(f"{f'T={t}':>7}" for t in ts) + "   (ms; then c(T)/c(1))"
+    lines = [head, "-" * len(head)]
+    for past, row in result["ms"].items():
+        lines.append(f"{past:<6} " + " ".join(f"{row[t]:7.2f}" for t in ts))
+        lines.append(f"{'':<6} " + " ".join(f"{result['ratio'][past][t]:7.2f}" for t in ts))
+    return "\n".join(lines)
