@@ -63,3 +63,14 @@ def test_train_missing_data(args):
     i = args.index("--data")
     result = CliRunner().invoke(main, args[:i + 1] + ["/nonexistent.json"] + args[i + 2:])
     assert result.exit_code != 0 and "/nonexistent.json" in result.output
+
+
+def test_train_mtp_from_the_cli(args, tmp_path):
+    i = args.index("eagle3")
+    mtp = args[:i] + ["mtp"] + args[i + 1:] + ["--num-modules", "2", "--max-steps", "3",
+                                                "--heldout-tokens", "0"]
+    result = CliRunner().invoke(main, mtp)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["step"] == 3 and set(out) >= {"loss_0", "loss_1", "acc_1"}
+    assert (tmp_path / "run" / "mtp" / "drafter.json").is_file()

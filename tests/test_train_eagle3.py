@@ -12,8 +12,8 @@ from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
 from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
-from trt_spec.train.eagle3 import (draft_vocab, init_eagle3, target_to_draft, train_eagle3,
-                                   unroll)
+from trt_spec.train.eagle3 import draft_vocab, init_eagle3, target_to_draft, train_eagle3
+from trt_spec.train.unroll import unroll
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
 
@@ -78,7 +78,7 @@ def test_unroll_is_the_cache_forward(target, store, anchor):
     feats = torch.from_numpy(seq.eagle3.astype(np.float32))
     assert anchor + STEPS + 1 < len(ids)
     with torch.no_grad():
-        train = unroll(drafter, ids[None], feats[None], STEPS)
+        train = unroll(drafter.modules[0], ids[None], drafter.fc(feats[None]), STEPS)
         cached = cache_forward(drafter, ids, feats, anchor, STEPS)
     torch.testing.assert_close(train[0][0][0, :anchor + 1], cached[0], rtol=1e-4, atol=1e-4)
     for j in range(1, STEPS):
@@ -149,7 +149,7 @@ def test_trained_head_loads_with_the_training_numbers(target, store, trained):
     ids = torch.from_numpy(seq.input_ids.astype(np.int64))
     feats = torch.from_numpy(seq.eagle3.astype(np.float32))
     with torch.no_grad():
-        train = unroll(loaded, ids[None], feats[None], 1)[0][0][0]
+        train = unroll(loaded.modules[0], ids[None], loaded.fc(feats[None]), 1)[0][0][0]
         cached = cache_forward(loaded, ids, feats, len(ids) - 2, 1)[0]
     torch.testing.assert_close(train[:len(ids) - 1], cached, rtol=1e-4, atol=1e-4)
 
@@ -185,3 +185,14 @@ def test_evaluate_prefers_the_trained_head(target, store, trained, tmp_path):
     before = evaluate_eagle3(store, target, tmp_path / "untrained", CONFIG)
     assert after["loss"] < before["loss"] and after["acc_0"] > before["acc_0"]
     assert set(after) == {"loss", *(f"{m}_{j}" for m in ("loss", "acc") for j in range(STEPS))}
+
+
+def test_lr_schedule():
+    from trt_spec.train.loop import lr_factor
+
+    config = TrainConfig(warmup_steps=20, min_lr_ratio=0.1)
+    long = [lr_factor(s, 1000, config) for s in range(1000)]
+    assert long[0] == pytest.approx(1 / 20) and long[19] == 1.0 and long[-1] == pytest.approx(0.1, abs=1e-4)
+    assert all(a >= b for a, b in zip(long[19:], long[20:]))  # cosine: never up
+    short = [lr_factor(s, 21, config) for s in range(21)]
+    assert short[1] == 1.0 and short[-1] < 0.2  # a 21-step run warms up for 2 steps only

@@ -29,16 +29,13 @@ import dataclasses
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
-from trt_spec.export.drafter_checkpoint import layer_config
+from trt_spec.export.drafter_checkpoint import layer_config, target_head
 from trt_spec.export.drafters import Drafter, Eagle3Fc, Eagle3Step
-from trt_spec.export.drafter_checkpoint import target_head
 from trt_spec.export.model import TargetModel
-from trt_spec.plugins.attention import rotate
-from trt_spec.plugins.rms_norm import rms_norm
 from trt_spec.train.features import FeatureStore
 from trt_spec.train.loop import Batch
+from trt_spec.train.unroll import distill_loss, unroll
 
 # --- the draft vocabulary -----------------------------------------------------------------
 
@@ -95,104 +92,22 @@ def init_eagle3(target: TargetModel, d2t: torch.Tensor, seed: int = 0,
     return Drafter("eagle3", [step], fc, d2t.clone(), tuple(feature_layers or t.eagle3_layers))
 
 
-# --- the training forward -----------------------------------------------------------------
-
-
-def qkv_rows(step: Eagle3Step, tokens: torch.Tensor, hidden: torch.Tensor,
-             positions: torch.Tensor):
-    """tokens [B, T], hidden [B, T, H], positions [B, T] -> q [B, nh, T, hd],
-    k, v [B, nh, T, hd] (kv heads repeated), RoPE applied."""
-    c = step.config
-    b, t = tokens.shape
-    e = rms_norm(step.embed_tokens(tokens), step.layer.input_layernorm, c.rms_norm_eps)
-    x = torch.cat([e, rms_norm(hidden, step.hidden_norm, c.rms_norm_eps)], -1)  # (B, T, 2H)
-    q, k, v = step.layer.qkv_proj(x).split(
-        [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
-    cos = step.cos_cache[positions].unsqueeze(1)  # (B, 1, T, hd/2)
-    sin = step.sin_cache[positions].unsqueeze(1)
-    group = c.num_heads // c.num_kv_heads
-    q = rotate(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-    k = rotate(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-    v = v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-    return q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-
-
-def shift(x: torch.Tensor, n: int) -> torch.Tensor:
-    """x[:, p] <- x[:, p + n] along dim 1, zero-filled at the end. x: [B, T, ...]."""
-    if n == 0:
-        return x
-    return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], 1)
-
-
-def unroll(drafter: Drafter, input_ids: torch.Tensor, eagle3: torch.Tensor, steps: int):
-    """input_ids [B, T]; eagle3 [B, T, 3H] -> per step j a pair (logits [B, T, draft_vocab],
-    next hidden [B, T, H]) for every anchor a (rows with a + j + 1 >= T are padding)."""
-    step = drafter.modules[0]
-    c = step.config
-    b, t = input_ids.shape
-    anchors = torch.arange(t, device=input_ids.device).expand(b, t)
-    causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()  # key <= anchor
-    scale = c.head_dim ** -0.5
-    hidden = drafter.fc(eagle3)  # (B, T, H)
-    k0 = v0 = None  # step 0's keys / values [B, nh, T, hd]: read causally
-    diag_k, diag_v = [], []  # steps 1..j, [B, nh, T, hd] each: read at their own anchor only
-    out = []
-    for j in range(steps):
-        q, k, v = qkv_rows(step, shift(input_ids, j + 1), hidden, anchors + j)
-        if j == 0:
-            k0, v0 = k, v
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-        scores = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))
-        extra = [(q * kd).sum(-1, keepdim=True) * scale for kd in diag_k]  # (B, nh, T, 1) each
-        weights = torch.cat([scores, *extra], -1).softmax(-1)  # (B, nh, T, T + j)
-        a = weights[..., :t] @ v0
-        for i, vd in enumerate(diag_v):
-            a = a + weights[..., t + i:t + i + 1] * vd
-        a = a.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim)
-        h = hidden + step.layer.o_proj(a)
-        h = h + step.layer.mlp(rms_norm(h, step.layer.post_attention_layernorm, c.rms_norm_eps))
-        out.append((step.head(rms_norm(h, step.head_norm, c.rms_norm_eps)), h))
-        hidden = h
-    return out
-
-
 # --- the loss ---------------------------------------------------------------------------
-
-
-def soft_labels(topk_ids: torch.Tensor, topk_probs: torch.Tensor, t2d_index: torch.Tensor):
-    """topk_ids, topk_probs [B, T, k] (target ids) -> (draft ids [B, T, k] (0 where outside),
-    probs [B, T, k] renormalised over the draft vocabulary, has_mass [B, T] bool)."""
-    draft = t2d_index[topk_ids]  # (B, T, k), -1 outside
-    inside = draft >= 0
-    p = topk_probs * inside
-    mass = p.sum(-1, keepdim=True)
-    return draft.clamp(min=0), p / mass.clamp(min=1e-12), mass[..., 0] > 0
 
 
 def eagle3_loss(drafter: Drafter, batch: Batch, t2d_index: torch.Tensor, steps: int,
                 step_decay: float) -> tuple[torch.Tensor, dict]:
-    """Soft cross entropy per unrolled step (see the module docstring), and per step the
-    accuracy: the head's argmax is the target's argmax (top-1 of the stored top-k)."""
-    b, t = batch.input_ids.shape
-    rows = torch.arange(t, device=batch.input_ids.device)
+    """Soft cross entropy per unrolled step (see the module docstring), weighed
+    step_decay ** j, and per step the accuracy (the head's argmax is the target's)."""
+    d2t_ids = torch.arange(len(drafter.d2t), device=batch.input_ids.device)
+    d2t_ids = d2t_ids + drafter.d2t.to(d2t_ids.device)
+    hidden = drafter.fc(batch.eagle3)  # (B, T, H)
     total, metrics = 0.0, {}
-    d2t_ids = torch.arange(len(drafter.d2t), device=rows.device) + drafter.d2t.to(rows.device)
-    for j, (logits, _) in enumerate(unroll(drafter, batch.input_ids, batch.eagle3, steps)):
-        ids, probs, has_mass = soft_labels(shift(batch.topk_ids, j + 1),
-                                           shift(batch.topk_probs, j + 1), t2d_index)
-        # anchor a predicts x_{a+j+2}: it must exist and be an assistant token
-        valid = (rows + j + 2 < batch.lengths[:, None]) & shift(batch.loss_mask, j + 2)
-        weight = (valid & has_mass).float()  # (B, T)
-        logp = logits.float().log_softmax(-1)  # (B, T, draft_vocab)
-        ce = -(probs * logp.gather(-1, ids)).sum(-1)  # (B, T)
-        n = weight.sum().clamp(min=1)
-        loss_j = (ce * weight).sum() / n
+    for j, (logits, _) in enumerate(unroll(drafter.modules[0], batch.input_ids, hidden, steps)):
+        loss_j, acc_j = distill_loss(logits, batch, j, t2d_index, d2t_ids)
         total = total + step_decay ** j * loss_j
-        hit = d2t_ids[logits.argmax(-1)] == shift(batch.topk_ids, j + 1)[..., 0]
         metrics[f"loss_{j}"] = float(loss_j.detach())
-        metrics[f"acc_{j}"] = float((hit.float() * valid).sum() / valid.float().sum().clamp(min=1))
+        metrics[f"acc_{j}"] = acc_j
     metrics["loss"] = float(total.detach())
     return total, metrics
 
@@ -239,23 +154,14 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
     return metrics
 
 
-@torch.no_grad()
 def evaluate_eagle3(store: FeatureStore, target: TargetModel, head_dir, config,
                     device: str = "cpu") -> dict:
-    """The saved head's loss and per-step accuracy over `store` (held-out features), token-
-    weighted over batches of config.batch_size sequences."""
+    """The saved head's loss and per-step accuracy over `store` (held-out features)."""
     from trt_spec.export.drafter_checkpoint import load_drafter
-    from trt_spec.train.loop import collate
+    from trt_spec.train.loop import evaluate
 
     drafter = to_device(load_drafter(head_dir, "eagle3", target), device).eval()
     t2d_index = target_to_draft(drafter.d2t, target.config.vocab_size).to(device)
-    sums, weight = {}, 0
-    for lo in range(0, len(store), config.batch_size):
-        batch = collate([store[i] for i in range(lo, min(lo + config.batch_size, len(store)))],
-                        device)
-        _, metrics = eagle3_loss(drafter, batch, t2d_index, config.ttt_steps, config.step_decay)
-        n = int(batch.loss_mask.sum())
-        weight += n
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + v * n
-    return {k: v / max(weight, 1) for k, v in sums.items()}
+    return evaluate(store, lambda batch: eagle3_loss(drafter, batch, t2d_index, config.ttt_steps,
+                                                     config.step_decay),
+                    config.batch_size, device)

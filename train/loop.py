@@ -90,10 +90,12 @@ def batch_indices(n: int, step: int, config: TrainConfig) -> list[int]:
 
 
 def lr_factor(step: int, total: int, config: TrainConfig) -> float:
-    """Linear warm-up, then cosine down to min_lr_ratio."""
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+    """Linear warm-up over min(warmup_steps, a tenth of the run), then cosine down to
+    min_lr_ratio (a short run is not all warm-up)."""
+    warmup = max(1, min(config.warmup_steps, total // 10))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine
 
@@ -159,3 +161,18 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
             log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start)))
     return {"step": step, "total_steps": total, "done": step >= total, **metrics,
             "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9)}
+
+
+@torch.no_grad()
+def evaluate(store: FeatureStore, loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]],
+             batch_size: int, device: str = "cpu") -> dict:
+    """loss_fn's metrics over every sequence of `store`, weighted by assistant tokens."""
+    sums, weight = {}, 0
+    for lo in range(0, len(store), batch_size):
+        batch = collate([store[i] for i in range(lo, min(lo + batch_size, len(store)))], device)
+        _, metrics = loss_fn(batch)
+        n = int(batch.loss_mask.sum())
+        weight += n
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * n
+    return {k: v / max(weight, 1) for k, v in sums.items()}

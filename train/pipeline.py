@@ -18,7 +18,7 @@ from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenize
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
 
-METHODS = ("eagle3",)  # mtp, eagle and vanilla follow (issue 7)
+METHODS = ("eagle3", "mtp", "eagle")  # a small vanilla draft follows (issue 7)
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class RunConfig:
     max_tokens: int = 200_000  # training tokens to extract
     heldout_tokens: int = 20_000
     max_len: int = 512  # tokens per conversation
-    draft_vocab: int = 8192
+    draft_vocab: int = 8192  # eagle3
+    num_modules: int = 3  # mtp
     device: str = "cpu"
     features: FeatureConfig = FeatureConfig()
     train: TrainConfig = TrainConfig()
@@ -39,6 +40,8 @@ class RunConfig:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} cannot be trained yet; available: "
                              f"{', '.join(METHODS)}")
+        if self.num_modules < 1:
+            raise ValueError(f"num_modules {self.num_modules}: must be >= 1")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens {self.max_tokens}: must be >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -58,7 +61,6 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     """The whole recipe for one method. on_stage(name, info) is called as each stage ends;
     on_progress / on_step are the extraction and training callbacks. Returns the metrics."""
     from trt_spec.export.checkpoint import load_target, resolve_model
-    from trt_spec.train.eagle3 import train_eagle3
 
     check_device(config.device)
     out = Path(config.out)
@@ -69,7 +71,7 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     hf_dir = resolve_model(config.model)
     target, _ = load_target(hf_dir)
     vocab = target.config.vocab_size
-    if not 1 <= config.draft_vocab <= vocab:  # before the long stages, not after them
+    if config.method == "eagle3" and not 1 <= config.draft_vocab <= vocab:  # before the long stages
         raise ValueError(f"draft vocabulary size {config.draft_vocab}: must be in 1..{vocab} "
                          "(the target's vocabulary)")
     tokenizer = load_tokenizer(hf_dir)
@@ -99,12 +101,29 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     if heldout_ex:
         extract(target, heldout_ex, out / "features-heldout", config.features, model_id)
     store = FeatureStore(out / "features")
-    metrics = train_eagle3(store, target, out, config.train, config.draft_vocab, resume,
-                           config.device, on_step, max_steps)
+    metrics = train_method(config, store, target, resume, on_step, max_steps)
     if heldout_ex:
-        from trt_spec.train.eagle3 import evaluate_eagle3
-
-        metrics.update({f"heldout_{k}": v for k, v in evaluate_eagle3(
-            FeatureStore(out / "features-heldout"), target, out / config.method,
-            config.train, config.device).items()})
+        heldout = FeatureStore(out / "features-heldout")
+        metrics.update({f"heldout_{k}": v for k, v in evaluate_method(
+            config, heldout, target, out / config.method).items()})
     return metrics
+
+
+def train_method(config: RunConfig, store, target, resume, on_step, max_steps) -> dict:
+    from trt_spec.train.eagle3 import train_eagle3
+    from trt_spec.train.mtp import train_mtp
+
+    if config.method == "eagle3":
+        return train_eagle3(store, target, config.out, config.train, config.draft_vocab, resume,
+                            config.device, on_step, max_steps)
+    return train_mtp(store, target, config.out, config.train, config.method, config.num_modules,
+                     resume, config.device, on_step, max_steps)
+
+
+def evaluate_method(config: RunConfig, store, target, head_dir) -> dict:
+    from trt_spec.train.eagle3 import evaluate_eagle3
+    from trt_spec.train.mtp import evaluate_mtp
+
+    if config.method == "eagle3":
+        return evaluate_eagle3(store, target, head_dir, config.train, config.device)
+    return evaluate_mtp(store, target, head_dir, config.train, config.method, config.device)

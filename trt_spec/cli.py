@@ -339,8 +339,9 @@ def doctor(engine, as_json):
 
 
 @main.command()
-@click.option("--method", type=click.Choice(["eagle3"]), required=True,
-              help="The drafter to train (mtp, eagle and vanilla follow).")
+@click.option("--method", type=click.Choice(["eagle3", "mtp", "eagle"]), required=True,
+              help="The drafter to train: eagle3 (fc + one layer over a draft vocabulary), "
+                   "mtp (--num-modules chained MTP modules), eagle (one MTP module, looped).")
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="The target: a known model name, a .gguf file or a Hugging Face folder.")
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
@@ -360,12 +361,14 @@ def doctor(engine, as_json):
               show_default=True, help="Passes over the extracted features (may be fractional).")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Eagle3's draft vocabulary: the most frequent target tokens of the data.")
+@click.option("--num-modules", type=click.IntRange(min=1), default=3, show_default=True,
+              help="MTP modules to train (--method mtp).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
               help="Sequences per training step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=8e-4,
               show_default=True, help="AdamW peak learning rate (cosine schedule).")
 @click.option("--ttt-steps", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Training-time-test unroll: draft steps trained per position.")
+              help="Training-time-test unroll (eagle3, eagle): draft steps trained per position.")
 @click.option("--top-k", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Target probabilities kept per token at extraction (the soft labels).")
 @click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True), default=10.0,
@@ -379,8 +382,8 @@ def doctor(engine, as_json):
 @click.option("--resume", is_flag=True,
               help="Continue the training state in --out (extraction always resumes).")
 @click.option("--seed", type=int, default=0, show_default=True)
-def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs, draft_vocab, batch_size, lr,
-          ttt_steps, top_k, max_disk_gb, checkpoint_every, max_steps, device, resume, seed):
+def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs, draft_vocab,
+          num_modules, batch_size, lr, ttt_steps, top_k, max_disk_gb, checkpoint_every, max_steps, device, resume, seed):
     """Train a drafter for a target by self-distillation: the target's features and top-k
     probabilities over chat conversations are cached in OUT, then the head is trained on them.
     Every stage resumes: run the same command again."""
@@ -409,7 +412,8 @@ def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs,
     try:
         config = RunConfig(
             method, model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
-            heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab, device=device,
+            heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
+            num_modules=num_modules, device=device,
             features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
             train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
                               checkpoint_every=checkpoint_every, seed=seed))
