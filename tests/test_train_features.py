@@ -83,8 +83,23 @@ def test_resume_after_an_interrupted_run(tiny, tmp_path):
         np.testing.assert_array_equal(a[k], b[k])
     again = extract(target, examples, folder, CONFIG, "tiny")  # all done: nothing to do
     assert again.skipped_shards == clean.shards and again.tokens == 0
-    with pytest.raises(ValueError, match="other data or settings"):
-        extract(target, examples[:-1], folder, CONFIG, "tiny")
+    with pytest.raises(ValueError, match="other settings"):
+        extract(target, examples, folder, FeatureConfig(top_k=4, shard_tokens=100), "tiny")
+
+
+def test_a_larger_budget_extends_the_folder(tiny, tmp_path):
+    target, examples = tiny
+    small = extract(target, examples[:7], tmp_path, CONFIG, "tiny")
+    kept = plan_shards(examples[:7], 100)
+    full = plan_shards(examples, 100)
+    same = sum(1 for a, b in zip(kept, full) if a == b)  # the last small shard may differ
+    assert same >= 2
+    grown = extract(target, examples, tmp_path, CONFIG, "tiny")
+    assert grown.skipped_shards == same and grown.shards == len(full)
+    assert len(FeatureStore(tmp_path)) == len(examples)
+    shrunk = extract(target, examples[:7], tmp_path, CONFIG, "tiny")  # back: shards dropped
+    assert shrunk.shards == small.shards and len(FeatureStore(tmp_path)) == 7
+    assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == small.shards
 
 
 def test_disk_bound_stops_before_the_shard_that_would_pass_it(tiny, tmp_path):

@@ -11,9 +11,12 @@ Per token p of every sequence (fp32 torch TargetModel; stored as):
 
 Layout: `folder/manifest.json` + `folder/shard_00000/*.npy` ... A shard is a fixed run of
 consecutive examples (about `shard_tokens` tokens); it is written under `shard_XXXXX.tmp` and
-renamed when complete, and only then recorded in the manifest. Re-running skips recorded
-shards and redoes any other (an interrupted one). The manifest's `plan` (a hash of the model,
-the examples and the settings) must match, so a folder is never extended with other data.
+renamed when complete, and only then recorded in the manifest with its key (a hash of the
+settings and of its examples' ids, tokens and masks). Re-running skips a recorded shard whose
+key is unchanged and redoes any other (an interrupted one, or one whose examples changed), so
+a run with a larger token budget extends the folder; shards past the new plan are removed.
+The model and the settings that shape every row (top_k, feature layers) must match the
+folder's. The manifest's `plan` hashes the shard keys (the trainer checks it on resume).
 Before each shard the bytes it will take are added to what is on disk; past `max_disk_bytes`
 extraction stops with DiskBudgetExceeded, the finished shards kept.
 """
@@ -115,12 +118,13 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def plan_hash(model_id: str, examples: list[Example], config: FeatureConfig,
-              feature_layers: tuple[int, ...]) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps({"model": model_id, "top_k": config.top_k,
-                         "shard_tokens": config.shard_tokens,
-                         "feature_layers": list(feature_layers)}).encode())
+def settings_key(model_id: str, config: FeatureConfig, feature_layers: tuple[int, ...]) -> dict:
+    return {"model": model_id, "top_k": config.top_k, "feature_layers": list(feature_layers),
+            "target_precision": "fp32"}
+
+
+def shard_key(settings: dict, examples: list[Example]) -> str:
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for ex in examples:
         h.update(ex.id.encode())
         h.update(ex.input_ids.tobytes())
@@ -187,26 +191,30 @@ def extract(target: TargetModel, examples: list[Example], folder: Path, config: 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = target.config
-    plan = plan_hash(model_id, examples, config, c.eagle3_layers)
+    settings = settings_key(model_id, config, c.eagle3_layers)
     shards = plan_shards(examples, config.shard_tokens)
+    names = [f"shard_{i:05d}" for i in range(len(shards))]
+    keys = [shard_key(settings, [examples[j] for j in shard]) for shard in shards]
     manifest_path = folder / "manifest.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("plan") != plan:
-            raise ValueError(f"{folder} holds features of other data or settings (plan "
-                             f"{manifest.get('plan', '?')[:12]} != {plan[:12]}); use another "
-                             "folder or delete it")
+        if manifest.get("settings") != settings:
+            raise ValueError(f"{folder} holds features of other settings ({manifest.get('settings')}"
+                             f" != {settings}); use another folder or delete it")
+        done = {k: v for k, v in manifest["done"].items()
+                if k in names and v.get("key") == keys[names.index(k)]}
     else:
-        manifest = {"format": FORMAT, "version": VERSION, "plan": plan, "model": model_id,
-                    "target_precision": "fp32", "config": asdict(config),
-                    "model_config": c.to_dict(), "feature_layers": list(c.eagle3_layers),
-                    "hidden_size": c.hidden_size, "num_shards": len(shards), "done": {}}
-        write_json(manifest_path, manifest)
-    done = manifest["done"]  # shard name -> {"sequences", "tokens"}
-    for stale in folder.iterdir():  # interrupted shards: redone below
+        done = {}  # shard name -> {"key", "sequences", "tokens"}
+    manifest = {"format": FORMAT, "version": VERSION, "settings": settings,
+                "plan": hashlib.sha256("".join(keys).encode()).hexdigest(),
+                "config": asdict(config), "model_config": c.to_dict(),
+                "feature_layers": list(c.eagle3_layers), "hidden_size": c.hidden_size,
+                "num_shards": len(shards), "done": done}
+    write_json(manifest_path, manifest)
+    for stale in folder.iterdir():  # interrupted, changed or past the plan: removed
         if stale.is_dir() and stale.name not in done:
             shutil.rmtree(stale)
-    todo = [i for i in range(len(shards)) if f"shard_{i:05d}" not in done]
+    todo = [i for i, name in enumerate(names) if name not in done]
     tokens_todo = sum(len(examples[j].input_ids) for i in todo for j in shards[i])
     start, tokens = time.perf_counter(), 0
     for i in todo:
@@ -221,7 +229,7 @@ def extract(target: TargetModel, examples: list[Example], folder: Path, config: 
                 f"shard would pass the {human(config.max_disk_bytes)} bound; "
                 f"{len(done)} of {len(shards)} shards are done (raise the bound to go on)")
         write_shard(folder, name, target, members, config.top_k)
-        done[name] = {"sequences": len(members), "tokens": n}
+        done[name] = {"key": keys[i], "sequences": len(members), "tokens": n}
         write_json(manifest_path, manifest)
         tokens += n
         if progress is not None:
