@@ -61,6 +61,11 @@ class OneLayerDrafter(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return apply_head(x, self.embed_tokens, self.lm_head)
 
+    def layer_input(self, input_ids: torch.Tensor, hidden_states: torch.Tensor):
+        """input_ids [B, T], hidden_states [B, T, H] -> (the attention's input [B, T, qkv_in],
+        already normed; the residual [B, T, H]). What MTP and Eagle3 differ in."""
+        raise NotImplementedError
+
     def attend(self, attn_in, residual, position_ids, seqlens_k, query_seqlens,
                total_sequence_length, logits_index, past_key, past_value):
         """attn_in: [B, T, qkv_in] (normed); residual: [B, T, H] ->
@@ -98,12 +103,16 @@ class MTPModule(OneLayerDrafter):
         past_key: torch.Tensor,  # [batch, kv_heads, max_len, head_dim]
         past_value: torch.Tensor,  # [batch, kv_heads, max_len, head_dim]
     ):
+        return self.attend(*self.layer_input(input_ids, hidden_states), position_ids, seqlens_k,
+                           query_seqlens, total_sequence_length, logits_index, past_key,
+                           past_value)
+
+    def layer_input(self, input_ids, hidden_states):
+        """-> (attention input [B, T, H] (normed), residual [B, T, H])."""
         c = self.config
         e = rms_norm(self.embed_tokens(input_ids), self.enorm, c.rms_norm_eps)
         h = self.eh_proj(torch.cat([e, rms_norm(hidden_states, self.hnorm, c.rms_norm_eps)], -1))
-        x = rms_norm(h, self.layer.input_layernorm, c.rms_norm_eps)
-        return self.attend(x, h, position_ids, seqlens_k, query_seqlens, total_sequence_length,
-                           logits_index, past_key, past_value)
+        return rms_norm(h, self.layer.input_layernorm, c.rms_norm_eps), h
 
 
 class Eagle3Step(OneLayerDrafter):
@@ -117,11 +126,16 @@ class Eagle3Step(OneLayerDrafter):
                 total_sequence_length, logits_index, past_key, past_value):
         """As MTPModule.forward; hidden_states [batch, new_tokens, H] is g: fc(features) on
         the first step, the previous step's next_hidden_states after."""
+        return self.attend(*self.layer_input(input_ids, hidden_states), position_ids, seqlens_k,
+                           query_seqlens, total_sequence_length, logits_index, past_key,
+                           past_value)
+
+    def layer_input(self, input_ids, hidden_states):
+        """-> (attention input [B, T, 2H] (normed), residual [B, T, H]: hidden_states)."""
         c = self.config
         e = rms_norm(self.embed_tokens(input_ids), self.layer.input_layernorm, c.rms_norm_eps)
         x = torch.cat([e, rms_norm(hidden_states, self.hidden_norm, c.rms_norm_eps)], -1)
-        return self.attend(x, hidden_states, position_ids, seqlens_k, query_seqlens,
-                           total_sequence_length, logits_index, past_key, past_value)
+        return x, hidden_states
 
 
 class Eagle3Fc(nn.Module):

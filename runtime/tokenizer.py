@@ -33,6 +33,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of `text` (no special tokens added) and each token's [start, end) characters."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -7,7 +7,7 @@ from trt_spec.cli import main
 
 
 @pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"], ["fidelity"],
-                                     ["bundle"], ["verify"], ["doctor"], ["serve"]])
+                                     ["bundle"], ["verify"], ["doctor"], ["serve"], ["train"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, command + ["--help"])
     assert result.exit_code == 0 and "Usage:" in result.output

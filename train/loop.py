@@ -1,0 +1,178 @@
+"""What every drafter trainer shares: padded batches from a FeatureStore, AdamW with a cosine
+schedule, and a resumable loop that checkpoints every N steps.
+
+The batch order is a function of (seed, epoch) only, so a resumed run sees the same batches
+as an uninterrupted one from the step it stopped at.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from trt_spec.train.features import FeatureStore, Sequence
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: float = 1.0
+    batch_size: int = 8  # sequences per step
+    lr: float = 8e-4
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    ttt_steps: int = 3  # training-time-test unroll (Eagle3)
+    step_decay: float = 0.8  # loss weight of unrolled step j: step_decay ** j
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.epochs <= 0:
+            raise ValueError(f"epochs {self.epochs}: must be > 0")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size {self.batch_size}: must be >= 1")
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps {self.ttt_steps}: must be >= 1")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every {self.checkpoint_every}: must be >= 1")
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T] int64, right-padded with 0
+    loss_mask: torch.Tensor  # [B, T] bool: x_p is an assistant token (False on padding)
+    lengths: torch.Tensor  # [B] int64
+    hidden: torch.Tensor  # [B, T, H] fp32
+    eagle3: torch.Tensor  # [B, T, 3H] fp32
+    topk_ids: torch.Tensor  # [B, T, k] int64
+    topk_probs: torch.Tensor  # [B, T, k] fp32
+
+
+def collate(seqs: list[Sequence], device: str | torch.device = "cpu") -> Batch:
+    t = max(len(s.input_ids) for s in seqs)
+
+    def pad(name: str, dtype) -> torch.Tensor:
+        first = getattr(seqs[0], name)
+        out = np.zeros((len(seqs), t, *first.shape[1:]), dtype=first.dtype)
+        for i, s in enumerate(seqs):
+            x = getattr(s, name)
+            out[i, :len(x)] = x
+        return torch.from_numpy(out).to(device=device, dtype=dtype)
+
+    return Batch(pad("input_ids", torch.int64), pad("loss_mask", torch.bool),
+                 torch.tensor([len(s.input_ids) for s in seqs], device=device),
+                 pad("hidden", torch.float32), pad("eagle3", torch.float32),
+                 pad("topk_ids", torch.int64), pad("topk_probs", torch.float32))
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return math.ceil(n / batch_size)
+
+
+def total_steps(n: int, config: TrainConfig) -> int:
+    return max(1, math.ceil(config.epochs * steps_per_epoch(n, config.batch_size)))
+
+
+def batch_indices(n: int, step: int, config: TrainConfig) -> list[int]:
+    """The sequences of global step `step`: epoch e is a permutation seeded by (seed, e)."""
+    per_epoch = steps_per_epoch(n, config.batch_size)
+    epoch, i = divmod(step, per_epoch)
+    order = np.random.default_rng([config.seed, epoch]).permutation(n)
+    return order[i * config.batch_size:(i + 1) * config.batch_size].tolist()
+
+
+def lr_factor(step: int, total: int, config: TrainConfig) -> float:
+    """Linear warm-up over min(warmup_steps, a tenth of the run), then cosine down to
+    min_lr_ratio (a short run is not all warm-up)."""
+    warmup = max(1, min(config.warmup_steps, total // 10))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine
+
+
+def save_state(path: Path, step: int, modules: dict[str, torch.nn.Module],
+               optimizer: torch.optim.Optimizer, extra: dict) -> None:
+    """Atomic: written beside, then renamed over the previous one."""
+    state = {"step": step, "optimizer": optimizer.state_dict(), "extra": extra,
+             "modules": {k: m.state_dict() for k, m in modules.items()}}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class StepLog:
+    step: int
+    total: int
+    lr: float
+    metrics: dict  # floats from the loss function
+    tokens_per_s: float  # sequence tokens (padding excluded) per second, this run
+
+
+def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
+               loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]], config: TrainConfig,
+               state_path: Path, extra: dict, resume: bool, device: str = "cpu",
+               log: Callable[[StepLog], None] | None = None, max_steps: int | None = None) -> dict:
+    """Trains the parameters of `modules` that require grad. `extra` (JSON-able) is saved in
+    the state and must match on resume. Returns the final metrics. max_steps stops this run
+    early (a later --resume continues), for tests and short runs."""
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                                  betas=(0.9, 0.95))
+    total = total_steps(len(store), config)
+    step = 0
+    extra = dict(extra, config=asdict(config), sequences=len(store))
+    if resume and state_path.exists():
+        state = torch.load(state_path, map_location=device, weights_only=False)
+        if state["extra"] != extra:
+            raise ValueError(f"{state_path} was written by another run (settings or data "
+                             "differ); drop --resume or use another --out")
+        for k, m in modules.items():
+            m.load_state_dict(state["modules"][k])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    start, tokens, metrics = time.perf_counter(), 0, {}
+    stop = total if max_steps is None else min(total, step + max_steps)
+    while step < stop:
+        batch = collate([store[i] for i in batch_indices(len(store), step, config)], device)
+        lr = config.lr * lr_factor(step, total, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, metrics = loss_fn(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        optimizer.step()
+        step += 1
+        tokens += int(batch.lengths.sum())
+        if step % config.checkpoint_every == 0 or step == stop:
+            save_state(state_path, step, modules, optimizer, extra)
+        if log is not None:
+            log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start)))
+    return {"step": step, "total_steps": total, "done": step >= total, **metrics,
+            "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9)}
+
+
+@torch.no_grad()
+def evaluate(store: FeatureStore, loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]],
+             batch_size: int, device: str = "cpu") -> dict:
+    """loss_fn's metrics over every sequence of `store`, weighted by assistant tokens."""
+    sums, weight = {}, 0
+    for lo in range(0, len(store), batch_size):
+        batch = collate([store[i] for i in range(lo, min(lo + batch_size, len(store)))], device)
+        _, metrics = loss_fn(batch)
+        n = int(batch.loss_mask.sum())
+        weight += n
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * n
+    return {k: v / max(weight, 1) for k, v in sums.items()}
