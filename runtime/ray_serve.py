@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,8 +150,8 @@ class EngineSource:
                 (tmp / name).write_bytes(data)
             try:
                 tmp.rename(folder)  # atomic: another replica on this node may race us
-            except OSError:
-                pass  # it won; its copy is checked below like ours would be
+            except OSError:  # it won; its copy is checked (sha256) like ours would be
+                shutil.rmtree(tmp)
         return folder
 
 
@@ -193,7 +195,8 @@ class EngineReplica:
         spec = SpeculationConfig(num_draft_tokens=config.num_draft_tokens,
                                  max_batch=config.spec_max_batch,
                                  min_acceptance=config.spec_min_acceptance)
-        self.scheduler = Scheduler(gen, config.method, spec, config.ngram, config.max_waiting, config.debug_step_delay)
+        self.scheduler = Scheduler(gen, config.method, spec, config.ngram, config.max_waiting,
+                                   config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name)  # lifespan starts the loop
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
@@ -220,8 +223,8 @@ class EngineReplica:
             server.shutdown()
         try:
             ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE).unregister.remote(self.replica_id)
-        except Exception:  # noqa: BLE001 - the cluster may be going down with us
-            pass
+        except (ValueError, RuntimeError) as e:  # no directory, or the cluster is going down
+            log.info("replica %s not unregistered: %s", self.replica_id, e)
         await super().__del__()  # the app's lifespan: stops the scheduler
 
 
@@ -244,13 +247,12 @@ class RayDeployment:
 
     def live_targets(self, timeout: float = 1.0) -> list[dict]:
         """Prometheus file_sd entries for the replicas whose /metrics answers."""
-        import httpx
-
         out = []
         for replica_id, info in sorted(ray.get(self.directory.list.remote()).items()):
             try:
-                ok = httpx.get(info["metrics_url"], timeout=timeout).status_code == 200
-            except httpx.HTTPError:
+                with urllib.request.urlopen(info["metrics_url"], timeout=timeout) as r:
+                    ok = r.status == 200
+            except OSError:  # refused, timed out (URLError and HTTPError are OSErrors)
                 ok = False
             if not ok:
                 self.directory.unregister.remote(replica_id)  # died without __del__
