@@ -6,19 +6,19 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load edge-report clean help
+.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load load-ray edge-report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-setup: $(STAMP)  ## .venv with the pinned CPU torch, then the project and its extras
+setup: $(STAMP)  ## .venv with the pinned CPU torch, then the project and its extras (ray too)
 
 # torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[export,dev]'
+	$(BIN)/pip install -q -e '.[export,dev,ray]'
 	touch $(STAMP)
 
 # --draft-layers 4: a layer-truncated self-draft for --method vanilla until trained drafters exist.
@@ -50,6 +50,11 @@ DURATION ?= 120
 load: export  ## serve the int4 engine, CLIENTS streaming clients for DURATION s; writes load.json
 	$(BIN)/python scripts/load.py --engine $(ENGINE) --clients $(CLIENTS) --duration $(DURATION) \
 		--json load.json
+
+REPLICAS ?= 2
+load-ray: export  ## the same load on `serve --ray` with REPLICAS replicas (1 ORT thread each); load-ray.json
+	$(BIN)/python scripts/load.py --engine $(ENGINE) --clients $(CLIENTS) --duration $(DURATION) \
+		--json load-ray.json -- --ray --replicas $(REPLICAS) --threads 1
 
 # Random heads until trained ones ship: the Eagle3 graph at its real size (not its speed-up).
 $(ENGINE)-random-heads: | setup

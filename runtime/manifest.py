@@ -33,6 +33,15 @@ def file_entries(folder: Path, names: list[str]) -> dict[str, dict]:
     return {n: {"bytes": (folder / n).stat().st_size, "sha256": sha256(folder / n)} for n in names}
 
 
+def manifest_digest(folder: str | Path) -> str:
+    """The sha256 of the folder's manifest.json: it holds a sha256 per file, so this one
+    digest names the whole export (`trt-spec serve --ray --engine-checksum`)."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise EngineFolderError(f"{path} is missing: {folder} is not an engine folder")
+    return sha256(path)
+
+
 def write_manifest(folder: Path, manifest: dict) -> None:
     """`manifest` without "files": every graph, data and tokenizer file it names is hashed."""
     names = sorted({f for g in manifest["graphs"].values() for f in g["files"]}

@@ -8,6 +8,11 @@ errors and the RSS change, and writes the same as JSON. Exits 1 when a request f
 RSS grew past --rss-bound-mb.
 
     python scripts/load.py --engine engines/smollm2-135m --clients 16 --duration 120
+    python scripts/load.py --engine engines/smollm2-135m -- --ray --replicas 2 --threads 1
+
+With `--ray` among the server options the server is `trt-spec serve --ray` (Ray Serve
+replicas behind one endpoint); the RSS is then the sum over the replica processes (from the
+metrics targets file the server keeps), the driver's not counted.
 """
 
 from __future__ import annotations
@@ -138,15 +143,29 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "trt_spec.cli", "serve", "--engine", args.engine, "--port",
            str(port), "--served-model-name", model, *args.server_args]
     load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    targets = None
+    if "--ray" in args.server_args:
+        targets = Path(args.json_out).with_suffix(".targets.json")
+        cmd += ["--metrics-targets", str(targets)]
     proc = subprocess.Popen(cmd)
+
+    def server_rss() -> float:
+        if targets is None:
+            return rss_mb(proc.pid)
+        for _ in range(50):  # the driver writes it once every replica is up
+            if targets.is_file():
+                break
+            time.sleep(0.2)
+        return sum(rss_mb(int(t["labels"]["pid"])) for t in json.loads(targets.read_text()))
+
     try:
         wait_healthy(url, proc)
         warm = asyncio.run(run_clients(url, model, args, 0))
-        rss_before = rss_mb(proc.pid)
+        rss_before = server_rss()
         t0 = time.perf_counter()
         results = asyncio.run(run_clients(url, model, args, args.duration))
         elapsed = time.perf_counter() - t0
-        rss_after = rss_mb(proc.pid)
+        rss_after = server_rss()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -176,7 +195,8 @@ def main(argv=None) -> int:
         "latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
         "ttft_s": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
         "rss_mb": {"before": rss_before, "after": rss_after, "growth": rss_after - rss_before,
-                   "bound": args.rss_bound_mb},
+                   "bound": args.rss_bound_mb,
+                   "of": "the server" if targets is None else "the Ray Serve replicas, summed"},
         "server_exit_code": exit_code,
     }
     report["passed"] = (not errors and report["requests"] > 0

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -147,3 +149,22 @@ def test_export_names_a_bad_drafter_key(tiny_hf_dir, tmp_path):
     assert result.exit_code != 0
     assert "checkpoint is missing 'midlayer.hidden_norm.weight'" in result.output
     assert not (tmp_path / "engine").exists()  # nothing half-written
+
+
+def test_serve_ray_without_ray_is_one_clear_line(tiny_engine):
+    """The base install has no Ray: `serve --ray` says what to install, in one line."""
+    code = ("import sys; sys.modules['ray'] = None  # import ray -> ImportError\n"
+            "from trt_spec.cli import main\n"
+            f"main(['serve', '--ray', '--engine', {str(tiny_engine)!r}])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'trt-spec[ray]'" in lines[0], result.stderr
+
+
+def test_serve_ray_refuses_a_wrong_engine_checksum_before_starting_ray(tiny_engine):
+    pytest.importorskip("ray")
+    result = CliRunner().invoke(main, ["serve", "--ray", "--engine", str(tiny_engine),
+                                       "--engine-checksum", "0" * 64])
+    assert result.exit_code == 1 and f"--engine-checksum {'0' * 64}" in result.output

@@ -271,12 +271,58 @@ def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past,
 @click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
 @threads_option
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Deploy on Ray Serve: --replicas engines behind one HTTP endpoint "
+                   "(pip install 'trt-spec[ray]').")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--ray: replicas (the initial count when autoscaling).")
+@click.option("--ray-address", default=None,
+              help="--ray: join this Ray cluster (e.g. auto, 10.0.0.1:6379) [default: start a "
+                   "local Ray].")
+@click.option("--min-replicas", type=click.IntRange(min=0), default=None,
+              help="--ray: autoscale, at least this many replicas.")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help="--ray: autoscale, at most this many replicas.")
+@click.option("--target-ongoing-requests", type=click.FloatRange(min=0, min_open=True),
+              default=None, help="--ray: autoscale towards this many ongoing requests per "
+                                 "replica (Ray Serve's target_ongoing_requests).")
+@click.option("--max-ongoing-requests", type=click.IntRange(min=1), default=None,
+              help="--ray: requests a replica holds at once; more wait in Ray Serve's router "
+                   "[default: --max-num-seqs].")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="--ray: CPUs Ray reserves per replica.")
+@click.option("--ship-engine", is_flag=True,
+              help="--ray: send the engine folder to replicas through Ray's object store "
+                   "[default: it is at the same path on every node].")
+@click.option("--engine-checksum", default=None,
+              help="--ray: every replica refuses an engine folder whose manifest.json sha256 "
+                   "differs (`sha256sum ENGINE/manifest.json`).")
+@click.option("--metrics-targets", type=click.Path(dir_okay=False), default=None,
+              help="--ray: keep a Prometheus file_sd JSON of the replicas' /metrics here.")
+@click.option("--ray-num-cpus", type=click.IntRange(min=1), default=None,
+              help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
           spec_max_batch, spec_min_acceptance, max_num_seqs, max_model_len, max_waiting,
-          shutdown_timeout, debug_step_delay, threads):
+          shutdown_timeout, debug_step_delay, threads, use_ray, replicas, ray_address,
+          min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
+          replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
     """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics)."""
+    /v1/models, /health, /metrics); with --ray, as replicas on Ray Serve."""
     from pathlib import Path
+
+    if use_ray:
+        return serve_on_ray(
+            engine, host, port, served_model_name or Path(engine).resolve().name,
+            dict(method=method, num_draft_tokens=num_draft_tokens, ngram=(ngram_min, ngram_max),
+                 spec_max_batch=spec_max_batch, spec_min_acceptance=spec_min_acceptance,
+                 max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                 max_waiting=max_waiting, threads=threads or 1,
+                 debug_step_delay=debug_step_delay, engine_checksum=engine_checksum),
+            dict(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
+                 target_ongoing_requests=target_ongoing_requests,
+                 max_ongoing_requests=max_ongoing_requests or max_num_seqs,
+                 replica_cpus=replica_cpus, shutdown_timeout=shutdown_timeout),
+            ray_address, ship_engine, metrics_targets, ray_num_cpus)
 
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.scheduler import Scheduler
@@ -294,6 +340,54 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
     click.echo(f"serving {name} ({engine}; methods: {', '.join(scheduler.methods)}) on "
                f"http://{host}:{port}", err=True)
     run_server(scheduler, name, host, port, shutdown_timeout)
+
+
+def serve_on_ray(engine, host, port, name, replica_options, scaling_options, ray_address,
+                 ship_engine, metrics_targets, ray_num_cpus):
+    """Deploys, then keeps the metrics targets file current until SIGINT / SIGTERM."""
+    import signal
+    import threading
+
+    try:
+        from trt_spec.runtime import ray_serve
+    except ImportError as e:
+        raise click.ClickException(f"--ray needs Ray Serve ({e}); install it with "
+                                   "pip install 'trt-spec[ray]'") from None
+    try:
+        config = ray_serve.ReplicaConfig(model_name=name, **replica_options)
+        scaling = ray_serve.ScalingConfig(**scaling_options)
+        check_engine(engine, replica_options["engine_checksum"])
+    except ValueError as e:
+        fail(e)
+    where = f"the Ray cluster at {ray_address}" if ray_address else "a local Ray"
+    click.echo(f"deploying {name} ({engine}) on {where}: {scaling.deployment_options()}",
+               err=True)
+    try:
+        deployment = ray_serve.deploy(engine, config, scaling, host, port, ray_address,
+                                      ship_engine, metrics_targets, ray_num_cpus)
+    except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
+        raise click.ClickException(f"the Ray Serve deployment failed: {e}") from e
+    stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(f"serving {name} on {deployment.url} ({len(deployment.live_targets())} "
+               "replicas up)", err=True)
+    try:
+        while not stop.wait(2.0):
+            deployment.write_targets()
+    finally:
+        deployment.shutdown()
+
+
+def check_engine(engine, checksum: str | None) -> None:
+    """The driver checks the folder first: a bad one fails here, not in N replicas (which
+    check it again, sha256 and all, on their own node)."""
+    from trt_spec.runtime.manifest import load_manifest, manifest_digest
+
+    load_manifest(engine, verify="size")
+    if checksum and manifest_digest(engine) != checksum:
+        raise ValueError(f"{engine}/manifest.json: sha256 {manifest_digest(engine)}, "
+                         f"--engine-checksum {checksum}: another export of the engine folder")
 
 
 @main.command()

@@ -1,0 +1,308 @@
+"""`trt-spec serve --ray`: the engine folder as a Ray Serve application.
+
+    client ──HTTP──> Ray Serve proxy (one per node, --port) ──least loaded──> replica 1..N
+                                                                                 │
+    replica = EngineReplica: its own Generator + Scheduler (background thread) and the same
+              FastAPI app as `trt-spec serve` (server.create_app), bound with serve.ingress;
+              its own Prometheus registry, exported on its own port (a scrape target)
+
+Ray Serve does the routing (power of two choices over the replicas' ongoing requests, at most
+`max_ongoing_requests` each), the autoscaling (`autoscaling_config`) and the replacement of a
+replica that dies. Nothing here balances load by hand.
+
+The engine folder reaches a replica in one of two ways (`EngineSource`):
+    path          the folder is at the same path on every node (a shared or copied disk)
+    object store  the driver puts the folder's files in Ray's object store once; each replica
+                  writes them to a local cache folder named by the manifest digest
+Either way the replica loads the manifest with sha256 verification of every file and, given
+`engine_checksum`, refuses a manifest whose digest differs.
+
+Metrics: each replica serves its registry on http://<node ip>:<free port>/metrics and
+registers it (with its replica id and pid) in a small named actor, `ReplicaDirectory`; the
+driver writes the live ones as a Prometheus file_sd targets file, the way Ray publishes its
+own metrics endpoints (prom_metrics_service_discovery.json).
+
+Ray is imported here only; `trt-spec serve --ray` imports this module lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
+
+log = logging.getLogger("trt_spec.ray_serve")
+APP_NAME = "trt-spec"
+DEPLOYMENT_NAME = "EngineReplica"
+DIRECTORY_NAME = "trt_spec_replica_directory"
+NAMESPACE = "trt_spec"
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What every replica builds: `trt-spec serve`'s options, one to one."""
+
+    model_name: str
+    method: str = "none"
+    num_draft_tokens: int | None = None
+    ngram: tuple[int, int] = (1, 4)
+    spec_max_batch: int | None = None
+    spec_min_acceptance: float | None = None
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    max_waiting: int = 64
+    threads: int | None = 1  # one ORT thread per replica: replicas, not threads, add cores
+    debug_step_delay: float = 0.0
+    engine_checksum: str | None = None  # manifest digest every replica must match
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Maps onto Ray Serve's deployment options: a fixed `replicas`, or autoscaling between
+    `min_replicas` and `max_replicas` aiming at `target_ongoing_requests` per replica."""
+
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    max_ongoing_requests: int = 8  # per replica; more wait in Ray Serve's router
+    replica_cpus: float = 1.0
+    shutdown_timeout: float = 60.0
+
+    def __post_init__(self):
+        if self.replicas < 1:
+            raise ValueError(f"replicas={self.replicas}: must be >= 1")
+        auto = (self.min_replicas, self.max_replicas, self.target_ongoing_requests)
+        if any(v is not None for v in auto):
+            lo = self.min_replicas if self.min_replicas is not None else 1
+            hi = self.max_replicas if self.max_replicas is not None else max(lo, self.replicas)
+            if not 0 <= lo <= hi or hi < 1:
+                raise ValueError(f"min_replicas={lo}, max_replicas={hi}: need 0 <= min <= max "
+                                 "and max >= 1")
+
+    @property
+    def autoscaling(self) -> bool:
+        return any(v is not None for v in
+                   (self.min_replicas, self.max_replicas, self.target_ongoing_requests))
+
+    def deployment_options(self) -> dict:
+        options = {"max_ongoing_requests": self.max_ongoing_requests,
+                   "ray_actor_options": {"num_cpus": self.replica_cpus},
+                   "graceful_shutdown_timeout_s": self.shutdown_timeout}
+        if not self.autoscaling:
+            return {**options, "num_replicas": self.replicas}
+        lo = self.min_replicas if self.min_replicas is not None else 1
+        hi = self.max_replicas if self.max_replicas is not None else max(lo, self.replicas)
+        auto = {"min_replicas": lo, "max_replicas": hi,
+                "initial_replicas": min(max(self.replicas, lo), hi)}
+        if self.target_ongoing_requests is not None:
+            auto["target_ongoing_requests"] = self.target_ongoing_requests
+        return {**options, "autoscaling_config": auto}
+
+
+@dataclass
+class EngineSource:
+    """The engine folder as a replica finds it: `path` on its node, or `files` (an object
+    store reference to {name: bytes}) written to a local cache folder first."""
+
+    path: str | None = None
+    files: object = None  # ray.ObjectRef to dict[str, bytes]
+    digest: str = ""
+    name: str = ""
+
+    @classmethod
+    def from_path(cls, folder: str | Path) -> "EngineSource":
+        folder = Path(folder).resolve()
+        return cls(path=str(folder), digest=manifest_digest(folder), name=folder.name)
+
+    @classmethod
+    def via_object_store(cls, folder: str | Path) -> "EngineSource":
+        """Checks the folder here (sha256), then puts its files in the object store."""
+        folder = Path(folder).resolve()
+        manifest = load_manifest(folder, verify="sha256")
+        names = [MANIFEST, *manifest.data["files"]]
+        files = {n: (folder / n).read_bytes() for n in names}
+        return cls(files=ray.put(files), digest=manifest_digest(folder), name=folder.name)
+
+    def materialize(self) -> Path:
+        """The folder on this node (written once per digest for the object-store form)."""
+        if self.files is None:
+            return Path(self.path)
+        root = Path(os.environ.get("TRT_SPEC_ENGINE_CACHE",
+                                   Path(tempfile.gettempdir()) / "trt-spec-engines"))
+        folder = root / f"{self.name}-{self.digest[:16]}"
+        if not (folder / MANIFEST).is_file():
+            files = ray.get(self.files)
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=root))
+            for name, data in files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / name).write_bytes(data)
+            try:
+                tmp.rename(folder)  # atomic: another replica on this node may race us
+            except OSError:  # it won; its copy is checked (sha256) like ours would be
+                shutil.rmtree(tmp)
+        return folder
+
+
+@ray.remote(num_cpus=0)
+class ReplicaDirectory:
+    """Where each replica says where its /metrics is (and its pid, for operators)."""
+
+    def __init__(self):
+        self.replicas: dict[str, dict] = {}
+
+    def register(self, replica_id: str, info: dict) -> None:
+        self.replicas[replica_id] = info
+
+    def unregister(self, replica_id: str) -> None:
+        self.replicas.pop(replica_id, None)
+
+    def list(self) -> dict[str, dict]:
+        return dict(self.replicas)
+
+
+@serve.ingress()
+class EngineReplica:
+    """One engine and its scheduler; requests reach it through server.create_app's routes."""
+
+    def __init__(self, source: EngineSource, config: ReplicaConfig):
+        from prometheus_client import start_http_server
+
+        from trt_spec.runtime.generator import Generator
+        from trt_spec.runtime.policy import SpeculationConfig
+        from trt_spec.runtime.scheduler import Scheduler
+        from trt_spec.runtime.server import create_app
+
+        folder = source.materialize()
+        digest = manifest_digest(folder)
+        want = config.engine_checksum or source.digest
+        if digest != want:
+            raise ValueError(f"{folder / MANIFEST}: sha256 {digest}, expected {want}: this node "
+                             "has another export of the engine folder")
+        gen = Generator(folder, max_batch=config.max_num_seqs, max_len=config.max_model_len,
+                        threads=config.threads, verify="sha256")  # every file's checksum
+        spec = SpeculationConfig(num_draft_tokens=config.num_draft_tokens,
+                                 max_batch=config.spec_max_batch,
+                                 min_acceptance=config.spec_min_acceptance)
+        self.scheduler = Scheduler(gen, config.method, spec, config.ngram, config.max_waiting,
+                                   config.debug_step_delay)
+        self.http_app = create_app(self.scheduler, config.model_name)  # lifespan starts the loop
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        host = ray.util.get_node_ip_address()
+        self._metrics_server, _ = start_http_server(0, addr=host,
+                                                    registry=self.http_app.state.metrics.registry)
+        self.metrics_url = f"http://{host}:{self._metrics_server.server_port}/metrics"
+        self.info = {"metrics_url": self.metrics_url, "pid": os.getpid(), "node_ip": host,
+                     "engine": str(folder), "manifest_sha256": digest}
+        try:
+            ray.get(ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+                    .register.remote(self.replica_id, self.info))
+        except ValueError:  # deployed without the CLI's directory: metrics still served
+            log.warning("no %s actor: replica %s metrics at %s are not listed",
+                        DIRECTORY_NAME, self.replica_id, self.metrics_url)
+
+    def __serve_build_asgi_app__(self):
+        return self.http_app
+
+    async def __del__(self):
+        # Ray Serve's graceful shutdown (scale down, redeploy); a killed process never gets
+        # here, so readers of the directory probe the endpoints (live_targets).
+        server = getattr(self, "_metrics_server", None)
+        if server is not None:
+            server.shutdown()
+        try:
+            ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE).unregister.remote(self.replica_id)
+        except (ValueError, RuntimeError) as e:  # no directory, or the cluster is going down
+            log.info("replica %s not unregistered: %s", self.replica_id, e)
+        await super().__del__()  # the app's lifespan: stops the scheduler
+
+
+def build_app(source: EngineSource, config: ReplicaConfig, scaling: ScalingConfig):
+    """The Ray Serve application: EngineReplica with `scaling`'s deployment options."""
+    deployment = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME,
+                                  **scaling.deployment_options())
+    return deployment.bind(source, config)
+
+
+@dataclass
+class RayDeployment:
+    """A running application and what the driver keeps for it."""
+
+    url: str
+    directory: object  # ReplicaDirectory handle
+    started_ray: bool
+    targets_file: Path | None = None
+    _last: list = field(default_factory=list)
+
+    def live_targets(self, timeout: float = 1.0) -> list[dict]:
+        """Prometheus file_sd entries for the replicas whose /metrics answers."""
+        out = []
+        for replica_id, info in sorted(ray.get(self.directory.list.remote()).items()):
+            try:
+                with urllib.request.urlopen(info["metrics_url"], timeout=timeout) as r:
+                    ok = r.status == 200
+            except OSError:  # refused, timed out (URLError and HTTPError are OSErrors)
+                ok = False
+            if not ok:
+                self.directory.unregister.remote(replica_id)  # died without __del__
+                continue
+            host_port = info["metrics_url"].split("//", 1)[1].rsplit("/", 1)[0]
+            out.append({"targets": [host_port],
+                        "labels": {"replica": replica_id, "pid": str(info["pid"]),
+                                   "app": APP_NAME, "manifest_sha256": info["manifest_sha256"]}})
+        return out
+
+    def write_targets(self) -> list[dict]:
+        targets = self.live_targets()
+        if self.targets_file is not None and targets != self._last:
+            tmp = self.targets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(targets, indent=2) + "\n")
+            tmp.replace(self.targets_file)  # Prometheus never reads half a file
+            self._last = targets
+        return targets
+
+    def shutdown(self) -> None:
+        serve.shutdown()
+        if self.started_ray:
+            ray.shutdown()
+
+
+def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, host: str,
+           port: int, address: str | None = None, ship_engine: bool = False,
+           targets_file: str | None = None, num_cpus: int | None = None) -> RayDeployment:
+    """Joins the cluster at `address` (or starts a local Ray), runs the application behind
+    Ray Serve's HTTP proxy on host:port, and returns once every replica is up."""
+    started = not ray.is_initialized()
+    if started:
+        kw = {"address": address} if address else {"num_cpus": num_cpus,
+                                                   "include_dashboard": False}
+        ray.init(namespace=NAMESPACE, logging_level=logging.WARNING, **kw)
+    try:
+        source = (EngineSource.via_object_store(source_folder) if ship_engine
+                  else EngineSource.from_path(source_folder))
+        if config.engine_checksum and source.digest != config.engine_checksum:
+            raise ValueError(f"{Path(source_folder) / MANIFEST}: sha256 {source.digest}, "
+                             f"--engine-checksum {config.engine_checksum}")
+        directory = ReplicaDirectory.options(name=DIRECTORY_NAME, namespace=NAMESPACE,
+                                             get_if_exists=True).remote()
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(source, config, scaling), name=APP_NAME, route_prefix="/")
+    except Exception:
+        if started:
+            ray.shutdown()
+        raise
+    d = RayDeployment(f"http://{host}:{port}", directory, started,
+                      Path(targets_file) if targets_file else None)
+    d.write_targets()
+    return d

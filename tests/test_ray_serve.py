@@ -1,0 +1,240 @@
+"""`trt-spec serve --ray`: two replicas on a real local Ray (127.0.0.1, 2 CPUs, no dashboard;
+one Ray instance for the module, started and stopped by the CLI process), driven by the
+official openai client and raw HTTP, against the single-process server on the same engine.
+
+The engine folder goes to the replicas through Ray's object store (--ship-engine) into a
+cache folder of this test, and every replica checks --engine-checksum and every file's sha256.
+The replicas sleep 20 ms after each step (--debug-step-delay), so a 200-token request (4 s) is
+still running when a test kills its replica."""
+
+import concurrent.futures as futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray Serve tests need the ray extra: "
+                                        "pip install -e '.[ray]'")
+openai = pytest.importorskip("openai")
+
+from tests.server_util import Server, free_port, start_server  # noqa: E402
+from trt_spec.runtime.manifest import manifest_digest  # noqa: E402
+from trt_spec.runtime.ray_serve import ScalingConfig  # noqa: E402
+
+EXTRA = {"ignore_eos": True}
+SERVE_ARGS = ("--max-num-seqs", "2", "--debug-step-delay", "0.02")
+
+
+def targets(path) -> list[dict]:
+    """The replicas in the Prometheus file_sd file the driver keeps."""
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def replica_metric(target: dict, name: str, **labels) -> float:
+    return Server(None, f"http://{target['targets'][0]}", "tiny").metric(name, **labels)
+
+
+def wait_for(condition, timeout: float):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (got := condition()):
+            return got
+        time.sleep(0.2)
+    return None
+
+
+@pytest.fixture(scope="module")
+def ray_server(tiny_spec_engine, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")
+    env = {**os.environ, "TRT_SPEC_ENGINE_CACHE": str(root / "cache")}
+    sd = root / "targets.json"
+    s = start_server(tiny_spec_engine, "--ray", "--replicas", "2", "--ray-num-cpus", "2",
+                     "--ship-engine", "--engine-checksum", manifest_digest(tiny_spec_engine),
+                     "--metrics-targets", str(sd), *SERVE_ARGS, timeout=150, env=env)
+    assert wait_for(lambda: len(targets(sd)) == 2, 30), targets(sd)
+    s.targets, s.cache = sd, root / "cache"
+    yield s
+    assert s.stop(timeout=60) == 0
+    assert wait_for(lambda: not any(pid_alive(t) for t in targets(sd)), 30)  # Ray went too
+
+
+def pid_alive(target: dict) -> bool:
+    try:
+        os.kill(int(target["labels"]["pid"]), 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def single_server(tiny_spec_engine):
+    s = start_server(tiny_spec_engine, *SERVE_ARGS)
+    yield s
+    assert s.stop() == 0
+
+
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_replicas_loaded_the_shipped_checked_folder(ray_server, tiny_spec_engine):
+    ts = targets(ray_server.targets)
+    assert len({t["labels"]["replica"] for t in ts}) == 2
+    assert {t["labels"]["manifest_sha256"] for t in ts} == {manifest_digest(tiny_spec_engine)}
+    cached = list(ray_server.cache.iterdir())  # the object-store copy, one per node
+    assert len(cached) == 1 and manifest_digest(cached[0]) == manifest_digest(tiny_spec_engine)
+    models = client(ray_server).models.list().data
+    assert [m.id for m in models] == ["tiny"] and models[0].model_extra["methods"] == \
+        ["none", "vanilla", "ngram"]
+
+
+@pytest.mark.parametrize("method", ["none", "vanilla"])
+def test_greedy_outputs_equal_the_single_process_server(ray_server, single_server, method):
+    spec = {"method": method, **({"num_draft_tokens": 3} if method != "none" else {})}
+    kw = dict(model="tiny", temperature=0, max_tokens=24,
+              extra_body={**EXTRA, "speculative": spec})
+    chats = [[{"role": "user", "content": c}] for c in ("a b c", "h i", "w1 w2 w3 w4")]
+    a, b = client(ray_server), client(single_server)
+    for messages in chats:
+        ra = a.chat.completions.create(messages=messages, **kw)
+        rb = b.chat.completions.create(messages=messages, **kw)
+        assert ra.choices[0].message.content == rb.choices[0].message.content != ""
+        assert ra.usage.model_dump() == rb.usage.model_dump()
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           a.chat.completions.create(messages=messages, stream=True, **kw))
+        assert streamed == rb.choices[0].message.content
+    ta = a.completions.create(prompt="d e f g", **kw).choices[0].text
+    assert ta == b.completions.create(prompt="d e f g", **kw).choices[0].text != ""
+
+
+def test_errors_equal_the_single_process_server(ray_server, single_server):
+    bad = [{"model": "nope", "prompt": "a"},  # 404
+           {"model": "tiny", "prompt": "a", "temperature": -1},  # 400
+           {"model": "tiny", "prompt": "a", "speculative": {"method": "eagle3"}}]  # 400
+    for body in bad:
+        ra = httpx.post(f"{ray_server.url}/v1/completions", json=body, timeout=30)
+        rb = httpx.post(f"{single_server.url}/v1/completions", json=body, timeout=30)
+        assert ra.status_code == rb.status_code >= 400 and ra.json() == rb.json()
+    r = httpx.post(f"{ray_server.url}/v1/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_concurrent_requests_spread_over_both_replicas(ray_server):
+    ts = targets(ray_server.targets)
+    name = "trt_spec:generation_tokens_total"
+    before = [replica_metric(t, name) for t in ts]
+    c = client(ray_server)
+
+    def one(i):
+        return c.completions.create(model="tiny", prompt=f"a b w{i}", max_tokens=40,
+                                    temperature=0, extra_body=EXTRA).usage.completion_tokens
+
+    # 2 KV slots and max_ongoing_requests 2 per replica: 8 at once cannot fit on one
+    with futures.ThreadPoolExecutor(8) as pool:
+        tokens = sum(pool.map(one, range(8)))
+    gained = [replica_metric(t, name) - b for t, b in zip(ts, before)]
+    assert tokens == 8 * 40 and sum(gained) == tokens
+    assert all(g > 0 for g in gained), gained  # each replica's own /metrics saw its share
+
+
+def test_a_killed_replica_is_replaced_and_the_endpoint_keeps_serving(ray_server):
+    c = client(ray_server)
+    before = targets(ray_server.targets)
+    body = {"model": "tiny", "prompt": "a b c", "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True}
+    plain, streamed = {}, {}
+
+    def long_plain():  # not streamed: the answer comes at the end, or a status
+        r = httpx.post(f"{ray_server.url}/v1/completions", json=body, timeout=60)
+        plain.update(status=r.status_code, text=r.text[:300])
+
+    def long_stream():
+        try:
+            with httpx.stream("POST", f"{ray_server.url}/v1/completions",
+                              json={**body, "stream": True}, timeout=60) as r:
+                streamed["status"] = r.status_code
+                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            streamed["done"] = bool(lines) and lines[-1] == "data: [DONE]"
+            streamed["error_event"] = any('"error"' in line for line in lines)
+        except httpx.HTTPError as e:
+            streamed["exception"] = type(e).__name__
+
+    def running(t):
+        return replica_metric(t, "trt_spec:num_requests_running")
+
+    with futures.ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(long_plain)]
+        busy = wait_for(lambda: [t for t in before if running(t) == 1], 10)
+        assert busy, f"the long request never started: {plain}"
+        victim = busy[0]
+        jobs.append(pool.submit(long_stream))
+        assert wait_for(lambda: sum(running(t) for t in before) == 2, 10), streamed
+        stream_on_victim = running(victim) == 2
+        os.kill(int(victim["labels"]["pid"]), signal.SIGKILL)
+        for job in jobs:
+            job.result(timeout=60)  # nothing hangs
+    # the request running on the dead replica fails with a 5xx; a stream there is cut (its
+    # 200 was sent long ago): no [DONE]; a stream on the other replica ends normally
+    assert plain["status"] >= 500, plain
+    if stream_on_victim:
+        assert not streamed.get("done") and (streamed.get("exception")
+                                             or streamed.get("error_event")), streamed
+    else:
+        assert streamed["done"] and not streamed["error_event"], streamed
+
+    # new requests are answered while Ray Serve replaces the replica
+    for i in range(6):
+        r = c.completions.create(model="tiny", prompt=f"x w{i}", max_tokens=8, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    survivor = {t["labels"]["pid"] for t in before} - {victim["labels"]["pid"]}
+
+    def replaced():
+        now = targets(ray_server.targets)
+        pids = {t["labels"]["pid"] for t in now}
+        return len(now) == 2 and survivor <= pids and victim["labels"]["pid"] not in pids
+
+    assert wait_for(replaced, 90), targets(ray_server.targets)
+    fresh = next(t for t in targets(ray_server.targets) if t["labels"]["pid"] not in survivor)
+    assert replica_metric(fresh, "trt_spec:kv_cache_slots_total") == 2
+    assert httpx.get(f"{ray_server.url}/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_scaling_options_map_onto_ray_serve():
+    assert ScalingConfig(replicas=3, max_ongoing_requests=4).deployment_options() == {
+        "num_replicas": 3, "max_ongoing_requests": 4, "ray_actor_options": {"num_cpus": 1.0},
+        "graceful_shutdown_timeout_s": 60.0}
+    auto = ScalingConfig(replicas=2, min_replicas=1, max_replicas=4,
+                         target_ongoing_requests=3).deployment_options()
+    assert "num_replicas" not in auto and auto["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+        "target_ongoing_requests": 3}
+    with pytest.raises(ValueError, match="min_replicas=3, max_replicas=2"):
+        ScalingConfig(min_replicas=3, max_replicas=2)
+
+
+def test_a_replica_refuses_a_corrupt_folder(tiny_spec_engine, tmp_path):
+    """The object-store copy on the node is corrupt (a half-written cache, a bad disk): the
+    replica's sha256 check refuses it and the deployment fails with the file named."""
+    cache = tmp_path / "cache"
+    folder = cache / f"{tiny_spec_engine.name}-{manifest_digest(tiny_spec_engine)[:16]}"
+    folder.mkdir(parents=True)
+    for f in tiny_spec_engine.iterdir():
+        folder.joinpath(f.name).write_bytes(f.read_bytes())
+    data = folder / "target.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    env = {**os.environ, "TRT_SPEC_ENGINE_CACHE": str(cache)}
+    result = subprocess.run([sys.executable, "-m", "trt_spec.cli", "serve", "--engine",
+                             str(tiny_spec_engine), "--ray", "--ship-engine", "--ray-num-cpus",
+                             "2", "--port", str(free_port()), "--threads", "1"],
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: the Ray Serve deployment failed"), last
+    assert "target.onnx.data: checksum differs" in result.stderr
