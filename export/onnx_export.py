@@ -65,19 +65,21 @@ def fc_io(in_features: int, hidden_size: int) -> tuple[list[dict], list[dict]]:
               "shape": [BATCH, NEW_TOKENS, hidden_size]}])
 
 
-def export_target(model: TargetModel, path: Path) -> None:
-    """Writes `path` (+ `path`.data with the weights). Sample sizes are all >= 2 so no
-    dynamic axis is specialised to 0 or 1 by tracing."""
+def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
+    """The traced target graph (also written to `path` + `path`.data when given). Sample
+    sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing."""
     config = model.config
     batch, new_tokens, max_len = 2, 3, 16
     args = (*step_args(batch, new_tokens, max_len), *empty_cache(config, batch, max_len))
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
-    export_module(model, args, dynamic, *target_io(config), path)
+    return export_module(model, args, dynamic, *target_io(config), path)
 
 
-def export_drafter(model: torch.nn.Module, head_vocab: int, path: Path) -> None:
-    """An MTP module / Eagle / Eagle3 step (export/drafters.py) to `path`."""
+def export_drafter(model: torch.nn.Module, head_vocab: int,
+                   path: Path | None = None) -> onnx.ModelProto:
+    """An MTP module / Eagle / Eagle3 step (export/drafters.py), traced (and written to
+    `path` when given)."""
     config = model.config
     batch, new_tokens, max_len = 2, 3, 16
     ids, *rest = step_args(batch, new_tokens, max_len)
@@ -85,15 +87,16 @@ def export_drafter(model: torch.nn.Module, head_vocab: int, path: Path) -> None:
     args = (ids, hidden, *rest, *empty_cache(config, batch, max_len))
     *dims, cache = step_dims(config)
     dynamic = (dims[0], dims[0], *dims[1:], cache, cache)  # hidden_states: as input_ids
-    export_module(model, args, dynamic, *drafter_io(config, head_vocab), path)
+    return export_module(model, args, dynamic, *drafter_io(config, head_vocab), path)
 
 
-def export_fc(model: torch.nn.Module, path: Path) -> None:
+def export_fc(model: torch.nn.Module, path: Path | None = None) -> onnx.ModelProto:
+    """Eagle3's fc, traced (and written to `path` when given)."""
     fc = model.fc
     b = torch.export.Dim("batch", min=1, max=1024)
     t = torch.export.Dim("new_tokens", min=1, max=1 << 16)
-    export_module(model, (torch.zeros(2, 3, fc.in_features),), ({0: b, 1: t},),
-                  *fc_io(fc.in_features, fc.out_features), path)
+    return export_module(model, (torch.zeros(2, 3, fc.in_features),), ({0: b, 1: t},),
+                         *fc_io(fc.in_features, fc.out_features), path)
 
 
 def step_args(batch: int, new_tokens: int, max_len: int) -> tuple[torch.Tensor, ...]:
@@ -118,9 +121,9 @@ def step_dims(config: ModelConfig) -> tuple:
 
 
 def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: list[dict],
-                  outputs: list[dict], path: Path) -> None:
-    """Traces `model` with the dynamo exporter; checks its I/O against the contract."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+                  outputs: list[dict], path: Path | None = None) -> onnx.ModelProto:
+    """Traces `model` with the dynamo exporter and checks its I/O against the contract;
+    writes it to `path` when given."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -130,7 +133,10 @@ def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: l
         )
     proto = program.model_proto
     check_io(proto, inputs, outputs)
-    save_with_external_data(proto, path)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_with_external_data(proto, path)
+    return proto
 
 
 def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) -> None:

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from trt_spec.export.checkpoint import load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import load_drafter
@@ -69,16 +68,16 @@ def truncated_draft(target: TargetModel, layers: int) -> TargetModel:
     return draft.eval()
 
 
-def export_graph(write, folder: Path, name: str, precision: str, backend: str,
+def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
                  io: tuple[list[dict], list[dict]],
                  shared: dict[str, tuple[str, int, int]] | None = None) -> dict:
-    """`write(path)` exports a graph to `<name>.onnx` (+ .data) in `folder`; it is lowered to
-    `precision` here, and tensors whose bytes an earlier graph of the folder already wrote
-    (`shared`, see save_with_external_data) are read from there. Returns its manifest entry."""
+    """`trace()` returns a traced graph; it is lowered to `precision` here and written once,
+    to `<name>.onnx` (+ .data) in `folder`, where tensors whose bytes an earlier graph of the
+    folder already wrote (`shared`, see save_with_external_data) are read from there.
+    Returns its manifest entry."""
     graph = folder / f"{name}.onnx"
     log(f"exporting {name} to ONNX ...")
-    write(graph)
-    proto = onnx.load(str(graph))
+    proto = trace()
     aliases = None
     if precision in BITS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
@@ -113,14 +112,14 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
     names = [f"mtp_{i}" for i in range(len(drafter.modules))] if kind == "mtp" else [kind]
     for name, module in zip(names, drafter.modules):
         vocab = len(drafter.d2t) if kind == "eagle3" else module.config.vocab_size
-        graphs[name] = export_graph(lambda path, m=module, v=vocab: export_drafter(m, v, path),
+        graphs[name] = export_graph(lambda m=module, v=vocab: export_drafter(m, v),
                                     folder, name, precision, backend,
                                     drafter_io(module.config, vocab), shared)
     entry = {"graphs": names, "num_modules": len(names), "source": source,
              "layer_config": drafter.config.to_dict()}
     if kind == "eagle3":
         fc = drafter.fc.fc
-        graphs["eagle3_fc"] = export_graph(lambda path: export_fc(drafter.fc, path), folder,
+        graphs["eagle3_fc"] = export_graph(lambda: export_fc(drafter.fc), folder,
                                            "eagle3_fc", precision, backend,
                                            fc_io(fc.in_features, fc.out_features), shared)
         np.save(folder / "eagle3_d2t.npy", drafter.d2t.numpy().astype(np.int64))
@@ -183,10 +182,10 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     try:
-        graphs = {"target": export_graph(lambda path: export_target(target, path), tmp,
+        graphs = {"target": export_graph(lambda: export_target(target), tmp,
                                          "target", precision, backend, target_io(config), shared)}
         if draft is not None:
-            graphs["draft"] = export_graph(lambda path: export_target(draft, path), tmp, "draft",
+            graphs["draft"] = export_graph(lambda: export_target(draft), tmp, "draft",
                                            precision, backend, target_io(draft.config), shared)
             drafters["vanilla"] = {"graph": "draft", "kind": kind,
                                    "model_config": draft.config.to_dict()}
