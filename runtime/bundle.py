@@ -8,6 +8,7 @@ the methods and an expected greedy output, which `verify` reproduces on the devi
 
 from __future__ import annotations
 
+import json
 import shutil
 import tarfile
 import tempfile
@@ -116,11 +117,13 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
         gen = Generator(tmp, verify="none", max_len=256)
         ids = gen.encode(EXPECTED_PROMPT)
         s = gen.generate_ids([ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
-        bundled["bundle"] = {"from": str(manifest.folder), "methods": methods,
+        # the manifest just written, files and checksums as they are, plus the bundle entry
+        written = gen.manifest.data
+        written["bundle"] = {"from": str(manifest.folder), "methods": methods,
                              "expected": {"prompt": EXPECTED_PROMPT, "prompt_ids": ids,
                                           "max_tokens": EXPECTED_TOKENS,
                                           "token_ids": s.output_ids}}
-        write_manifest(tmp, bundled)
+        (tmp / MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
         tmp.chmod(0o755)
         tmp.rename(out)
     finally:
