@@ -25,7 +25,6 @@ d2t[d] = target id - d (EAGLE's layout: target id = d + d2t[d]); t2d marks the t
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import torch
