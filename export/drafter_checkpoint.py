@@ -352,6 +352,53 @@ def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
     return Drafter(kind, modules)
 
 
+# --- a vanilla draft model (train/draft.py) -------------------------------------------------
+
+def save_draft(draft: TargetModel, folder: Path, source_layers: tuple[int, ...]) -> None:
+    """drafter.json {format, version, kind: "draft", model_config, source_layers} +
+    model.safetensors (layers.*, norm): the embedding (and an untied head) is the target's."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()
+               if k not in ("embed_tokens.weight", "lm_head.weight")}
+    meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": "draft",
+            "model_config": draft.config.to_dict(), "source_layers": list(source_layers)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "drafter.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def is_draft_folder(path) -> bool:
+    meta = Path(path) / "drafter.json"
+    return meta.is_file() and json.loads(meta.read_text()).get("kind") == "draft"
+
+
+def load_draft(folder, target: TargetModel) -> TargetModel:
+    """A draft saved by save_draft, with the target's embedding (and head when untied)."""
+    folder = Path(folder)
+    meta = json.loads((folder / "drafter.json").read_text())
+    if meta.get("format") != OWN_FORMAT or meta.get("version") != OWN_VERSION or meta.get("kind") != "draft":
+        raise ValueError(f"{folder}/drafter.json: not a trt-spec draft checkpoint (format "
+                         f"{meta.get('format')!r}, version {meta.get('version')!r}, kind "
+                         f"{meta.get('kind')!r})")
+    config = ModelConfig.from_dict(meta["model_config"])
+    t = target.config
+    for field in ("vocab_size", "hidden_size", "tie_word_embeddings"):
+        if getattr(config, field) != getattr(t, field):
+            raise ValueError(f"{folder}: draft {field} {getattr(config, field)} != the "
+                             f"target's {getattr(t, field)}")
+    config = dataclasses.replace(config, max_position_embeddings=t.max_position_embeddings,
+                                 eagle3_layers=())
+    state = read_tensors(folder)
+    state["embed_tokens.weight"] = target.embed_tokens.weight.detach()
+    if target.lm_head is not None:
+        state["lm_head.weight"] = target.lm_head.weight.detach()
+    draft = TargetModel(config)
+    load_into(draft, state, str(folder))
+    return draft.eval()
+
+
 def load_drafter(path: str | Path, kind: str, target: TargetModel) -> Drafter:
     """`kind` from KINDS; the layout is recognised from the folder's files."""
     if kind not in KINDS:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_spec.export.checkpoint import load_into, load_target, resolve_model
-from trt_spec.export.drafter_checkpoint import load_drafter
+from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import KINDS, Drafter
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_target,
@@ -165,6 +165,9 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     if draft_layers:
         draft = truncated_draft(target, draft_layers)
         kind = f"self-draft: the target's first {draft_layers} of {config.num_layers} layers"
+    elif draft_model and is_draft_folder(draft_model):
+        draft = load_draft(draft_model, target)
+        kind = f"trained draft {draft_model} ({draft.config.num_layers} layers, the target's embedding)"
     elif draft_model:
         draft, _ = load_target(resolve_model(draft_model))
         kind = f"draft model {draft_model}"

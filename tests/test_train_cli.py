@@ -25,14 +25,14 @@ def args(tiny_hf_dir, tmp_path):
 def test_train_then_resume_then_export(args, tmp_path):
     result = CliRunner().invoke(main, args + ["--max-steps", "2"])
     assert result.exit_code == 0, result.output
-    first = json.loads(result.stdout)
+    first = json.loads(result.stdout)["eagle3"]
     assert first["step"] == 2 and not first["done"]
     assert "features: shard" in result.stderr and "train: step 1/" in result.stderr
     again = CliRunner().invoke(main, args)
     assert again.exit_code != 0 and "pass --resume" in again.output
     resumed = CliRunner().invoke(main, args + ["--resume"])
     assert resumed.exit_code == 0, resumed.output
-    done = json.loads(resumed.stdout)
+    done = json.loads(resumed.stdout)["eagle3"]
     assert done["done"] and done["step"] == done["total_steps"] > 2
     assert "skipped_shards" in resumed.stderr and "features: shard" not in resumed.stderr
     export = CliRunner().invoke(main, ["export", "--model", args[4], "--precision", "fp32",
@@ -71,6 +71,6 @@ def test_train_mtp_from_the_cli(args, tmp_path):
                                                 "--heldout-tokens", "0"]
     result = CliRunner().invoke(main, mtp)
     assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)
+    out = json.loads(result.stdout)["mtp"]
     assert out["step"] == 3 and set(out) >= {"loss_0", "loss_1", "acc_1"}
     assert (tmp_path / "run" / "mtp" / "drafter.json").is_file()

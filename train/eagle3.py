@@ -41,6 +41,8 @@ from trt_spec.train.unroll import distill_loss, unroll
 
 def token_counts(store: FeatureStore, vocab_size: int) -> np.ndarray:
     """[vocab] int64: occurrences of each token id in the stored sequences."""
+    if hasattr(store, "token_counts"):
+        return store.token_counts(vocab_size)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for shard in store.shards:
         ids = np.asarray(store.arrays(shard)["input_ids"])
@@ -73,12 +75,14 @@ def target_to_draft(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def init_eagle3(target: TargetModel, d2t: torch.Tensor, seed: int = 0,
-                feature_layers: tuple[int, ...] | None = None) -> Drafter:
+                feature_layers: tuple[int, ...] | None = None,
+                intermediate_size: int | None = None) -> Drafter:
     """A fresh head shaped like one target layer: random layer and fc; the target's embedding
     (frozen: save_drafter leaves it out and the loader takes the target's), final norm, and
-    head rows of the draft vocabulary."""
+    head rows of the draft vocabulary. intermediate_size: the layer's MLP width (default the
+    target's)."""
     t = target.config
-    config = layer_config({}, t)
+    config = layer_config({"intermediate_size": intermediate_size} if intermediate_size else {}, t)
     torch.manual_seed(seed)
     step = Eagle3Step(config, len(d2t))
     fc = Eagle3Fc(3 * t.hidden_size, config.hidden_size)
@@ -122,7 +126,8 @@ def to_device(drafter: Drafter, device: str) -> Drafter:
 
 def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vocab_size: int,
                  resume: bool = False, device: str = "cpu", log=None,
-                 max_steps: int | None = None) -> dict:
+                 max_steps: int | None = None, max_seconds: float | None = None,
+                 intermediate_size: int | None = None) -> dict:
     """Trains a head on `store`; the training state is `out/eagle3-state.pt` (every
     config.checkpoint_every steps), the head `out/eagle3/` (save_drafter) when this run stops.
     Returns the loop's metrics plus the draft vocabulary's coverage of the training tokens."""
@@ -139,15 +144,16 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
                          f"reads {target.config.eagle3_layers}")
     counts = token_counts(store, vocab)
     d2t, t2d = draft_vocab(counts, draft_vocab_size)
-    drafter = to_device(init_eagle3(target, d2t, config.seed, store.feature_layers), device)
+    drafter = to_device(init_eagle3(target, d2t, config.seed, store.feature_layers,
+                                    intermediate_size), device)
     t2d_index = target_to_draft(d2t, vocab).to(device)
     extra = {"kind": "eagle3", "plan": store.manifest["plan"], "shards": store.shards,
-             "draft_vocab": draft_vocab_size}
+             "draft_vocab": draft_vocab_size, "intermediate_size": drafter.config.intermediate_size}
     metrics = train_loop(
         store, {"fc": drafter.fc, "step": drafter.modules[0]},
         lambda batch: eagle3_loss(drafter, batch, t2d_index, config.ttt_steps,
                                   config.step_decay),
-        config, out / "eagle3-state.pt", extra, resume, device, log, max_steps)
+        config, out / "eagle3-state.pt", extra, resume, device, log, max_steps, max_seconds)
     save_drafter(to_device(drafter, "cpu").eval(), out / "eagle3")
     metrics["draft_vocab_coverage"] = float(counts[t2d.numpy()].sum() / max(1, counts.sum()))
     return metrics

@@ -73,6 +73,14 @@ def collate(seqs: list[Sequence], device: str | torch.device = "cpu") -> Batch:
                  pad("topk_ids", torch.int64), pad("topk_probs", torch.float32))
 
 
+def read_batch(store, indices: list[int], device) -> Batch:
+    """The sequences `indices` of a FeatureStore (cached features) or of a LiveFeatures
+    (train/live.py: the target runs on them now)."""
+    if hasattr(store, "batch"):
+        return store.batch(indices, device)
+    return collate([store[i] for i in indices], device)
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
 
@@ -122,10 +130,12 @@ class StepLog:
 def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
                loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]], config: TrainConfig,
                state_path: Path, extra: dict, resume: bool, device: str = "cpu",
-               log: Callable[[StepLog], None] | None = None, max_steps: int | None = None) -> dict:
+               log: Callable[[StepLog], None] | None = None, max_steps: int | None = None,
+               max_seconds: float | None = None) -> dict:
     """Trains the parameters of `modules` that require grad. `extra` (JSON-able) is saved in
     the state and must match on resume. Returns the final metrics. max_steps stops this run
-    early (a later --resume continues), for tests and short runs."""
+    early (a later --resume continues), for tests and short runs; max_seconds likewise once
+    that much time has passed (the state is saved at the stop)."""
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, 0.95))
@@ -144,7 +154,7 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
     start, tokens, metrics = time.perf_counter(), 0, {}
     stop = total if max_steps is None else min(total, step + max_steps)
     while step < stop:
-        batch = collate([store[i] for i in batch_indices(len(store), step, config)], device)
+        batch = read_batch(store, batch_indices(len(store), step, config), device)
         lr = config.lr * lr_factor(step, total, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -155,6 +165,8 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
         optimizer.step()
         step += 1
         tokens += int(batch.lengths.sum())
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            stop = step
         if step % config.checkpoint_every == 0 or step == stop:
             save_state(state_path, step, modules, optimizer, extra)
         if log is not None:
@@ -169,7 +181,7 @@ def evaluate(store: FeatureStore, loss_fn: Callable[[Batch], tuple[torch.Tensor,
     """loss_fn's metrics over every sequence of `store`, weighted by assistant tokens."""
     sums, weight = {}, 0
     for lo in range(0, len(store), batch_size):
-        batch = collate([store[i] for i in range(lo, min(lo + batch_size, len(store)))], device)
+        batch = read_batch(store, list(range(lo, min(lo + batch_size, len(store)))), device)
         _, metrics = loss_fn(batch)
         n = int(batch.loss_mask.sum())
         weight += n

