@@ -274,9 +274,14 @@ def build_eagle3(own: dict, fc_state: dict, d2t: torch.Tensor, config: ModelConf
 
 # --- trt-spec's own format --------------------------------------------------------------
 
+def half(t: torch.Tensor) -> torch.Tensor:
+    """Float tensors stored as fp16 (the shipped format), others as they are."""
+    return (t.half() if t.is_floating_point() else t).contiguous()
+
+
 def save_drafter(drafter: Drafter, folder: Path) -> None:
-    """drafter.json + model.safetensors; the embedding (and an MTP head that is the target's)
-    is left out: the loader takes it from the target."""
+    """drafter.json + model.safetensors (fp16); the embedding (and an MTP head that is the
+    target's) is left out: the loader takes it from the target."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -286,9 +291,9 @@ def save_drafter(drafter: Drafter, folder: Path) -> None:
         for key, value in module.state_dict().items():
             if key == "embed_tokens.weight":
                 continue
-            tensors[f"modules.{i}.{key}"] = value.contiguous()
+            tensors[f"modules.{i}.{key}"] = half(value)
     if drafter.fc is not None:
-        tensors.update({f"fc.{k}": v.contiguous() for k, v in drafter.fc.state_dict().items()})
+        tensors.update({f"fc.{k}": half(v) for k, v in drafter.fc.state_dict().items()})
         tensors["d2t"] = drafter.d2t.contiguous()
     meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": drafter.kind,
             "num_modules": len(drafter.modules),
@@ -356,12 +361,13 @@ def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
 
 def save_draft(draft: TargetModel, folder: Path, source_layers: tuple[int, ...]) -> None:
     """drafter.json {format, version, kind: "draft", model_config, source_layers} +
-    model.safetensors (layers.*, norm): the embedding (and an untied head) is the target's."""
+    model.safetensors (layers.*, norm; fp16): the embedding (and an untied head) is the
+    target's."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()
+    tensors = {k: half(v.detach().cpu()) for k, v in draft.state_dict().items()
                if k not in ("embed_tokens.weight", "lm_head.weight")}
     meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": "draft",
             "model_config": draft.config.to_dict(), "source_layers": list(source_layers)}

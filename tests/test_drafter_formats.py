@@ -196,9 +196,9 @@ def test_own_format_round_trip(target, tmp_path, kind):
     for a, b in zip(drafter.modules, again.modules):
         for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
             assert ka == kb
-            torch.testing.assert_close(va, vb)
+            torch.testing.assert_close(vb, va.half().float() if "embed" not in ka else va)  # fp16
     if kind == "eagle3":
-        torch.testing.assert_close(again.fc.fc.weight, drafter.fc.fc.weight)
+        torch.testing.assert_close(again.fc.fc.weight, drafter.fc.fc.weight.half().float())
         assert torch.equal(again.d2t, drafter.d2t)
 
 

@@ -101,6 +101,11 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     from trt_spec.train.regen import regenerate
 
     check_device(config.device)
+    if config.device == "cuda":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True  # training and answers, not references
+        torch.backends.cudnn.allow_tf32 = True
     out = Path(config.out)
     for method in config.methods:
         state = out / f"{method}-state.pt"
