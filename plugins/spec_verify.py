@@ -186,7 +186,8 @@ def spec_verify_torch(
 
     j = torch.arange(k + 1, device=x.device).view(1, -1)
     x_pad = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
-    tokens = torch.where(j < a, x_pad, torch.where(j == a, token, torch.full_like(x_pad, PLACEHOLDER)))
+    fill = torch.full_like(x_pad, PLACEHOLDER)
+    tokens = torch.where(j < a, x_pad, torch.where(j == a, token, fill))
     return a.squeeze(1), tokens
 
 

@@ -71,7 +71,8 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         inb = offs < V
-        p = tl.exp(tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32) * inv_t - m) / s
+        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        p = tl.exp(z * inv_t - m) / s
         if FULL_Q:
             q = tl.load(q_row + offs, mask=inb & rejected, other=0.0).to(tl.float32)
         else:
@@ -86,7 +87,8 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         inb = offs < V
-        p = tl.exp(tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32) * inv_t - m) / s
+        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        p = tl.exp(z * inv_t - m) / s
         if FULL_Q:
             q = tl.load(q_row + offs, mask=inb & rejected, other=0.0).to(tl.float32)
         else:
