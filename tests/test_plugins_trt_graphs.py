@@ -201,3 +201,32 @@ def test_fp16_trt_target_graph_is_valid(torch_target):
     assert types["past_key_values.0.key"] == onnx.TensorProto.FLOAT16
     assert {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}["logits"] == \
         onnx.TensorProto.FLOAT16
+
+
+def test_mtp_drafter_trt_graph_equals_torch(torch_target):
+    """A drafter step graph (one MTP module) lowered for TensorRT: checker, then one 3-token
+    step after a 2-token past through onnx.reference equals the torch module."""
+    from tests.random_drafters import random_mtp
+    from trt_spec.export.onnx_export import export_drafter
+    from trt_spec.plugins.lowering import lowering
+
+    model, config = torch_target
+    module = random_mtp(model, 1, seed=3).modules[0].eval()
+    with lowering("trt"):
+        proto = export_drafter(module, config.vocab_size)
+    onnx.checker.check_model(proto)
+    session = ReferenceEvaluator(proto, new_ops=REFERENCE_OPS)
+    rng = np.random.default_rng(0)
+    caches = [rng.normal(size=c.shape).astype(np.float32)
+              for c in empty_cache(config, 1, MAX_LEN)[:2]]
+    feeds = step_feeds(config, [[4, 9, 33]], [2], caches)
+    feeds["hidden_states"] = rng.normal(size=(1, 3, config.hidden_size)).astype(np.float32)
+    feeds["logits_index"] = np.arange(3)[None].astype(np.int64)
+    got = session.run(None, feeds)
+    names = ["input_ids", "hidden_states", "position_ids", "seqlens_k", "query_seqlens",
+             "total_sequence_length", "logits_index"]
+    with torch.no_grad():
+        want = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names],
+                      *[torch.from_numpy(c) for c in caches])
+    np.testing.assert_allclose(got[0], want[0].numpy(), atol=1e-4)  # logits
+    np.testing.assert_allclose(got[1], want[1].numpy(), atol=1e-4)  # next hidden states
