@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from trt_spec.plugins.attention import attention
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
+from trt_spec.plugins.spec_verify import spec_verify
 from trt_spec.runtime.config import ModelConfig
 
 
@@ -115,6 +116,40 @@ class TargetModel(nn.Module):
         return (logits, x, eagle3, *presents)
 
 
-def empty_cache(config: ModelConfig, batch: int, max_len: int) -> list[torch.Tensor]:
+class TargetScorer(nn.Module):
+    """The target's score step with the verifier inside: returns accepted counts and tokens
+    instead of vocab-sized logits (plugins/spec_verify.py has the semantics).
+
+    Row b holds [last token, d_1 .. d_n] with n = query_seqlens[b] - 1 drafts (rows may
+    differ; right padding past them). Inputs as TargetModel without logits_index, plus
+        draft_probs  [batch, new_tokens, vocab] float32: q for the draft at input position
+                     i + 1 in row i (the last row is unused; one-hot rows for a
+                     deterministic drafter)
+        uniforms     [batch, new_tokens] float32, temperature / top_p [batch] float32,
+        top_k        [batch] int32
+    Outputs: num_accepted [batch] int64, tokens [batch, new_tokens] int64, then the target's
+    hidden_states, eagle3_features and presents.
+    """
+
+    def __init__(self, target: TargetModel):
+        super().__init__()
+        self.target = target
+        self.config = target.config
+
+    def forward(self, input_ids, position_ids, seqlens_k, query_seqlens, total_sequence_length,
+                draft_probs, uniforms, temperature, top_k, top_p, *past):
+        batch, new_tokens = input_ids.shape
+        logits_index = torch.arange(new_tokens, device=input_ids.device).expand(batch, new_tokens)
+        logits, hidden, eagle3, *presents = self.target(
+            input_ids, position_ids, seqlens_k, query_seqlens, total_sequence_length,
+            logits_index, *past)
+        draft_lens = (query_seqlens - 1).clamp_min(0)  # (B,) idle rows: 0
+        accepted, tokens = spec_verify(input_ids[:, 1:], draft_lens, logits,
+                                       draft_probs[:, :-1], uniforms, temperature, top_k, top_p)
+        return (accepted, tokens, hidden, eagle3, *presents)
+
+
+def empty_cache(config: ModelConfig, batch: int, max_len: int,
+                dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     shape = (batch, config.num_kv_heads, max_len, config.head_dim)
-    return [torch.zeros(shape) for _ in range(2 * config.num_layers)]
+    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * config.num_layers)]

@@ -23,8 +23,9 @@ def kv_names(config: ModelConfig, prefix: str) -> list[str]:
     return [f"{prefix}.{i}.{kind}" for i in range(config.num_layers) for kind in ("key", "value")]
 
 
-def target_io(config: ModelConfig) -> tuple[list[dict], list[dict]]:
-    """Input and output specs of the target graph, as the manifest records them."""
+def target_io(config: ModelConfig, dtype: str = "float32") -> tuple[list[dict], list[dict]]:
+    """Input and output specs of the target graph, as the manifest records them. dtype: of
+    the float tensors (caches, logits, hidden states): "float32" or "float16"."""
     kv_shape = [BATCH, config.num_kv_heads, MAX_LEN, config.head_dim]
     inputs = [
         {"name": "input_ids", "dtype": "int64", "shape": [BATCH, NEW_TOKENS]},
@@ -33,47 +34,98 @@ def target_io(config: ModelConfig) -> tuple[list[dict], list[dict]]:
         {"name": "query_seqlens", "dtype": "int32", "shape": [BATCH]},
         {"name": "total_sequence_length", "dtype": "int32", "shape": []},
         {"name": "logits_index", "dtype": "int64", "shape": [BATCH, NUM_LOGITS]},
-    ] + [{"name": n, "dtype": "float32", "shape": kv_shape}
+    ] + [{"name": n, "dtype": dtype, "shape": kv_shape}
          for n in kv_names(config, "past_key_values")]
     outputs = [
-        {"name": "logits", "dtype": "float32", "shape": [BATCH, NUM_LOGITS, config.vocab_size]},
-        {"name": "hidden_states", "dtype": "float32", "shape": [BATCH, NEW_TOKENS, config.hidden_size]},
-        {"name": "eagle3_features", "dtype": "float32",
+        {"name": "logits", "dtype": dtype, "shape": [BATCH, NUM_LOGITS, config.vocab_size]},
+        {"name": "hidden_states", "dtype": dtype, "shape": [BATCH, NEW_TOKENS, config.hidden_size]},
+        {"name": "eagle3_features", "dtype": dtype,
          "shape": [BATCH, NEW_TOKENS, len(config.eagle3_layers) * config.hidden_size]},
-    ] + [{"name": n, "dtype": "float32", "shape": kv_shape} for n in kv_names(config, "present")]
+    ] + [{"name": n, "dtype": dtype, "shape": kv_shape} for n in kv_names(config, "present")]
     return inputs, outputs
 
 
-def drafter_io(config: ModelConfig, head_vocab: int) -> tuple[list[dict], list[dict]]:
+def score_io(config: ModelConfig, dtype: str = "float32") -> tuple[list[dict], list[dict]]:
+    """The target's score graph (export/model.py TargetScorer): the target's inputs without
+    logits_index, plus the verifier's; SpecVerify's outputs instead of logits."""
+    inputs, outputs = target_io(config, dtype)
+    verify = [
+        {"name": "draft_probs", "dtype": "float32",
+         "shape": [BATCH, NEW_TOKENS, config.vocab_size]},
+        {"name": "uniforms", "dtype": "float32", "shape": [BATCH, NEW_TOKENS]},
+        {"name": "temperature", "dtype": "float32", "shape": [BATCH]},
+        {"name": "top_k", "dtype": "int32", "shape": [BATCH]},
+        {"name": "top_p", "dtype": "float32", "shape": [BATCH]},
+    ]
+    tokens = [{"name": "num_accepted", "dtype": "int64", "shape": [BATCH]},
+              {"name": "tokens", "dtype": "int64", "shape": [BATCH, NEW_TOKENS]}]
+    return inputs[:5] + verify + inputs[6:], tokens + outputs[1:]
+
+
+def drafter_io(config: ModelConfig, head_vocab: int,
+               dtype: str = "float32") -> tuple[list[dict], list[dict]]:
     """An MTP / Eagle / Eagle3 step graph: the target's inputs with one layer of past and a
     hidden state per new token; logits over `head_vocab` and the hidden state for the next."""
-    inputs, outputs = target_io(dataclasses.replace(config, num_layers=1, eagle3_layers=(0,)))
-    hidden = {"name": "hidden_states", "dtype": "float32",
+    inputs, outputs = target_io(dataclasses.replace(config, num_layers=1, eagle3_layers=(0,)),
+                                dtype)
+    hidden = {"name": "hidden_states", "dtype": dtype,
               "shape": [BATCH, NEW_TOKENS, config.hidden_size]}
     outputs = [
-        {"name": "logits", "dtype": "float32", "shape": [BATCH, NUM_LOGITS, head_vocab]},
-        {"name": "next_hidden_states", "dtype": "float32",
+        {"name": "logits", "dtype": dtype, "shape": [BATCH, NUM_LOGITS, head_vocab]},
+        {"name": "next_hidden_states", "dtype": dtype,
          "shape": [BATCH, NEW_TOKENS, config.hidden_size]},
     ] + outputs[3:]
     return inputs[:1] + [hidden] + inputs[1:], outputs
 
 
-def fc_io(in_features: int, hidden_size: int) -> tuple[list[dict], list[dict]]:
+def fc_io(in_features: int, hidden_size: int,
+          dtype: str = "float32") -> tuple[list[dict], list[dict]]:
     """Eagle3's fc: the target's fused features -> the head's first hidden state."""
-    return ([{"name": "features", "dtype": "float32", "shape": [BATCH, NEW_TOKENS, in_features]}],
-            [{"name": "hidden_states", "dtype": "float32",
+    return ([{"name": "features", "dtype": dtype, "shape": [BATCH, NEW_TOKENS, in_features]}],
+            [{"name": "hidden_states", "dtype": dtype,
               "shape": [BATCH, NEW_TOKENS, hidden_size]}])
+
+
+def float_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the module's weights: the export's float dtype (fp32, or fp16 for TRT)."""
+    return next(model.parameters()).dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
 
 
 def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
     """The traced target graph (also written to `path` + `path`.data when given). Sample
-    sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing."""
+    sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing. Float tensors
+    take the model's dtype."""
     config = model.config
+    dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
-    args = (*step_args(batch, new_tokens, max_len), *empty_cache(config, batch, max_len))
+    args = (*step_args(batch, new_tokens, max_len), *empty_cache(config, batch, max_len, dtype))
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
-    return export_module(model, args, dynamic, *target_io(config), path)
+    return export_module(model, args, dynamic, *target_io(config, dtype_name(dtype)), path)
+
+
+def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
+    """The target's score graph (TargetScorer: target + SpecVerify), traced."""
+    from trt_spec.export.model import TargetScorer
+
+    config = model.config
+    dtype = float_dtype(model)
+    batch, new_tokens, max_len = 2, 3, 16
+    ids, pos, seqlens, qlens, total, _ = step_args(batch, new_tokens, max_len)
+    verify = (torch.full((batch, new_tokens, config.vocab_size), 1.0 / config.vocab_size),
+              torch.full((batch, new_tokens), 0.5), torch.ones(batch),
+              torch.zeros(batch, dtype=torch.int32), torch.ones(batch))
+    args = (ids, pos, seqlens, qlens, total, *verify, *empty_cache(config, batch, max_len, dtype))
+    ids_d, pos_d, seqlens_d, qlens_d, total_d, _, cache = step_dims(config)
+    per_token, per_row = ids_d, seqlens_d  # {0: batch, 1: new_tokens}, {0: batch}
+    dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_token, per_token, per_row,
+               per_row, per_row, (cache,) * (2 * config.num_layers))
+    return export_module(TargetScorer(model), args, dynamic,
+                         *score_io(config, dtype_name(dtype)), path)
 
 
 def export_drafter(model: torch.nn.Module, head_vocab: int,
@@ -81,22 +133,26 @@ def export_drafter(model: torch.nn.Module, head_vocab: int,
     """An MTP module / Eagle / Eagle3 step (export/drafters.py), traced (and written to
     `path` when given)."""
     config = model.config
+    dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
     ids, *rest = step_args(batch, new_tokens, max_len)
-    hidden = torch.zeros(batch, new_tokens, config.hidden_size)
-    args = (ids, hidden, *rest, *empty_cache(config, batch, max_len))
+    hidden = torch.zeros(batch, new_tokens, config.hidden_size, dtype=dtype)
+    args = (ids, hidden, *rest, *empty_cache(config, batch, max_len, dtype))
     *dims, cache = step_dims(config)
     dynamic = (dims[0], dims[0], *dims[1:], cache, cache)  # hidden_states: as input_ids
-    return export_module(model, args, dynamic, *drafter_io(config, head_vocab), path)
+    return export_module(model, args, dynamic,
+                         *drafter_io(config, head_vocab, dtype_name(dtype)), path)
 
 
 def export_fc(model: torch.nn.Module, path: Path | None = None) -> onnx.ModelProto:
     """Eagle3's fc, traced (and written to `path` when given)."""
     fc = model.fc
+    dtype = float_dtype(model)
     b = torch.export.Dim("batch", min=1, max=1024)
     t = torch.export.Dim("new_tokens", min=1, max=1 << 16)
-    return export_module(model, (torch.zeros(2, 3, fc.in_features),), ({0: b, 1: t},),
-                         *fc_io(fc.in_features, fc.out_features), path)
+    return export_module(model, (torch.zeros(2, 3, fc.in_features, dtype=dtype),),
+                         ({0: b, 1: t},),
+                         *fc_io(fc.in_features, fc.out_features, dtype_name(dtype)), path)
 
 
 def step_args(batch: int, new_tokens: int, max_len: int) -> tuple[torch.Tensor, ...]:

@@ -16,12 +16,15 @@ from trt_spec.export.checkpoint import load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import KINDS, Drafter
 from trt_spec.export.model import TargetModel
-from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_target,
-                                         fc_io, save_with_external_data, target_io)
+from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_score,
+                                         export_target, fc_io, save_with_external_data,
+                                         score_io, target_io)
 from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
+from trt_spec.plugins.lowering import lowering
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
 
-PRECISIONS = ("fp32", "int8", "int4")
+PRECISIONS = {"ort": ("fp32", "int8", "int4"), "trt": ("fp32", "fp16")}
+FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
 
 # Bits per MatMul, by precision. The head (output "logits") stays 8-bit under int4: logits
 # are where int4 error would land directly, and the default GGUF's embedding is Q8_0, which
@@ -30,7 +33,7 @@ BITS = {
     "int8": lambda output, shape: 8,
     "int4": lambda output, shape: 8 if output == "logits" else 4,
 }
-BACKENDS = ("ort",)
+BACKENDS = tuple(PRECISIONS)
 
 
 def log(msg: str) -> None:
@@ -76,8 +79,9 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     folder already wrote (`shared`, see save_with_external_data) are read from there.
     Returns its manifest entry."""
     graph = folder / f"{name}.onnx"
-    log(f"exporting {name} to ONNX ...")
-    proto = trace()
+    log(f"exporting {name} to ONNX ({backend} lowering) ...")
+    with lowering(backend):
+        proto = trace()
     aliases = None
     if precision in BITS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
@@ -98,10 +102,25 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         "inputs": inputs,
         "outputs": outputs,
     }
+    if backend == "trt":
+        entry.update(trt_entry(proto, inputs, outputs))
     if any(i["name"].startswith("past_key_values.") for i in inputs):
-        entry["kv_cache"] = {"layout": "[batch, kv_heads, max_len, head_dim]", "dtype": "float32",
+        kv = next(i for i in inputs if i["name"].startswith("past_key_values."))
+        entry["kv_cache"] = {"layout": "[batch, kv_heads, max_len, head_dim]", "dtype": kv["dtype"],
                              "in_place": "past and present share one buffer"}
     return entry
+
+
+def trt_entry(proto, inputs: list[dict], outputs: list[dict]) -> dict:
+    """What TensorRT's builder needs beyond the I/O specs: each tensor's symbolic axes (for
+    optimization profiles), the non-standard ops the graph holds, and the plugins among them
+    (namespace::name, to register / load before parsing)."""
+    custom = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node
+                     if n.domain not in ("", "ai.onnx")})
+    axes = {t["name"]: {str(i): d for i, d in enumerate(t["shape"]) if isinstance(d, str)}
+            for t in inputs + outputs}
+    return {"dynamic_axes": axes, "custom_ops": custom,
+            "plugins": [op for op in custom if op.startswith("trt_spec::")]}
 
 
 def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backend: str,
@@ -114,14 +133,16 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
         vocab = len(drafter.d2t) if kind == "eagle3" else module.config.vocab_size
         graphs[name] = export_graph(lambda m=module, v=vocab: export_drafter(m, v),
                                     folder, name, precision, backend,
-                                    drafter_io(module.config, vocab), shared)
+                                    drafter_io(module.config, vocab, FLOAT.get(precision, "float32")),
+                                    shared)
     entry = {"graphs": names, "num_modules": len(names), "source": source,
              "layer_config": drafter.config.to_dict()}
     if kind == "eagle3":
         fc = drafter.fc.fc
         graphs["eagle3_fc"] = export_graph(lambda: export_fc(drafter.fc), folder,
                                            "eagle3_fc", precision, backend,
-                                           fc_io(fc.in_features, fc.out_features), shared)
+                                           fc_io(fc.in_features, fc.out_features,
+                                                 FLOAT.get(precision, "float32")), shared)
         np.save(folder / "eagle3_d2t.npy", drafter.d2t.numpy().astype(np.int64))
         entry.update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy", files=["eagle3_d2t.npy"],
                      draft_vocab_size=len(drafter.d2t),
@@ -139,11 +160,11 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     unknown = sorted(set(heads) - set(KINDS))
     if unknown:
         raise ValueError(f"drafters {unknown} are not known; known: {', '.join(KINDS)}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} is not supported; choose from {PRECISIONS}")
     if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not supported by export yet; choose from "
-                         f"{BACKENDS} (TensorRT: see issue 8)")
+        raise ValueError(f"backend {backend!r} is not supported; choose from {BACKENDS}")
+    if precision not in PRECISIONS[backend]:
+        raise ValueError(f"precision {precision!r} is not supported for backend {backend!r}; "
+                         f"choose from {PRECISIONS[backend]}")
     if draft_layers and draft_model:
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
@@ -181,15 +202,28 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     if "eagle3" in loaded and loaded["eagle3"].feature_layers != config.eagle3_layers:
         config = dataclasses.replace(config, eagle3_layers=loaded["eagle3"].feature_layers)
         target.config = config  # the target's eagle3_features output follows the head's layers
+    if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
+        for module in [target, draft]:
+            if module is not None:
+                module.half()
+        for drafter in loaded.values():
+            for module in drafter.modules + ([drafter.fc] if drafter.fc is not None else []):
+                module.half()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     try:
+        dtype = FLOAT.get(precision, "float32")
         graphs = {"target": export_graph(lambda: export_target(target), tmp,
-                                         "target", precision, backend, target_io(config), shared)}
+                                         "target", precision, backend, target_io(config, dtype),
+                                         shared)}
+        if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
+            graphs["score"] = export_graph(lambda: export_score(target), tmp, "score", precision,
+                                           backend, score_io(config, dtype), shared)
         if draft is not None:
             graphs["draft"] = export_graph(lambda: export_target(draft), tmp, "draft",
-                                           precision, backend, target_io(draft.config), shared)
+                                           precision, backend, target_io(draft.config, dtype),
+                                           shared)
             drafters["vanilla"] = {"graph": "draft", "kind": kind,
                                    "model_config": draft.config.to_dict()}
         for head_kind, drafter in loaded.items():

@@ -1,23 +1,75 @@
-"""Attention with an in-place KV cache: GQA, RoPE, lower-right causal mask.
+"""Attention with an in-place KV cache: GQA, RoPE, lower-right causal mask, optional mask.
 
 Faces of the op:
 - `attention_reference`: torch eager semantics, the reference for every backend.
-- `attention`: what export modules call; under ONNX export it emits ORT's
-  `com.microsoft::GroupQueryAttention` with one max-length cache buffer per layer,
-  bound as both past and present by the runtime (IOBinding), so no step copies it.
+- `attention_numpy`: the same in NumPy (float64).
+- `attention`: what export modules call; under ONNX export it emits, per the lowering
+  (plugins/lowering.py):
+  - "ort": ORT's `com.microsoft::GroupQueryAttention` with one max-length cache buffer per
+    layer, bound as both past and present by the runtime (IOBinding), so no step copies it;
+  - "trt": `attention_trt`: TensorRT's native attention and KV-cache-update ops, in the ONNX
+    form TensorRT's parser takes (below).
+- plugins/reference_ops.py: Python implementations of those TensorRT ops for
+  `onnx.reference.ReferenceEvaluator`, written from the documents cited below.
 
 Semantics per batch row b (the same as ORT's GroupQueryAttention with `query_seqlens`):
     Q = query_seqlens[b]     valid new tokens in this row (rows >= Q are right padding)
     T = seqlens_k[b] + 1     tokens in the cache after this step
     P = T - Q                tokens cached before this step
     new keys/values are written to cache rows [P, T); query row s sits at cache row P + s
-    and attends to cache rows [0, P + s] (lower-right causal: right for verification).
+    and attends to cache rows [0, P + s] (lower-right causal: right for verification), or,
+    with an explicit `attn_mask` [batch, new_tokens, max_len] (tree drafts), to the rows
+    j < T where attn_mask[b, s, j] is True.
 Rewinding a stream is lowering its length: rows past it are simply overwritten later.
+
+TensorRT form. RoPE and the split into heads stay plain ONNX ops (TensorRT fuses them); then
+
+    q, k, v (B, h, T, hd)       write = seqlens_k + 1 - query_seqlens   [B] int32 (= P)
+       |      \\      \\          kv_len = write + T                       [B] int32
+       |       TRT_KVCacheUpdate(past_key,   k, write) -> present_key     (in place)
+       |       TRT_KVCacheUpdate(past_value, v, write) -> present_value   (in place)
+    q * hd^-0.5
+       \\____ TRT_Attention(q, present_key, present_value, attn_mask?, -, kv_len)
+               causal_kind "lower_right" without a mask, "none" with one
+
+All T update rows are written from P (rows past a row's Q valid tokens hold padding past its
+length, overwritten later like any rewound row). With kv_len = P + T and lower-right
+alignment query row s attends cache rows [0, P + s]: the reference's rule for every valid s.
+So P + T must not exceed max_len for any row (the runtime's buckets keep it so).
+
+Sources (NVIDIA), read for this module:
+- onnx/onnx-tensorrt `docs/TRT_custom_ops.md` ("TensorRT Custom Operator Schemas"):
+  `TRT_Attention`: inputs Q, K, V (index 0-2), attn_mask (3, optional; bool: True may attend,
+  else added to BMM1), query_lengths (4; packed form only), kv_lengths (5; [B] per-row lengths
+  in the "padded_bhnd" form); attributes query_form / kv_form ("padded_bhnd" | "packed_nhd"),
+  causal_kind ("none" | "upper_left" | "lower_right"; a mask only with "none"),
+  TRT_decomposable, TRT_normalization_op ("softmax"), nb_rank. "Unlike ONNX Attention,
+  TRT_Attention does not use q_num_heads, kv_num_heads, or scale": Q, K, V are used as given.
+  `TRT_KVCacheUpdate`: inputs past_cache [B, H, N, D], update, write_indices ([B] int32),
+  update_lengths (packed only); attributes update_form ("padded_bhnd"), mode ("linear"),
+  axis (-2). (An older revision of that file gives TRT_Attention `is_causal` / `scale` and
+  unsupported past_key / past_value at inputs 4-5, moving the lengths to 6-7; this module
+  writes the newer revision, the one that mirrors IAttention.)
+- TensorRT developer guide, "Fused Attention": Q (or K) must be multiplied by the attention
+  scale before IAttention; MHA, GQA (N_q % N_kv == 0) and MQA are fused.
+- TensorRT operator reference "KVCacheUpdate" (10.15+) and "IKVCacheUpdateLayer": LINEAR mode
+  writes output[i, :, writeIndices[i] + s, :] = update[i, :, s, :]; the cache must be a
+  network input and the output, a network output, shares its memory (in place).
+- TensorRT operator reference "Attention" (11.0): causalKind LOWER_RIGHT, "diagonal anchored
+  at bottom-right corner (decode-aligned semantics)".
+Not confirmed: the ONNX domain of the TRT_* nodes (the schema file names none; the parser's
+built-in importers dispatch on op_type). They are emitted in domain "trt" (opset 1), declared
+in `TRT_DOMAIN`; if a TensorRT release wants another, only `node.domain` changes.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from trt_spec.plugins import lowering
+
+TRT_DOMAIN = "trt"
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -38,6 +90,7 @@ def attention_reference(
     sin_cache: torch.Tensor,  # [max_positions, head_dim / 2]
     num_heads: int,
     kv_heads: int,
+    attn_mask: torch.Tensor | None = None,  # [batch, new_tokens, max_len] bool, or None: causal
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (output [batch, new_tokens, num_heads * head_dim], present_key, present_value)."""
     batch, new_tokens, _ = qkv.shape
@@ -67,19 +120,107 @@ def attention_reference(
         scores = q[b, :, :n_new] @ keys.transpose(-1, -2) / head_dim**0.5  # (nh, Q, total)
         rows = torch.arange(n_new).unsqueeze(1) + past
         cols = torch.arange(total).unsqueeze(0)
-        scores = scores.masked_fill(cols > rows, float("-inf"))
+        hidden = cols > rows if attn_mask is None else ~attn_mask[b, :n_new, :total]
+        scores = scores.masked_fill(hidden, float("-inf"))
         out[b, :, :n_new] = scores.softmax(dim=-1) @ values
     out = out.transpose(1, 2).reshape(batch, new_tokens, num_heads * head_dim)
     return out, present_key, present_value
 
 
+def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+                    cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None):
+    """NumPy (float64) twin of `attention_reference`: same arguments as arrays, same result."""
+    qkv = np.asarray(qkv, np.float64)
+    batch, new_tokens, _ = qkv.shape
+    head_dim = past_key.shape[-1]
+    q, k, v = np.split(qkv, [num_heads * head_dim, (num_heads + kv_heads) * head_dim], axis=-1)
+    q = q.reshape(batch, new_tokens, num_heads, head_dim).transpose(0, 2, 1, 3)  # (B, nh, T, hd)
+    k = k.reshape(batch, new_tokens, kv_heads, head_dim).transpose(0, 2, 1, 3)
+    v = v.reshape(batch, new_tokens, kv_heads, head_dim).transpose(0, 2, 1, 3)
+    cos = np.asarray(cos_cache, np.float64)[position_ids][:, None]  # (B, 1, T, hd/2)
+    sin = np.asarray(sin_cache, np.float64)[position_ids][:, None]
+
+    def rope(x):
+        x1, x2 = x[..., :head_dim // 2], x[..., head_dim // 2:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    q, k = rope(q), rope(k)
+    present_key = np.array(past_key, np.float64)
+    present_value = np.array(past_value, np.float64)
+    out = np.zeros_like(q)
+    group = num_heads // kv_heads
+    for b in range(batch):
+        n_new, total = int(query_seqlens[b]), int(seqlens_k[b]) + 1
+        past = total - n_new
+        assert 0 <= past and total <= past_key.shape[2], (past, total)
+        present_key[b, :, past:total] = k[b, :, :n_new]
+        present_value[b, :, past:total] = v[b, :, :n_new]
+        if n_new == 0:
+            continue
+        keys = np.repeat(present_key[b, :, :total], group, axis=0)  # (nh, total, hd)
+        values = np.repeat(present_value[b, :, :total], group, axis=0)
+        scores = q[b, :, :n_new] @ keys.transpose(0, 2, 1) / head_dim**0.5  # (nh, Q, total)
+        if attn_mask is None:
+            allowed = np.arange(total)[None] <= np.arange(n_new)[:, None] + past
+        else:
+            allowed = np.asarray(attn_mask[b, :n_new, :total], bool)
+        scores = np.where(allowed, scores, -np.inf)
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        out[b, :, :n_new] = (w / w.sum(-1, keepdims=True)) @ values
+    out = out.transpose(0, 2, 1, 3).reshape(batch, new_tokens, num_heads * head_dim)
+    return out, present_key, present_value
+
+
+def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+                  cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None):
+    """The TensorRT lowering (traced under ONNX export): shapes as `attention_reference`.
+    See the module docstring for the node forms and their sources."""
+    batch, new_tokens, _ = qkv.shape
+    head_dim = past_key.shape[-1]
+    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)  # (B, nh, T, hd)
+    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)  # (B, kvh, T, hd)
+    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
+    cos = cos_cache[position_ids].unsqueeze(1).to(q.dtype)  # (B, 1, T, hd/2)
+    sin = sin_cache[position_ids].unsqueeze(1).to(q.dtype)
+    q, k = rotate(q, cos, sin) * head_dim**-0.5, rotate(k, cos, sin)  # TRT wants Q pre-scaled
+    write = (seqlens_k + 1 - query_seqlens).to(torch.int32)  # (B,) P: rows cached before
+    kv_len = write + new_tokens  # (B,) int32
+    update = {"update_form": "padded_bhnd", "mode": "linear", "axis": -2}
+    present_key = torch.onnx.ops.symbolic(
+        f"{TRT_DOMAIN}::TRT_KVCacheUpdate", [past_key, k, write], attrs=update,
+        dtype=past_key.dtype, shape=past_key.shape, version=1)
+    present_value = torch.onnx.ops.symbolic(
+        f"{TRT_DOMAIN}::TRT_KVCacheUpdate", [past_value, v, write], attrs=update,
+        dtype=past_value.dtype, shape=past_value.shape, version=1)
+    form = {"query_form": "padded_bhnd", "kv_form": "padded_bhnd", "TRT_decomposable": 1,
+            "TRT_normalization_op": "softmax"}
+    if attn_mask is None:
+        inputs = [q, present_key, present_value, None, None, kv_len]
+        form["causal_kind"] = "lower_right"
+    else:
+        inputs = [q, present_key, present_value, attn_mask.unsqueeze(1), None, kv_len]
+        form["causal_kind"] = "none"
+    out = torch.onnx.ops.symbolic(f"{TRT_DOMAIN}::TRT_Attention", inputs, attrs=form,
+                                  dtype=q.dtype, shape=q.shape, version=1)  # (B, nh, T, hd)
+    out = out.transpose(1, 2).reshape(batch, new_tokens, num_heads * head_dim)
+    return out, present_key, present_value
+
+
 def attention(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-              total_sequence_length, cos_cache, sin_cache, num_heads: int, kv_heads: int):
+              total_sequence_length, cos_cache, sin_cache, num_heads: int, kv_heads: int,
+              attn_mask=None):
     """Shapes as `attention_reference`; total_sequence_length: [] int32, an upper bound of
-    seqlens_k + 1 (ORT checks it; the reference does not need it)."""
+    seqlens_k + 1 (ORT checks it; the reference and TensorRT do not need it)."""
     if not torch.onnx.is_in_onnx_export():
         return attention_reference(qkv, past_key, past_value, seqlens_k, query_seqlens,
-                                   position_ids, cos_cache, sin_cache, num_heads, kv_heads)
+                                   position_ids, cos_cache, sin_cache, num_heads, kv_heads,
+                                   attn_mask)
+    if lowering.current() == "trt":
+        return attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+                             cos_cache, sin_cache, num_heads, kv_heads, attn_mask)
+    if attn_mask is not None:
+        raise NotImplementedError("an explicit attention mask lowers for TensorRT only so far")
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
     return torch.onnx.ops.symbolic_multi_out(

@@ -2,11 +2,15 @@
 
 Under ONNX export these emit ONNX Runtime's fused kernels (`SimplifiedLayerNormalization`,
 `com.microsoft::SkipSimplifiedLayerNormalization`): one node where the plain form is seven.
+Under the "trt" lowering they stay the plain form (Pow, ReduceMean, Sqrt, ...), which
+TensorRT's parser takes and fuses.
 """
 
 from __future__ import annotations
 
 import torch
+
+from trt_spec.plugins import lowering
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -17,7 +21,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if not torch.onnx.is_in_onnx_export():
+    if not torch.onnx.is_in_onnx_export() or lowering.current() == "trt":
         return rms_norm_reference(x, weight, eps)
     return torch.onnx.ops.symbolic(
         "SimplifiedLayerNormalization", [x, weight],
@@ -29,7 +33,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual). x, residual: [..., H]."""
-    if not torch.onnx.is_in_onnx_export():
+    if not torch.onnx.is_in_onnx_export() or lowering.current() == "trt":
         total = x + residual
         return rms_norm_reference(total, weight, eps), total
     outs = torch.onnx.ops.symbolic_multi_out(

@@ -38,10 +38,13 @@ def main():
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="A known model name (smollm2-135m), a local .gguf file, or a Hugging Face "
                    "folder (config.json + safetensors + tokenizer) of a Llama-family model.")
-@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default="int4",
-              show_default=True, help="Weight precision of the exported graphs.")
-@click.option("--backend", type=click.Choice(["ort"]), default="ort", show_default=True,
-              help="Lowering target (TensorRT arrives with its own issue).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
+              help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
+                   "[default: int4]; fp32 / fp16 for trt, which builds strongly typed from the "
+                   "graph's dtypes [default: fp16].")
+@click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
+              help="Lowering target: ONNX Runtime, or TensorRT (TRT_Attention / "
+                   "TRT_KVCacheUpdate / the trt_spec::SpecVerify plugin; build with TensorRT).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output engine folder [default: engines/<model name>].")
 @click.option("--draft-layers", type=click.IntRange(min=0), default=0, show_default=True,
@@ -68,6 +71,8 @@ def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle
 
     from trt_spec.export.pipeline import export_engine
 
+    if precision is None:
+        precision = "fp16" if backend == "trt" else "int4"
     if out is None:
         out = f"engines/{Path(model).stem if model.endswith('.gguf') else Path(model).name}"
     try:
