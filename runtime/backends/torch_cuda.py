@@ -141,7 +141,9 @@ class TorchTarget:
                         else ["hidden_states", "eagle3_features"])
         self.cuda_graphs = cuda_graphs
         self.pad = cuda_graphs if pad is None else pad
-        self.graphs: dict[Bucket, tuple] = {}  # bucket -> (graph, static inputs, static outputs)
+        # (bucket, cache address) -> (graph, static inputs, static outputs): a graph is bound
+        # to the cache buffers it was captured on, so a new cache never replays an old graph
+        self.graphs: dict[tuple[Bucket, int], tuple] = {}
         self.failed: dict[Bucket, str] = {}  # buckets whose capture failed: why
         self.pool = None  # one memory pool for every graph of this module
         self.stats = {"eager": 0, "captured": 0, "replayed": 0, "capture_failed": 0,
@@ -182,11 +184,12 @@ class TorchTarget:
         if bucket is None or not self.cuda_graphs or bucket in self.failed:
             self.stats["eager"] += 1
             return self._forward(self._to_device(feeds), views)
-        entry = self.graphs.get(bucket)
+        key = (bucket, views[0].data_ptr())
+        entry = self.graphs.get(key)
         if entry is None:
             inputs = self._to_device(feeds)  # the bucket's static inputs from now on
             try:
-                entry = self.graphs[bucket] = self._capture(inputs, views)
+                entry = self.graphs[key] = self._capture(inputs, views)
             except Exception as e:  # noqa: BLE001 - any capture error: run this bucket eagerly
                 self.failed[bucket] = f"{type(e).__name__}: {e}"
                 self.stats["capture_failed"] += 1
