@@ -138,7 +138,9 @@ def load(args) -> dict:
             raise ValueError(f"the reference's {key} {ref['config'][key]} != the model's "
                              f"{getattr(c, key)}: another model?")
     longest = max(len(i["prompt_ids"]) + len(i["output_ids"]) for i in ref["items"])
-    max_len = min(c.max_position_embeddings, longest + 2 * args.max_new_tokens + 16)
+    # room for the longest reference, the speed runs, and k + 1 verify rows past the end
+    max_len = min(c.max_position_embeddings,
+                  longest + max(2 * args.max_new_tokens, args.speed_tokens) + 16)
     args.gen = Generator.from_graphs(manifest, graphs, max_batch=8, max_len=max_len)
     args.graphs = graphs
     from trt_spec.runtime.generator import available_methods

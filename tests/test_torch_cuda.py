@@ -2,7 +2,8 @@
 attention equals the reference, and every method's greedy output equals the ORT backend's on a
 tiny random model with random heads, with and without bucket padding."""
 
-import numpy as np
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -142,3 +143,18 @@ def test_backend_errors(tiny_all_engine):
 
         TorchTarget(TargetModel(load_manifest(tiny_all_engine).config), 256, "cpu",
                     cuda_graphs=True)
+
+
+def test_cli_generate_backend(tiny_all_engine):
+    from click.testing import CliRunner
+
+    from trt_spec.cli import main
+
+    outs = []
+    for extra in ([], ["--backend", "torch-cuda", "--device", "cpu"]):
+        r = CliRunner().invoke(main, ["generate", "--engine", str(tiny_all_engine), "--method",
+                                      "mtp", "--max-tokens", "8", "--no-chat", "--json",
+                                      *extra, "hello world"])
+        assert r.exit_code == 0, r.output
+        outs.append(json.loads(r.output.strip().splitlines()[-1])["token_ids"])
+    assert outs[0] == outs[1]

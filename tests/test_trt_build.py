@@ -156,3 +156,21 @@ def test_trt_modules_import_without_torch_or_tensorrt():
         import trt_spec.export.trt_build, trt_spec.runtime.backends.trt
         import trt_spec.runtime.backends.buckets
     """)
+
+
+def test_polygraphy_feeds_run_on_ort(tiny_engine):
+    """The parity script's feeds are valid graph inputs: ORT runs them."""
+    import importlib.util
+    from pathlib import Path
+
+    from trt_spec.runtime.backends.ort import make_session
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "polygraphy_inputs.py"
+    spec = importlib.util.spec_from_file_location("polygraphy_inputs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    graph = load_manifest(tiny_engine).graph("target")
+    feeds = module.feeds(graph, max_len=32, batch=2, new_tokens=5, past=7)
+    session = make_session(tiny_engine / "target.onnx")  # the process's shared ORT pool
+    logits = session.run(["logits"], feeds)[0]
+    assert logits.shape == (2, 5, 128)

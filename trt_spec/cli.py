@@ -1,5 +1,5 @@
-"""`trt-spec`: export, generate, bench, fidelity, bundle, verify, doctor, serve, train. The same
-option names on every command."""
+"""`trt-spec`: export, build, generate, bench, fidelity, bundle, verify, doctor, serve, train. The
+same option names on every command."""
 
 from __future__ import annotations
 
@@ -134,10 +134,16 @@ def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
+@click.option("--backend", type=click.Choice(["ort", "torch-cuda"]), default="ort",
+              show_default=True,
+              help="ort: the folder's ONNX graphs; torch-cuda: the export modules with torch "
+                   "(weights from the folder's source model) and CUDA graphs.")
+@click.option("--device", default=None,
+              help="torch-cuda: the torch device [default: cuda when available, else cpu].")
 @click.argument("prompt")
 def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_batch,
              spec_min_acceptance, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
-             threads, prompt):
+             threads, backend, device, prompt):
     """Generate an answer to PROMPT."""
     from pathlib import Path
 
@@ -158,7 +164,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
             need = len(encode_prompt(tokenizer, prompt, chat)) + max_tokens + num_draft_tokens + 1
             max_len = min(max_len, max(64, -(-need // 64) * 64))
         gen = Generator(engine, method=method, max_len=max_len, threads=threads,
-                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer)
+                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer,
+                        backend=backend, device=device)
         result = gen.generate([prompt], params, chat=chat)[0]
     except ValueError as e:
         fail(e)
