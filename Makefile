@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load load-ray edge-report clean help
+.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load load-ray edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -64,5 +64,22 @@ edge-report: $(ENGINE)-random-heads  ## runtime-only env size, cold start, peak 
 	rm -rf $(ENGINE)-random-heads-bundle
 	$(BIN)/python scripts/edge_report.py --engine $(ENGINE)-random-heads --json edge-report.json
 
+# GPU check (issue 8). The reference is made here, on the CPU, with the ORT fp32 engine; the
+# check runs on the GPU machine from a plain checkout (its own python, no .venv, no setup).
+GPU_MODEL  ?= smollm2-135m
+GPU_REF    ?= gpu-reference.json
+GPU_OUT    ?= gpu-check
+GPU_PYTHON ?= python3
+GPU_ARGS   ?=
+gpu-reference: setup  ## CPU: greedy reference of GPU_MODEL (ORT fp32) for gpu-check -> GPU_REF
+	$(BIN)/python scripts/gpu_reference.py --model $(GPU_MODEL) --out $(GPU_REF)
+
+gpu-check:  ## GPU: torch-cuda + CUDA graphs vs GPU_REF, tokens/s, plugins, TensorRT if present
+	$(GPU_PYTHON) scripts/gpu_check.py --model $(GPU_MODEL) --reference $(GPU_REF) \
+		--out $(GPU_OUT) $(GPU_ARGS)
+
+build-trt:  ## TensorRT engines for ENGINE (needs tensorrt: see the README)
+	$(BIN)/trt-spec build $(ENGINE)
+
 clean:  ## remove build outputs (keeps .venv and the model cache)
-	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 engines/smollm2-135m-random-heads* .venv-runtime .pytest_cache
+	rm -rf engines/smollm2-135m engines/smollm2-135m-fp32 engines/smollm2-135m-random-heads* .venv-runtime .pytest_cache gpu-check

@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from trt_spec.export.model import DecoderLayer, add_rope_buffers, apply_head
-from trt_spec.plugins.attention import attention
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.runtime.config import ModelConfig
 
@@ -71,7 +70,7 @@ class OneLayerDrafter(nn.Module):
         """attn_in: [B, T, qkv_in] (normed); residual: [B, T, H] ->
         (logits [B, N, head_vocab], next_hidden_states [B, T, H], present_key, present_value)."""
         c, layer = self.config, self.layer
-        a, present_k, present_v = attention(
+        a, present_k, present_v = layer.attention_op(
             layer.qkv_proj(attn_in), past_key, past_value, seqlens_k, query_seqlens,
             position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
             c.num_heads, c.num_kv_heads)

@@ -64,6 +64,11 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
+    # The attention op (plugins/attention.py: the reference eagerly, ORT's node under export).
+    # The torch-cuda backend sets a shape-static, in-place form on its own copy of the module
+    # (runtime/backends/torch_cuda.py); a strategy chosen once, not a value of the graph.
+    attention_op = staticmethod(attention)
+
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -101,7 +106,7 @@ class TargetModel(nn.Module):
         features, presents = {}, []
         for i, layer in enumerate(self.layers):
             features[i] = h  # the input to layer i
-            a, present_k, present_v = attention(
+            a, present_k, present_v = layer.attention_op(
                 layer.qkv_proj(x), past[2 * i], past[2 * i + 1], seqlens_k, query_seqlens,
                 position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
                 c.num_heads, c.num_kv_heads)

@@ -150,6 +150,39 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
     return graphs, entry
 
 
+def load_models(model: str, draft_layers: int = 0, draft_model: str | None = None,
+                heads: dict[str, str] | None = None):
+    """The torch modules an engine folder is made of -> (hf_dir, target, draft or None, the
+    draft's description, {kind: Drafter}). The target's eagle3_layers follow an Eagle3 head's
+    feature layers. Export and the torch-cuda backend load through this one function."""
+    if draft_layers and draft_model:
+        raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
+    hf_dir = resolve_model(model)
+    log(f"loading {hf_dir}")
+    target, config = load_target(hf_dir)
+    draft, kind = None, None
+    if draft_layers:
+        draft = truncated_draft(target, draft_layers)
+        kind = f"self-draft: the target's first {draft_layers} of {config.num_layers} layers"
+    elif draft_model and is_draft_folder(draft_model):
+        draft = load_draft(draft_model, target)
+        kind = f"trained draft {draft_model} ({draft.config.num_layers} layers, the target's embedding)"
+    elif draft_model:
+        draft, _ = load_target(resolve_model(draft_model))
+        kind = f"draft model {draft_model}"
+        if draft.config.vocab_size != config.vocab_size:
+            raise ValueError(f"draft model {draft_model!r} has vocab {draft.config.vocab_size}, "
+                             f"the target {config.vocab_size}: a vanilla draft must share it")
+    loaded = {}
+    for head_kind, path in (heads or {}).items():
+        log(f"loading the {head_kind} drafter from {path}")
+        loaded[head_kind] = load_drafter(path, head_kind, target).eval()
+    if "eagle3" in loaded and loaded["eagle3"].feature_layers != config.eagle3_layers:
+        # the target's eagle3_features output follows the head's layers
+        target.config = dataclasses.replace(config, eagle3_layers=loaded["eagle3"].feature_layers)
+    return hf_dir, target, draft, kind, loaded
+
+
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
                   force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
                   heads: dict[str, str] | None = None) -> Path:
@@ -179,29 +212,8 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         except ValueError:
             pass  # corrupt or old: export again
     t0 = time.time()
-    hf_dir = resolve_model(model)
-    log(f"loading {hf_dir}")
-    target, config = load_target(hf_dir)
-    draft, drafters = None, {}
-    if draft_layers:
-        draft = truncated_draft(target, draft_layers)
-        kind = f"self-draft: the target's first {draft_layers} of {config.num_layers} layers"
-    elif draft_model and is_draft_folder(draft_model):
-        draft = load_draft(draft_model, target)
-        kind = f"trained draft {draft_model} ({draft.config.num_layers} layers, the target's embedding)"
-    elif draft_model:
-        draft, _ = load_target(resolve_model(draft_model))
-        kind = f"draft model {draft_model}"
-        if draft.config.vocab_size != config.vocab_size:
-            raise ValueError(f"draft model {draft_model!r} has vocab {draft.config.vocab_size}, "
-                             f"the target {config.vocab_size}: a vanilla draft must share it")
-    loaded = {}
-    for head_kind, path in heads.items():
-        log(f"loading the {head_kind} drafter from {path}")
-        loaded[head_kind] = load_drafter(path, head_kind, target).eval()
-    if "eagle3" in loaded and loaded["eagle3"].feature_layers != config.eagle3_layers:
-        config = dataclasses.replace(config, eagle3_layers=loaded["eagle3"].feature_layers)
-        target.config = config  # the target's eagle3_features output follows the head's layers
+    hf_dir, target, draft, kind, loaded = load_models(model, draft_layers, draft_model, heads)
+    config, drafters = target.config, {}
     if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
         for module in [target, draft]:
             if module is not None:

@@ -21,7 +21,7 @@ from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
 
-BACKENDS = ("auto", "ort")
+BACKENDS = ("auto", "ort", "torch-cuda")
 
 
 @dataclass
@@ -55,11 +55,12 @@ class RequestOutput:
 
 
 def check_backend(backend: str) -> str:
-    """'auto' picks the only backend this runtime has today, ONNX Runtime."""
+    """'auto' picks ONNX Runtime (the engine folder's graphs); 'torch-cuda' runs the export
+    modules with torch and CUDA graphs (runtime/backends/torch_cuda.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)} "
-                         "(TensorRT is not available in this runtime yet)")
-    return "ort"
+                         "(TensorRT engines: `trt-spec build`, runtime/backends/trt.py)")
+    return "ort" if backend == "auto" else backend
 
 
 def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
@@ -77,13 +78,16 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
 class LLM:
     def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
                  backend: str = "auto", max_num_seqs: int = 8, max_model_len: int = 2048,
-                 threads: int | None = None, speculation: SpeculationConfig | None = None):
+                 threads: int | None = None, speculation: SpeculationConfig | None = None,
+                 device: str | None = None, cuda_graphs: bool = True):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
         folder has (see `methods`). speculation: the policy beyond k (batch limit, minimum
-        acceptance); num_draft_tokens overrides its k."""
+        acceptance); num_draft_tokens overrides its k. backend: "auto" / "ort", or
+        "torch-cuda" on `device` (default cuda when available; cuda_graphs=False: eager)."""
         self.backend = check_backend(backend)
         self.generator = Generator(model, max_batch=max_num_seqs, max_len=max_model_len,
-                                   threads=threads)
+                                   threads=threads, backend=self.backend, device=device,
+                                   cuda_graphs=cuda_graphs)
         spec = replace(speculation or SpeculationConfig(), num_draft_tokens=num_draft_tokens)
         self.scheduler = Scheduler(self.generator, method, spec)
 

@@ -24,6 +24,7 @@ from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.tokenizer import Tokenizer
 
 METHODS = ("none", "vanilla", "ngram", "mtp", "eagle", "eagle3")
+BACKENDS = ("ort", "torch-cuda")
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
@@ -60,40 +61,103 @@ class GenerationResult:
     metrics: dict
 
 
+class OrtGraphs:
+    """The ONNX Runtime graphs of an engine folder, by manifest graph name."""
+
+    backend = "ort"
+
+    def __init__(self, manifest: Manifest, threads: int | None = None):
+        self.manifest = manifest
+        self.threads = threads
+
+    def step_graph(self, name: str, config: ModelConfig) -> OrtTarget:
+        graph = self.manifest.graph(name)
+        if graph["backend"] != "ort":
+            raise EngineFolderError(f"{self.manifest.folder}: graph {name!r} is for backend "
+                                    f"{graph['backend']!r}; this runtime runs 'ort'")
+        path = self.manifest.path(graph["files"][0])
+        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads)
+        want = [i["name"] for i in graph["inputs"]]
+        got = [i.name for i in target.session.get_inputs()]
+        if want != got:
+            raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
+        return target
+
+    def function(self, name: str) -> OrtFunction:
+        return OrtFunction(self.manifest.path(self.manifest.graph(name)["files"][0]), self.threads)
+
+    def d2t(self, manifest: Manifest, entry: dict) -> np.ndarray:
+        return np.load(manifest.path(entry["d2t"]))
+
+    def cache(self, config: ModelConfig, slots: int, max_len: int) -> KVCache:
+        return KVCache(config, slots, max_len)
+
+
+def make_graphs(manifest: Manifest, backend: str, threads: int | None = None,
+                device: str | None = None, cuda_graphs: bool = True):
+    """The graph source of `backend`: "ort" (the folder's ONNX graphs) or "torch-cuda" (the
+    export modules, loaded from the folder's source checkpoint; runtime/backends/torch_cuda.py)."""
+    if backend == "ort":
+        return OrtGraphs(manifest, threads)
+    if backend == "torch-cuda":
+        try:
+            from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+        except ImportError as e:
+            raise ValueError(f"backend 'torch-cuda' needs torch ({e}); install the export "
+                             "extra: pip install -e '.[export]'") from e
+        return TorchGraphs.from_manifest(manifest, device, cuda_graphs)
+    raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
 class Generator:
     def __init__(self, engine_dir: str | Path, method: str = "none", max_batch: int = 1,
                  max_len: int = 2048, threads: int | None = None, verify: str = "sha256",
                  speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
-                 tokenizer: Tokenizer | None = None):
-        """tokenizer: this folder's, when the caller already loaded it (see cli generate)."""
+                 tokenizer: Tokenizer | None = None, backend: str = "ort",
+                 device: str | None = None, cuda_graphs: bool = True):
+        """tokenizer: this folder's, when the caller already loaded it (see cli generate).
+        backend: "ort", or "torch-cuda" on `device` (default: cuda when available) with
+        CUDA graphs unless cuda_graphs=False."""
         check_method(method)  # before any loading
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+        t0 = time.perf_counter()
+        manifest = load_manifest(engine_dir, verify=verify)
+        graphs = make_graphs(manifest, backend, threads, device, cuda_graphs)
+        self._init(manifest, graphs, method, max_batch, max_len, speculation, ngram, tokenizer, t0)
+
+    @classmethod
+    def from_graphs(cls, manifest: Manifest, graphs, method: str = "none", max_batch: int = 1,
+                    max_len: int = 2048, speculation: SpeculationConfig | None = None,
+                    ngram: tuple[int, int] = (1, 4),
+                    tokenizer: Tokenizer | None = None) -> "Generator":
+        """Over graphs already loaded (TorchGraphs.from_model: no engine folder)."""
+        check_method(method)
+        gen = cls.__new__(cls)
+        gen._init(manifest, graphs, method, max_batch, max_len, speculation, ngram, tokenizer,
+                  time.perf_counter())
+        return gen
+
+    def _init(self, manifest, graphs, method, max_batch, max_len, speculation, ngram,
+              tokenizer, t0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: must be >= 1")
-        t0 = time.perf_counter()
-        self.manifest = load_manifest(engine_dir, verify=verify)
-        config = self.manifest.config
-        graph = self.manifest.graph("target")
-        if graph["backend"] != "ort":
-            raise EngineFolderError(f"{self.manifest.folder}: target graph is for backend "
-                                    f"{graph['backend']!r}; this runtime runs 'ort'")
-        path = self.manifest.path(graph["files"][0])
-        self.target = OrtTarget(path, config.num_layers, config.max_position_embeddings, threads)
-        want = [i["name"] for i in graph["inputs"]]
-        got = [i.name for i in self.target.session.get_inputs()]
-        if want != got:
-            raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
+        self.manifest = manifest
+        self.graphs = graphs
+        self.backend = graphs.backend
+        config = manifest.config
+        self.target = graphs.step_graph("target", config)
         self.tokenizer = tokenizer or Tokenizer(self.manifest.folder)
         if self.tokenizer.vocab_size > config.vocab_size:
             raise EngineFolderError(f"{self.manifest.folder / 'tokenizer.json'}: "
                                     f"{self.tokenizer.vocab_size} tokens, the model has "
                                     f"{config.vocab_size}")
         self.config = config
-        self.cache = KVCache(config, max_batch, min(max_len, config.max_position_embeddings))
+        self.cache = graphs.cache(config, max_batch, min(max_len, config.max_position_embeddings))
         eos = set(config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
-        self._threads = threads
         self._proposers: dict[str, Proposer] = {}  # drafters loaded once, shared by engines
         self.method = method
         self.engine = self.make_engine(method, speculation, ngram)
@@ -123,31 +187,25 @@ class Generator:
         entry = drafters[method]
         if method == "vanilla":
             config = ModelConfig.from_dict(entry["model_config"])
-            draft = self._graph(entry["graph"], config)
+            draft = self.graphs.step_graph(entry["graph"], config)
             proposer = VanillaProposer(draft, self._cache(config))
         else:
             config = ModelConfig.from_dict(entry["layer_config"])
-            modules = [self._graph(name, config) for name in entry["graphs"]]
+            modules = [self.graphs.step_graph(name, config) for name in entry["graphs"]]
             caches = [self._cache(config) for _ in modules]
             if method == "mtp":
                 proposer = MtpProposer(modules, caches)
             elif method == "eagle":
                 proposer = EagleProposer(modules[0], caches[0])
             else:
-                fc = OrtFunction(self.manifest.path(
-                    self.manifest.graph(entry["fc_graph"])["files"][0]), self._threads)
-                d2t = np.load(self.manifest.path(entry["d2t"]))
+                fc = self.graphs.function(entry["fc_graph"])
+                d2t = self.graphs.d2t(self.manifest, entry)
                 proposer = Eagle3Proposer(modules[0], caches[0], fc, d2t, self.config.vocab_size)
         self._proposers[method] = proposer
         return proposer
 
-    def _graph(self, name: str, config: ModelConfig) -> OrtTarget:
-        graph = self.manifest.graph(name)
-        return OrtTarget(self.manifest.path(graph["files"][0]), config.num_layers,
-                         config.max_position_embeddings, self._threads)
-
     def _cache(self, config: ModelConfig) -> KVCache:
-        return KVCache(config, self.cache.slots, self.cache.max_len)
+        return self.graphs.cache(config, self.cache.slots, self.cache.max_len)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, chat)

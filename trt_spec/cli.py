@@ -1,5 +1,5 @@
-"""`trt-spec`: export, generate, bench, fidelity, bundle, verify, doctor, serve, train. The same
-option names on every command."""
+"""`trt-spec`: export, build, generate, bench, fidelity, bundle, verify, doctor, serve, train. The
+same option names on every command."""
 
 from __future__ import annotations
 
@@ -139,10 +139,16 @@ def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
+@click.option("--backend", type=click.Choice(["ort", "torch-cuda"]), default="ort",
+              show_default=True,
+              help="ort: the folder's ONNX graphs; torch-cuda: the export modules with torch "
+                   "(weights from the folder's source model) and CUDA graphs.")
+@click.option("--device", default=None,
+              help="torch-cuda: the torch device [default: cuda when available, else cpu].")
 @click.argument("prompt")
 def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_batch,
              spec_min_acceptance, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
-             threads, prompt):
+             threads, backend, device, prompt):
     """Generate an answer to PROMPT."""
     from pathlib import Path
 
@@ -163,7 +169,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
             need = len(encode_prompt(tokenizer, prompt, chat)) + max_tokens + num_draft_tokens + 1
             max_len = min(max_len, max(64, -(-need // 64) * 64))
         gen = Generator(engine, method=method, max_len=max_len, threads=threads,
-                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer)
+                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer,
+                        backend=backend, device=device)
         result = gen.generate([prompt], params, chat=chat)[0]
     except ValueError as e:
         fail(e)
@@ -441,6 +448,49 @@ def bundle(engine_dir, out, methods, tar):
         fail(e)
     size = sum(f.stat().st_size for f in path.iterdir())
     click.echo(f"{path} ({size / 1e6:.1f} MB)")
+
+
+@main.command()
+@click.argument("engine_dir", type=click.Path(file_okay=False))
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest batch of both profiles (B).")
+@click.option("--max-draft-tokens", type=click.IntRange(min=1), default=4, show_default=True,
+              help="k: the decode/verify profile covers new_tokens 1..k+1.")
+@click.option("--max-prefill", type=click.IntRange(min=1), default=None,
+              help="Longest prompt of the prefill profile [default: max_len].")
+@click.option("--max-len", type=click.IntRange(min=2), default=None,
+              help="KV-cache rows the engines are built for [default: the model's positions].")
+@click.option("--graphs", default=None, help="Comma-separated graph names [default: all].")
+@click.option("--plugin-library", "plugin_libraries", multiple=True,
+              type=click.Path(dir_okay=False), help="A plugin .so to load (repeatable).")
+@click.option("--plugin-module", "plugin_modules", multiple=True,
+              help="A Python module with tensorrt.plugin registrations (repeatable).")
+@click.option("--workspace-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Builder workspace limit.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (graphs, profiles, plugins) as JSON; needs no TensorRT.")
+def build(engine_dir, max_batch, max_draft_tokens, max_prefill, max_len, graphs,
+          plugin_libraries, plugin_modules, workspace_gb, dry_run):
+    """Build TensorRT engines from ENGINE_DIR's ONNX graphs (strongly typed, a prefill and a
+    decode/verify profile) and record them in its manifest."""
+    from trt_spec.export.trt_build import TensorRTMissing, build as build_engines
+    from trt_spec.export.trt_build import build_plan, plan_as_dict
+    from trt_spec.runtime.manifest import load_manifest
+
+    names = [g.strip() for g in graphs.split(",") if g.strip()] if graphs else None
+    try:
+        if dry_run:
+            plan = build_plan(load_manifest(engine_dir, verify="size"), max_batch,
+                              max_draft_tokens, max_prefill, max_len, names, plugin_libraries,
+                              plugin_modules)
+            click.echo(json.dumps(plan_as_dict(plan), indent=1))
+            return
+        info = build_engines(engine_dir, max_batch, max_draft_tokens, max_prefill, max_len,
+                             names, plugin_libraries, plugin_modules, workspace_gb)
+    except (ValueError, TensorRTMissing, FileNotFoundError) as e:
+        fail(e)
+    click.echo(f"built {len(info['engines'])} engines with TensorRT {info['version']} in "
+               f"{engine_dir}")
 
 
 @main.command()

@@ -1,0 +1,367 @@
+"""torch-cuda backend: the export modules (export/model.py, export/drafters.py) run with torch on
+a device, with preallocated KV buffers and one CUDA graph per shape bucket. The runnable twin of
+the trt backend (runtime/backends/trt.py): the same step() contract, the same buckets
+(runtime/backends/buckets.py), the same in-place cache.
+
+    step(cache, requests, want):
+        feeds  = build_step_inputs(...)                 # NumPy, as for ORT
+        bucket = plan_bucket(...)                       # (slots range, Tb, Nb); None: eager
+        feeds  = pad_feeds(feeds, bucket)               # idle rows, right-padded tokens
+        graph  = graphs[bucket] or capture(bucket)      # lazily, once per bucket
+        copy feeds into the bucket's static inputs; graph.replay()
+        logits (and wanted rows) -> host
+
+Weights come from the engine folder's source checkpoint (manifest "source": the same model,
+draft and heads the ONNX graphs were traced from, loaded by export/pipeline.py load_models), or
+straight from a model (`TorchGraphs.from_model`). Both reuse the strict loaders, so the modules
+are the ones the graphs were exported from: no second weight format to keep in sync.
+
+The attention of these modules is swapped for `attention_in_place`: the same semantics as
+plugins/attention.py's reference, but shape-static (no per-row Python loop, no host sync) so a
+CUDA graph can capture it, and writing the new keys/values into the cache in place.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trt_spec.runtime.backends.buckets import Bucket, exact_bucket, pad_feeds, plan_bucket
+from trt_spec.runtime.backends.ort import StepOutput
+from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.manifest import EngineFolderError, Manifest
+from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+
+STEP_INPUTS = ("input_ids", "position_ids", "seqlens_k", "query_seqlens",
+               "total_sequence_length", "logits_index")
+
+
+def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+                       total_sequence_length, cos_cache, sin_cache, num_heads: int,
+                       kv_heads: int):
+    """plugins.attention.attention_reference's semantics, shape-static and in place.
+
+    qkv [batch, new_tokens, (num_heads + 2 kv_heads) head_dim]; past_key / past_value
+    [batch, kv_heads, max_len + 1, head_dim]: the last row is a scratch row that padding
+    tokens (s >= query_seqlens[b]) write to, so every write is a scatter of fixed shape and
+    no valid row is touched by padding. Returns (output [batch, new_tokens, num_heads
+    head_dim], past_key, past_value) (the caches, updated). Padding rows of the output are
+    unspecified (finite). total_sequence_length is not needed."""
+    from trt_spec.plugins.attention import rotate
+
+    batch, new_tokens, _ = qkv.shape
+    head_dim = past_key.shape[-1]
+    max_len = past_key.shape[2] - 1  # row max_len: scratch
+    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)  # (B, nh, T, hd)
+    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)  # (B, kvh, T, hd)
+    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
+    cos = cos_cache[position_ids].unsqueeze(1)  # (B, 1, T, hd/2)
+    sin = sin_cache[position_ids].unsqueeze(1)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+
+    total = seqlens_k.long() + 1  # (B,) rows valid after this step
+    past = total - query_seqlens.long()  # (B,) rows valid before
+    s = torch.arange(new_tokens, device=qkv.device)  # (T,)
+    row = past[:, None] + s[None, :]  # (B, T) cache row of each new token
+    dest = torch.where(s[None, :] < query_seqlens.long()[:, None], row, max_len)  # (B, T)
+    index = dest[:, None, :, None].expand(batch, kv_heads, new_tokens, head_dim)
+    past_key.scatter_(2, index, k)
+    past_value.scatter_(2, index, v)
+
+    group = num_heads // kv_heads  # query head h reads kv head h // group
+    keys = past_key[:, :, :max_len]  # (B, kvh, L, hd) a view: no copy
+    values = past_value[:, :, :max_len]
+    qg = q.reshape(batch, kv_heads, group * new_tokens, head_dim)
+    scores = (qg @ keys.transpose(-1, -2) / head_dim**0.5)  # (B, kvh, g T, L)
+    scores = scores.view(batch, kv_heads, group, new_tokens, max_len)
+    cols = torch.arange(max_len, device=qkv.device)
+    allowed = cols[None, None, :] <= row[:, :, None]  # (B, T, L) lower-right causal
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    out = scores.softmax(dim=-1) @ values[:, :, None]  # (B, kvh, g, T, hd)
+    out = out.reshape(batch, num_heads, new_tokens, head_dim).transpose(1, 2)
+    return out.reshape(batch, new_tokens, num_heads * head_dim), past_key, past_value
+
+
+class TorchKVCache(KVCache):
+    """KVCache with its block on a torch device: [2L, slots, kv_heads, max_len + 1, head_dim]
+    (one scratch row per slot, see attention_in_place). Lengths and slots stay on the host."""
+
+    def __init__(self, config: ModelConfig, slots: int, max_len: int, device: torch.device,
+                 num_layers: int | None = None):
+        if slots < 1:
+            raise ValueError(f"slots={slots}: need at least 1")
+        if not 2 <= max_len <= config.max_position_embeddings:
+            raise ValueError(f"max_len={max_len} is outside 2..{config.max_position_embeddings} "
+                             "(the model's max_position_embeddings)")
+        layers = config.num_layers if num_layers is None else num_layers
+        shape = (slots, config.num_kv_heads, max_len + 1, config.head_dim)
+        self._block = torch.zeros((2 * layers, *shape), dtype=torch.float32, device=device)
+        self.buffers = list(self._block)  # 2L x [slots, kv_heads, max_len + 1, head_dim]
+        self.max_len = max_len
+        self.lengths = np.zeros(slots, dtype=np.int64)
+        self._free = list(range(slots))[::-1]
+
+
+def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
+    """Every decoder layer of `module` (target, draft or drafter step) attends in place."""
+    from trt_spec.export.model import DecoderLayer
+
+    for m in module.modules():
+        if isinstance(m, DecoderLayer):
+            m.attention_op = attention_in_place
+    return module
+
+
+class TorchTarget:
+    """A module with the step contract of export/model.py (target or vanilla draft) or
+    export/drafters.py (an MTP / Eagle / Eagle3 step, which takes `hidden_states`): the same
+    step() as OrtTarget, over a TorchKVCache.
+
+    cuda_graphs: capture one CUDA graph per bucket (CUDA only). pad: pad steps to buckets
+    even without graphs (default: when graphs are on; tests turn it on for the CPU)."""
+
+    def __init__(self, module: torch.nn.Module, max_positions: int, device: str | torch.device,
+                 cuda_graphs: bool = True, pad: bool | None = None):
+        from trt_spec.export.drafters import OneLayerDrafter
+
+        self.device = torch.device(device)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device}")
+        self.module = use_in_place_attention(module.to(self.device).eval())
+        self.max_positions = max_positions
+        self.num_layers = module.config.num_layers
+        self.takes_hidden = isinstance(module, OneLayerDrafter)
+        # per-token outputs after logits, in the module's return order
+        self.outputs = (["next_hidden_states"] if self.takes_hidden
+                        else ["hidden_states", "eagle3_features"])
+        self.cuda_graphs = cuda_graphs
+        self.pad = cuda_graphs if pad is None else pad
+        # (bucket, cache address) -> (graph, static inputs, static outputs): a graph is bound
+        # to the cache buffers it was captured on, so a new cache never replays an old graph
+        self.graphs: dict[tuple[Bucket, int], tuple] = {}
+        self.failed: dict[Bucket, str] = {}  # buckets whose capture failed: why
+        self.pool = None  # one memory pool for every graph of this module
+        self.stats = {"eager": 0, "captured": 0, "replayed": 0, "capture_failed": 0,
+                      "bucketed": 0}  # steps padded to a bucket
+
+    # --- one forward ------------------------------------------------------------------------
+
+    def _forward(self, inputs: dict[str, torch.Tensor], views: list[torch.Tensor]):
+        """-> (logits [B, Nb, V], *per-token outputs [B, Tb, D]) as device tensors."""
+        args = [inputs[n] for n in STEP_INPUTS]
+        if self.takes_hidden:
+            args.insert(1, inputs["hidden_states"])
+        out = self.module(*args, *views)
+        return out[:1 + len(self.outputs)]
+
+    def _to_device(self, feeds: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {n: torch.from_numpy(v).to(self.device) for n, v in feeds.items()}
+
+    def _capture(self, inputs: dict[str, torch.Tensor], views: list[torch.Tensor]) -> tuple:
+        """Warm up on a side stream, then capture. Both run the real step: writing the new
+        keys/values again is idempotent (rows >= past depend only on the inputs and rows
+        < past), so the replay that follows gives this step's result."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._forward(inputs, views)  # lazy init (cuBLAS handles, workspaces) off-graph
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = self._forward(inputs, views)
+        self.stats["captured"] += 1
+        return graph, inputs, outputs
+
+    def _run(self, bucket: Bucket | None, feeds: dict[str, np.ndarray],
+             views: list[torch.Tensor]):
+        if bucket is None or not self.cuda_graphs or bucket in self.failed:
+            self.stats["eager"] += 1
+            return self._forward(self._to_device(feeds), views)
+        key = (bucket, views[0].data_ptr())
+        entry = self.graphs.get(key)
+        if entry is None:
+            inputs = self._to_device(feeds)  # the bucket's static inputs from now on
+            try:
+                entry = self.graphs[key] = self._capture(inputs, views)
+            except Exception as e:  # noqa: BLE001 - any capture error: run this bucket eagerly
+                self.failed[bucket] = f"{type(e).__name__}: {e}"
+                self.stats["capture_failed"] += 1
+                warnings.warn(f"CUDA graph capture failed for {bucket}, running it eagerly: "
+                              f"{self.failed[bucket]}", RuntimeWarning, stacklevel=3)
+                torch.cuda.synchronize(self.device)
+                self.stats["eager"] += 1
+                return self._forward(inputs, views)
+        else:
+            for name, static in entry[1].items():
+                static.copy_(torch.from_numpy(feeds[name]), non_blocking=False)
+        entry[0].replay()
+        self.stats["replayed"] += 1
+        return entry[2]
+
+    # --- the step contract ------------------------------------------------------------------
+
+    def step(self, cache: TorchKVCache, requests: list[Request],
+             want: tuple[str, ...] = ()) -> StepOutput:
+        """As OrtTarget.step: runs the new tokens of every request in one forward and
+        advances their lengths."""
+        unknown = [w for w in want if w not in self.outputs]
+        if unknown:
+            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
+        if not isinstance(cache, TorchKVCache):
+            raise ValueError("the torch-cuda backend needs a TorchKVCache")
+        step = build_step_inputs(cache, requests, self.max_positions)
+        if self.takes_hidden != ("hidden_states" in step.feeds):
+            raise ValueError("a drafter graph needs hidden states with every request; a "
+                             "target graph takes none")
+        batch, new_tokens = step.feeds["input_ids"].shape
+        num_logits = step.feeds["logits_index"].shape[1]
+        bucket = (plan_bucket(step.lo, step.hi, new_tokens, num_logits, cache.slots,
+                              self.takes_hidden) if self.pad else None)
+        if bucket is None:
+            bucket_or_exact = exact_bucket(step.lo, step.hi, new_tokens, num_logits,
+                                           self.takes_hidden)
+            feeds = step.feeds
+        else:
+            bucket_or_exact = bucket
+            self.stats["bucketed"] += 1
+            feeds = pad_feeds(step.feeds, cache.lengths, step.lo, bucket)
+        views = cache.views(bucket_or_exact.lo, bucket_or_exact.hi)
+        with torch.no_grad():
+            outs = self._run(bucket, feeds, views)
+            commit_lengths(cache, requests)
+            rows = [r.slot - bucket_or_exact.lo for r in requests]
+            logits = outs[0].float().cpu().numpy()  # (B, Nb, V)
+            out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(rows, requests)],
+                             {})
+            for name in want:
+                value = outs[1 + self.outputs.index(name)].float().cpu().numpy()  # (B, Tb, D)
+                out.rows[name] = [value[row, :len(r.tokens)] for row, r in zip(rows, requests)]
+        return out
+
+
+class TorchFunction:
+    """A module without a cache (Eagle3's fc), with OrtFunction's call contract:
+    arrays in -> its first output as a NumPy array."""
+
+    def __init__(self, module: torch.nn.Module, device: str | torch.device):
+        self.device = torch.device(device)
+        self.module = module.to(self.device).eval()
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            out = self.module(*(torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+                                for a in arrays))
+        return (out[0] if isinstance(out, tuple) else out).float().cpu().numpy()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TorchGraphs:
+    """The torch modules of an engine, by the graph names the manifest uses ("target",
+    "draft", "mtp_0".., "eagle", "eagle3", "eagle3_fc"): what Generator asks a backend for."""
+
+    backend = "torch-cuda"
+
+    def __init__(self, modules: dict[str, torch.nn.Module], d2t: np.ndarray | None,
+                 device: str | None = None, cuda_graphs: bool = True, pad: bool | None = None):
+        self.modules = modules
+        self._d2t = d2t
+        self.device = torch.device(device or default_device())
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.pad = pad
+        self.loaded: dict[str, object] = {}
+
+    @staticmethod
+    def _modules(target, draft, drafters) -> tuple[dict, np.ndarray | None]:
+        modules = {"target": target}
+        if draft is not None:
+            modules["draft"] = draft
+        d2t = None
+        for kind, d in drafters.items():
+            names = [f"mtp_{i}" for i in range(len(d.modules))] if kind == "mtp" else [kind]
+            modules.update(zip(names, d.modules))
+            if kind == "eagle3":
+                modules["eagle3_fc"] = d.fc
+                d2t = d.d2t.numpy().astype(np.int64)
+        return modules, d2t
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, device: str | None = None,
+                      cuda_graphs: bool = True, pad: bool | None = None) -> "TorchGraphs":
+        """Loads the modules from the folder's source checkpoint (manifest "source")."""
+        from trt_spec.export.pipeline import load_models
+
+        source = manifest.data.get("source")
+        if not source or "model" not in source:
+            raise EngineFolderError(f"{manifest.folder}: the manifest records no source model; "
+                                    "the torch-cuda backend loads the weights from it")
+        _, target, draft, _, drafters = load_models(source["model"], source.get("draft_layers", 0),
+                                                    source.get("draft_model"),
+                                                    source.get("heads") or {})
+        if target.config.to_dict() != manifest.config.to_dict():
+            raise EngineFolderError(f"{manifest.folder}: its source model {source['model']!r} "
+                                    "no longer matches the exported config; re-export")
+        return cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
+
+    @classmethod
+    def from_model(cls, model: str, heads: dict[str, str] | None = None, draft_layers: int = 0,
+                   draft_model: str | None = None, device: str | None = None,
+                   cuda_graphs: bool = True, pad: bool | None = None
+                   ) -> tuple["TorchGraphs", Manifest]:
+        """Straight from a model (name, .gguf or HF folder) and drafter folders: the graphs
+        and an in-memory Manifest (folder: the HF folder, for the tokenizer) listing them."""
+        from trt_spec.export.pipeline import load_models
+
+        heads = {k: str(v) for k, v in (heads or {}).items() if v}
+        hf_dir, target, draft, kind, drafters = load_models(model, draft_layers, draft_model,
+                                                            heads)
+        entries = {}
+        if draft is not None:
+            entries["vanilla"] = {"graph": "draft", "kind": kind,
+                                  "model_config": draft.config.to_dict()}
+        for k, d in drafters.items():
+            names = [f"mtp_{i}" for i in range(len(d.modules))] if k == "mtp" else [k]
+            entries[k] = {"graphs": names, "num_modules": len(names), "source": heads[k],
+                          "layer_config": d.config.to_dict()}
+            if k == "eagle3":
+                entries[k].update(fc_graph="eagle3_fc", draft_vocab_size=len(d.d2t),
+                                  feature_layers=list(d.feature_layers))
+        graphs = cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
+        names = {n: {"backend": cls.backend, "files": []} for n in graphs.modules}
+        data = {"model_config": target.config.to_dict(), "graphs": names, "drafters": entries,
+                "source": {"model": model, "draft_layers": draft_layers,
+                           "draft_model": draft_model, "heads": heads}}
+        return graphs, Manifest(Path(hf_dir), data, target.config)
+
+    # --- what Generator asks for ------------------------------------------------------------
+
+    def step_graph(self, name: str, config: ModelConfig) -> TorchTarget:
+        if name not in self.modules:
+            raise EngineFolderError(f"no module {name!r}; loaded: {sorted(self.modules)}")
+        if name not in self.loaded:
+            self.loaded[name] = TorchTarget(self.modules[name], config.max_position_embeddings,
+                                            self.device, self.cuda_graphs, self.pad)
+        return self.loaded[name]
+
+    def function(self, name: str) -> TorchFunction:
+        return TorchFunction(self.modules[name], self.device)
+
+    def d2t(self, manifest: Manifest, entry: dict) -> np.ndarray:
+        assert self._d2t is not None, "no eagle3 drafter loaded"
+        return self._d2t
+
+    def cache(self, config: ModelConfig, slots: int, max_len: int) -> TorchKVCache:
+        return TorchKVCache(config, slots, max_len, self.device)
+
+    def stats(self) -> dict[str, dict]:
+        return {name: dict(t.stats, failed=dict((str(b), why) for b, why in t.failed.items()))
+                for name, t in self.loaded.items()}
