@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo test test-fast bench bench-spec load load-ray edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 demo train-drafters test test-fast bench bench-spec load load-ray edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -21,15 +21,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[export,dev,ray]'
 	touch $(STAMP)
 
-# --draft-layers 4: a layer-truncated self-draft for --method vanilla until trained drafters exist.
-export: setup  ## export SmolLM2-135M-Instruct (int4 + 4-layer self-draft) to engines/smollm2-135m
-	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --draft-layers 4 --out $(ENGINE)
+# The drafters trained for SmolLM2 and shipped in drafters/smollm2-135m/ are exported with it.
+export: setup  ## export SmolLM2-135M-Instruct (int4) and its shipped drafters to engines/smollm2-135m
+	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
 
-export-fp32: setup  ## the fp32 reference engine, engines/smollm2-135m-fp32
-	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --draft-layers 4 --out $(ENGINE)-fp32
+export-fp32: setup  ## the fp32 reference engine (shipped drafters too), engines/smollm2-135m-fp32
+	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32
 
-demo: export  ## export (once), then generate an answer on the embedded default
-	$(BIN)/trt-spec generate --engine $(ENGINE) --max-tokens 128 "$(PROMPT)"
+DEMO_METHODS := none,vanilla,ngram,mtp,eagle,eagle3
+demo: export  ## export (once), answer PROMPT with Eagle3, then every method side by side on 8 held-out prompts
+	$(BIN)/trt-spec generate --engine $(ENGINE) --method eagle3 --max-tokens 128 "$(PROMPT)"
+	$(BIN)/trt-spec bench --engine $(ENGINE) --methods $(DEMO_METHODS) --num-draft-tokens 4 \
+		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
+		--repeats 1
+
+# The default training recipe on this CPU: the target answers 1,000 ShareGPT prompts itself,
+# its features are cached, then all four drafters train on them (every stage resumes: run it
+# again). drafters/smollm2-135m/ holds the drafters shipped (trained with scripts/gpu_train.sh).
+TRAIN_OUT ?= runs/smollm2-135m-cpu
+train-drafters: setup  ## CPU recipe: answers + features + eagle3, mtp, eagle, draft -> TRAIN_OUT
+	$(BIN)/trt-spec train --method all --model smollm2-135m --out $(TRAIN_OUT) --answers target \
+		--max-conversations 1000 --answer-tokens 256 --max-len 512 --heldout-tokens 10000 \
+		--epochs 1 --ttt-steps 4 --head-intermediate 768 --batch-size 8 --resume
 
 test: setup  ## the whole test suite, real-model tests included
 	$(BIN)/python -m pytest -q -ra

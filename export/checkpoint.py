@@ -27,6 +27,20 @@ KNOWN_MODELS = {
 }
 
 
+SHIPPED = Path(__file__).resolve().parents[1] / "drafters"  # <repo>/drafters/<model>/<kind>/
+SHIPPED_KINDS = ("eagle3", "mtp", "eagle", "draft")
+
+
+def shipped_drafters(model: str) -> dict[str, Path]:
+    """The drafters trained for a known model and shipped in the repository
+    (drafters/<model>/<kind>/, each with drafter.json): {kind: folder}. Empty for other models,
+    and where the package is installed without the repository's drafters/ folder."""
+    if model not in KNOWN_MODELS:
+        return {}
+    return {kind: SHIPPED / model / kind for kind in SHIPPED_KINDS
+            if (SHIPPED / model / kind / "drafter.json").is_file()}
+
+
 def cache_dir() -> Path:
     root = os.environ.get("TRT_SPEC_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec")

@@ -150,8 +150,9 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
 
 def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
               prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
-              threads: int | None, seed: int = 0, batch: int = 1, progress=print) -> dict:
-    prompts = load_prompts(prompts_file)
+              threads: int | None, seed: int = 0, batch: int = 1, progress=print,
+              num_prompts: int | None = None, stop_at_eos: bool = False) -> dict:
+    prompts = load_prompts(prompts_file)[:num_prompts]
     methods = list(dict.fromkeys(methods))
     if temperature == 0 and any(m != "none" for m in methods) and "none" not in methods:
         methods = ["none"] + methods  # identical_to_baseline needs the plain output
@@ -172,7 +173,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     workloads = [("prompts", i, group) for i, group in enumerate(groups)]
     workloads += [(f"past={p}", p, None) for p in pasts]
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            ignore_eos=True)
+                            ignore_eos=not stop_at_eos)
 
     def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
         gen = gens[c.engine]
@@ -217,7 +218,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
                      "prompts": str(prompts_file or default_prompts_path()),
-                     "num_prompts": len(prompts), "pasts": pasts, "repeats": repeats,
+                     "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,
+                     "pasts": pasts, "repeats": repeats,
                      "threads": threads, "batch": batch, "seed": seed,
                      "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
                                      "its first token",

@@ -64,24 +64,30 @@ def test_export_from_a_local_gguf_equals_the_named_model(smollm2_engine, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def smollm2_spec_engine(smollm2_hf_dir, tmp_path_factory):
-    """SmolLM2 fp32 with a 4-layer self-draft and random MTP (2 modules), Eagle and Eagle3
-    (4096-token draft vocabulary) heads. fp32: the graph's arithmetic does not depend on how
-    many tokens a step holds, so plain and speculative greedy must agree exactly."""
-    from tests.random_drafters import random_eagle3, random_mtp
-    from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.drafter_checkpoint import save_drafter
+def smollm2_spec_engine(tmp_path_factory):
+    """SmolLM2 fp32 with the drafters shipped for it (drafters/smollm2-135m/: a 2-layer vanilla
+    draft, 3 MTP modules, Eagle, Eagle3), exported as `trt-spec export` does by default. fp32:
+    the graph's arithmetic does not depend on how many tokens a step holds, so plain and
+    speculative greedy must agree exactly."""
+    from trt_spec.export.checkpoint import shipped_drafters
     from trt_spec.export.pipeline import export_engine
 
-    heads = tmp_path_factory.mktemp("smollm2-heads")
-    target, _ = load_target(smollm2_hf_dir)
-    save_drafter(random_mtp(target, 2, seed=1), heads / "mtp")
-    save_drafter(random_mtp(target, 1, seed=2, kind="eagle"), heads / "eagle")
-    save_drafter(random_eagle3(target, seed=3, draft_vocab=4096), heads / "eagle3")
-    del target
+    shipped = shipped_drafters("smollm2-135m")
+    assert set(shipped) == {"eagle3", "mtp", "eagle", "draft"}, shipped
     return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-spec",
-                         "fp32", draft_layers=4,
-                         heads={k: heads / k for k in ("mtp", "eagle", "eagle3")})
+                         "fp32", draft_model=str(shipped["draft"]),
+                         heads={k: shipped[k] for k in ("mtp", "eagle", "eagle3")})
+
+
+def test_shipped_drafters_are_small_and_described():
+    from trt_spec.export.checkpoint import SHIPPED
+
+    folder = SHIPPED / "smollm2-135m"
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert size <= 60e6, size
+    for kind in ("eagle3", "mtp", "eagle", "draft"):
+        card = (folder / kind / "MODEL_CARD.md").read_text()
+        assert "τ" in card and "Tokens" in card and "Command" in card
 
 
 @pytest.mark.parametrize("method", ["vanilla", "ngram", "mtp", "eagle", "eagle3"])
@@ -98,4 +104,9 @@ def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
         gen = Generator(smollm2_spec_engine, method=method, max_batch=3, max_len=512,
                         speculation=SpeculationConfig(num_draft_tokens=k))
         assert [s.output_ids for s in gen.generate_ids(prompts[:1], params)] == want[:1], k
-        assert [s.output_ids for s in gen.generate_ids(prompts, params)] == want, k
+        streams = gen.generate_ids(prompts, params)
+        assert [s.output_ids for s in streams] == want, k
+        if k == 4 and method != "ngram":  # trained drafters: a good share of drafts accepted
+            accepted = sum(sum(s.accepted_per_position) for s in streams)
+            proposed = sum(sum(s.proposed_per_position) for s in streams)
+            assert accepted / proposed > 0.15, (method, accepted, proposed)

@@ -64,20 +64,36 @@ def main():
               help="Also export an Eagle3 head from this folder: EAGLE3 checkpoint "
                    "(fc/midlayer/d2t or model.fc/model.layers.0 layouts, config.json) or "
                    "trt-spec's own format. The target's feature layers follow the head's.")
+@click.option("--shipped-drafters/--no-shipped-drafters", default=True, show_default=True,
+              help="For a known model, also export the drafters trained for it and shipped in "
+                   "drafters/<model>/ (eagle3, mtp, eagle and the vanilla draft), each unless "
+                   "its own option (or --draft-layers) names another.")
 @click.option("--force", is_flag=True, help="Export again even if --out is up to date.")
-def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle, eagle3, force):
+def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle, eagle3,
+           shipped_drafters, force):
     """Export a model (and optionally its drafters) to an engine folder."""
     from pathlib import Path
 
+    from trt_spec.export.checkpoint import shipped_drafters as shipped_for
     from trt_spec.export.pipeline import export_engine
 
+    if shipped_drafters:
+        shipped = shipped_for(model)
+        mtp = mtp or shipped.get("mtp")
+        eagle = eagle or shipped.get("eagle")
+        eagle3 = eagle3 or shipped.get("eagle3")
+        if not (draft_layers or draft_model) and "draft" in shipped:
+            draft_model = str(shipped["draft"])
+        if shipped:
+            click.echo(f"shipped drafters for {model}: {', '.join(sorted(shipped))}", err=True)
     if precision is None:
         precision = "fp16" if backend == "trt" else "int4"
     if out is None:
         out = f"engines/{Path(model).stem if model.endswith('.gguf') else Path(model).name}"
     try:
         export_engine(model, Path(out), precision, backend, force, draft_layers, draft_model,
-                      heads={"mtp": mtp, "eagle": eagle, "eagle3": eagle3})
+                      heads={"mtp": mtp and str(mtp), "eagle": eagle and str(eagle),
+                             "eagle3": eagle3 and str(eagle3)})
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
     click.echo(out)
@@ -199,7 +215,10 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
                    f"[default: {DEFAULT_ENGINE}].")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line '
-                   "[default: the shipped runtime/data/prompts.jsonl].")
+                   "[default: the shipped runtime/data/prompts.jsonl]. The shipped "
+                   "runtime/data/sharegpt-heldout.jsonl holds 40 prompts no drafter trained on.")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None,
+              help="Only the first N prompts of the file.")
 @click.option("--methods", default="none", show_default=True,
               help="Comma-separated: none, vanilla, ngram, mtp, eagle, eagle3. At temperature 0 "
                    "'none' always runs "
@@ -207,7 +226,10 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
 @click.option("--num-draft-tokens", "ks", default="4", show_default=True,
               help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
-              help="New tokens per run (EOS ignored).")
+              help="New tokens per run (EOS ignored unless --stop-at-eos).")
+@click.option("--stop-at-eos", is_flag=True,
+              help="End each answer at the model's end of turn, as a chat client does (τ then "
+                   "measures the answers only; runs differ in length).")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0 = greedy.")
 @click.option("--past", default="", help="Also time decoding after synthetic prompts of these "
@@ -223,8 +245,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
                    "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
                    "bounds what speculation can gain.")
 @threads_option
-def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past, repeats, batch,
-          json_out, step_costs, threads):
+def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
+          temperature, past, repeats, batch, json_out, step_costs, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
     from trt_spec.runtime.generator import check_method
@@ -252,7 +274,8 @@ def bench(engines, prompts_file, methods, ks, max_new_tokens, temperature, past,
         k_list = parse_ints(ks, "--num-draft-tokens", minimum=1) or [4]
         report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,
                            max_new_tokens, prompts_file, parse_past(past), repeats, temperature,
-                           threads, batch=batch, progress=lambda msg: click.echo(msg, err=True))
+                           threads, batch=batch, progress=lambda msg: click.echo(msg, err=True),
+                           num_prompts=num_prompts, stop_at_eos=stop_at_eos)
     except ValueError as e:
         fail(e)
     click.echo(report.pop("table"))
