@@ -149,9 +149,10 @@ def ort_lowering():
     return export_verify("ort")
 
 
-def test_ort_lowering_equals_reference():
+def test_ort_lowering_equals_reference(tmp_path):
     import onnx
-    import onnxruntime as ort
+
+    from trt_spec.runtime.backends.ort import make_session
 
     proto, names = ort_lowering()
     onnx.checker.check_model(proto)
@@ -162,7 +163,11 @@ def test_ort_lowering_equals_reference():
                    "Squeeze", "Reshape", "Range", "Shape", "Gather", "Slice", "Greater",
                    "OneHot", "ConstantOfShape", "Constant", "Sort", "Identity", "Neg",
                    "Add", "Tile", "IsInf", "Or"}, ops
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the runtime's session options: where an earlier test made ORT's process-wide thread
+    # pool, a session must not ask for threads of its own
+    path = tmp_path / "spec_verify.onnx"
+    onnx.save(proto, path)
+    session = make_session(path, threads=1)
     for name in sorted(CASES):
         if not CASES[name].get("full_q", True):
             continue  # the traced graph has a full-q draft_probs input
