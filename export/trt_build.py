@@ -116,12 +116,26 @@ def graph_precision(entry: dict) -> str:
     return floats.pop() if floats else entry.get("precision", "unknown")
 
 
+# plugin op (as export records it in a graph's "plugins") -> the module whose import registers it
+PLUGIN_MODULES = {"trt_spec::SpecVerify": "trt_spec.plugins.trt_register"}
+
+
 def plugin_list(entry: dict, libraries=(), python_modules=()) -> dict[str, list[str]]:
-    """The graph's plugins (manifest: "plugins": {"libraries", "python_modules"}) plus the
-    command line's, in order, once each."""
-    recorded = entry.get("plugins") or {}
-    libs = list(dict.fromkeys([*recorded.get("libraries", ()), *map(str, libraries)]))
-    mods = list(dict.fromkeys([*recorded.get("python_modules", ()), *python_modules]))
+    """The graph's plugins plus the command line's, in order, once each. The manifest's
+    "plugins" is the list of plugin ops export put in the graph (each mapped to the module that
+    registers it, PLUGIN_MODULES), or {"libraries", "python_modules"} given explicitly."""
+    recorded = entry.get("plugins") or []
+    if isinstance(recorded, dict):
+        libs, mods = list(recorded.get("libraries", ())), list(recorded.get("python_modules", ()))
+    else:
+        unknown = [op for op in recorded if op not in PLUGIN_MODULES]
+        if unknown:
+            raise ValueError(f"graph uses plugin ops {unknown} that trt-spec cannot register; "
+                             f"known: {', '.join(PLUGIN_MODULES)} (or pass --plugin-library / "
+                             "--plugin-module)")
+        libs, mods = [], [PLUGIN_MODULES[op] for op in recorded]
+    libs = list(dict.fromkeys([*libs, *map(str, libraries)]))
+    mods = list(dict.fromkeys([*mods, *python_modules]))
     return {"libraries": libs, "python_modules": mods}
 
 

@@ -230,3 +230,17 @@ def test_mtp_drafter_trt_graph_equals_torch(torch_target):
                       *[torch.from_numpy(c) for c in caches])
     np.testing.assert_allclose(got[0], want[0].numpy(), atol=1e-4)  # logits
     np.testing.assert_allclose(got[1], want[1].numpy(), atol=1e-4)  # next hidden states
+
+
+def test_build_plan_of_a_trt_export_registers_its_plugins(trt_engine):
+    """What export records ("plugins": the plugin ops of the graph) is what `trt-spec build`
+    turns into the module to import before parsing: the two halves of the TRT path agree."""
+    from trt_spec.export.trt_build import build_plan
+    from trt_spec.runtime.manifest import load_manifest
+
+    plans = {p.name: p for p in build_plan(load_manifest(trt_engine), max_batch=2,
+                                           max_draft_tokens=3, max_len=64)}
+    assert plans["score"].plugins == {"libraries": [],
+                                      "python_modules": ["trt_spec.plugins.trt_register"]}
+    assert plans["target"].plugins == {"libraries": [], "python_modules": []}
+    assert {p.source_backend for p in plans.values()} == {"trt"}

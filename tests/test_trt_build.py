@@ -47,6 +47,8 @@ def test_plugin_list_merges_in_order():
     assert plugin_list(entry, ["b.so", "a.so"], ["m1", "m2"]) == {
         "libraries": ["a.so", "b.so"], "python_modules": ["m1", "m2"]}
     assert plugin_list({}) == {"libraries": [], "python_modules": []}
+    with pytest.raises(ValueError, match="'x::Unknown'"):
+        plugin_list({"plugins": ["x::Unknown"]})
 
 
 def test_precision_comes_from_the_dtypes():
