@@ -79,6 +79,20 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def heads_with_rope(qkv: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tensor,
+                    sin_cache: torch.Tensor, num_heads: int, kv_heads: int, head_dim: int):
+    """qkv [batch, new_tokens, (num_heads + 2 kv_heads) head_dim] -> q [B, nh, T, hd], k and v
+    [B, kvh, T, hd], RoPE applied to q and k at position_ids [B, T]."""
+    batch, new_tokens, _ = qkv.shape
+    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)
+    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
+    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
+    cos = cos_cache[position_ids].unsqueeze(1).to(q.dtype)  # (B, 1, T, hd/2)
+    sin = sin_cache[position_ids].unsqueeze(1).to(q.dtype)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
 def attention_reference(
     qkv: torch.Tensor,  # [batch, new_tokens, (num_heads + 2 * kv_heads) * head_dim]
     past_key: torch.Tensor,  # [batch, kv_heads, max_len, head_dim]
@@ -95,13 +109,8 @@ def attention_reference(
     """Returns (output [batch, new_tokens, num_heads * head_dim], present_key, present_value)."""
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
-    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)  # (B, nh, T, hd)
-    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)  # (B, kvh, T, hd)
-    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
-    cos = cos_cache[position_ids].unsqueeze(1)  # (B, 1, T, hd/2)
-    sin = sin_cache[position_ids].unsqueeze(1)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
+                              head_dim)
 
     present_key, present_value = past_key.clone(), past_value.clone()
     out = torch.zeros_like(q)
@@ -177,13 +186,9 @@ def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_
     See the module docstring for the node forms and their sources."""
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
-    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)  # (B, nh, T, hd)
-    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)  # (B, kvh, T, hd)
-    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
-    cos = cos_cache[position_ids].unsqueeze(1).to(q.dtype)  # (B, 1, T, hd/2)
-    sin = sin_cache[position_ids].unsqueeze(1).to(q.dtype)
-    q, k = rotate(q, cos, sin) * head_dim**-0.5, rotate(k, cos, sin)  # TRT wants Q pre-scaled
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
+                              head_dim)
+    q = q * head_dim**-0.5  # TRT wants Q pre-scaled
     write = (seqlens_k + 1 - query_seqlens).to(torch.int32)  # (B,) P: rows cached before
     kv_len = write + new_tokens  # (B,) int32
     update = {"update_form": "padded_bhnd", "mode": "linear", "axis": -2}

@@ -51,18 +51,13 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
     no valid row is touched by padding. Returns (output [batch, new_tokens, num_heads
     head_dim], past_key, past_value) (the caches, updated). Padding rows of the output are
     unspecified (finite). total_sequence_length is not needed."""
-    from trt_spec.plugins.attention import rotate
+    from trt_spec.plugins.attention import heads_with_rope
 
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
     max_len = past_key.shape[2] - 1  # row max_len: scratch
-    q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)  # (B, nh, T, hd)
-    k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)  # (B, kvh, T, hd)
-    v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
-    cos = cos_cache[position_ids].unsqueeze(1)  # (B, 1, T, hd/2)
-    sin = sin_cache[position_ids].unsqueeze(1)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
+                              head_dim)
 
     total = seqlens_k.long() + 1  # (B,) rows valid after this step
     past = total - query_seqlens.long()  # (B,) rows valid before
