@@ -54,9 +54,10 @@ bench: export export-fp32  ## plain decode tokens/s, fp32 vs int4, at past 0/512
 	$(BIN)/trt-spec bench --engine $(ENGINE)-fp32 --engine $(ENGINE) --past 0,512,1024 \
 		--json bench-none.json
 
-bench-spec: export  ## none vs vanilla vs ngram, k = 2, 4, 6, on the default prompts
-	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,vanilla,ngram \
-		--num-draft-tokens 2,4,6 --max-new-tokens 128 --json bench-spec.json
+bench-spec: export  ## every method (shipped drafters), k = 2, 4, 6, on the 40 held-out prompts
+	$(BIN)/trt-spec bench --engine $(ENGINE) --methods $(DEMO_METHODS) --num-draft-tokens 2,4,6 \
+		--prompts runtime/data/sharegpt-heldout.jsonl --max-new-tokens 128 --repeats 1 \
+		--json bench-spec.json
 
 CLIENTS  ?= 16
 DURATION ?= 120
