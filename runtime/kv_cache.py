@@ -13,6 +13,12 @@ from trt_spec.runtime.config import ModelConfig
 
 
 class KVCache:
+    scratch_rows = 0  # rows per slot past max_len that a backend writes padding to
+
+    def zeros(self, shape: tuple[int, ...]):
+        """The cache block: host memory here (ORT binds views of it)."""
+        return np.zeros(shape, dtype=np.float32)
+
     def __init__(self, config: ModelConfig, slots: int, max_len: int, num_layers: int | None = None):
         if slots < 1:
             raise ValueError(f"slots={slots}: need at least 1")
@@ -20,11 +26,11 @@ class KVCache:
             raise ValueError(f"max_len={max_len} is outside 2..{config.max_position_embeddings} "
                              "(the model's max_position_embeddings)")
         layers = config.num_layers if num_layers is None else num_layers
-        shape = (slots, config.num_kv_heads, max_len, config.head_dim)
+        shape = (slots, config.num_kv_heads, max_len + self.scratch_rows, config.head_dim)
         # One block for all layers; a view per (layer, key|value). Zeroed so unused rows
         # never hold NaNs that a masked-out score could still touch.
-        self._block = np.zeros((2 * layers, *shape), dtype=np.float32)
-        self.buffers = list(self._block)  # 2L x [slots, kv_heads, max_len, head_dim]
+        self._block = self.zeros((2 * layers, *shape))
+        self.buffers = list(self._block)  # 2L x [slots, kv_heads, max_len (+ scratch), head_dim]
         self.max_len = max_len
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid rows per slot
         self._free = list(range(slots))[::-1]

@@ -116,10 +116,9 @@ def smollm2_engine(smollm2_hf_dir, tmp_path_factory):
     return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-fp32", "fp32")
 
 
-@pytest.fixture(scope="session")
-def tiny_heads_engine(tiny_hf_dir, tmp_path_factory):
-    """The tiny target with random MTP (3 modules, own format), Eagle (own format) and
-    Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads."""
+def export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, name: str, **export_kwargs):
+    """The tiny target exported fp32 with random MTP (3 modules, own format), Eagle (own
+    format) and Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads, plus export_kwargs."""
     from tests.random_drafters import eagle3_tensors, random_mtp, write_checkpoint
     from trt_spec.export.checkpoint import load_target
     from trt_spec.export.drafter_checkpoint import save_drafter
@@ -132,5 +131,13 @@ def tiny_heads_engine(tiny_hf_dir, tmp_path_factory):
     tensors, hf = eagle3_tensors(config, seed=13)
     hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     write_checkpoint(root / "eagle3", tensors, hf)
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-heads",
-                         "fp32", heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
+    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / name, "fp32",
+                         heads={k: root / k for k in ("mtp", "eagle", "eagle3")},
+                         **export_kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_heads_engine(tiny_hf_dir, tmp_path_factory):
+    """The tiny target with random MTP (3 modules, own format), Eagle (own format) and
+    Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads."""
+    return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-heads")

@@ -61,21 +61,9 @@ def test_attention_in_place_equals_reference(past, query):
 def tiny_all_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target with every drafter: a 2-layer self-draft and random MTP / Eagle /
     Eagle3 heads (as tiny_heads_engine)."""
-    from tests.random_drafters import eagle3_tensors, random_mtp, write_checkpoint
-    from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.drafter_checkpoint import save_drafter
-    from trt_spec.export.pipeline import export_engine
+    from tests.conftest import export_tiny_with_heads
 
-    root = tmp_path_factory.mktemp("heads")
-    target, config = load_target(tiny_hf_dir)
-    save_drafter(random_mtp(target, 3, seed=11), root / "mtp")
-    save_drafter(random_mtp(target, 1, seed=12, kind="eagle"), root / "eagle")
-    tensors, hf = eagle3_tensors(config, seed=13)
-    hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
-    write_checkpoint(root / "eagle3", tensors, hf)
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-all",
-                         "fp32", draft_layers=2,
-                         heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
+    return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-all", draft_layers=2)
 
 
 def run(gen: Generator, method: str, k: int = 3):

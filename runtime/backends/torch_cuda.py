@@ -86,20 +86,15 @@ class TorchKVCache(KVCache):
     """KVCache with its block on a torch device: [2L, slots, kv_heads, max_len + 1, head_dim]
     (one scratch row per slot, see attention_in_place). Lengths and slots stay on the host."""
 
+    scratch_rows = 1
+
     def __init__(self, config: ModelConfig, slots: int, max_len: int, device: torch.device,
                  num_layers: int | None = None):
-        if slots < 1:
-            raise ValueError(f"slots={slots}: need at least 1")
-        if not 2 <= max_len <= config.max_position_embeddings:
-            raise ValueError(f"max_len={max_len} is outside 2..{config.max_position_embeddings} "
-                             "(the model's max_position_embeddings)")
-        layers = config.num_layers if num_layers is None else num_layers
-        shape = (slots, config.num_kv_heads, max_len + 1, config.head_dim)
-        self._block = torch.zeros((2 * layers, *shape), dtype=torch.float32, device=device)
-        self.buffers = list(self._block)  # 2L x [slots, kv_heads, max_len + 1, head_dim]
-        self.max_len = max_len
-        self.lengths = np.zeros(slots, dtype=np.int64)
-        self._free = list(range(slots))[::-1]
+        self.device = device
+        super().__init__(config, slots, max_len, num_layers)
+
+    def zeros(self, shape: tuple[int, ...]):
+        return torch.zeros(shape, dtype=torch.float32, device=self.device)
 
 
 def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
