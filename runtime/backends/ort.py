@@ -85,9 +85,34 @@ class OrtTarget:
         if missing:
             raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
         self.takes_hidden = "hidden_states" in names
-        # per-token outputs besides logits, in graph order (bound first: read first)
-        self.outputs = [o.name for o in self.session.get_outputs()
-                        if o.name != "logits" and o.name not in self.present_names]
+        shapes = {o.name: o.shape for o in self.session.get_outputs()}
+        # per-token outputs besides logits, in graph order
+        self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
+        self.widths = {o: shapes[o][-1] for o in ["logits", *self.outputs]}  # static last dims
+        self._bindings: dict[tuple[int, int, int], tuple] = {}  # see _binding
+
+    def _binding(self, cache: KVCache, lo: int, hi: int) -> ort.IOBinding:
+        """One IOBinding per (cache, slot range), its cache views bound once as both past and
+        present: a step then binds only its small inputs and outputs."""
+        key = (id(cache), lo, hi)
+        if key not in self._bindings:
+            if len(self._bindings) >= 256:  # caches come and go (tests, benches): forget old ones
+                self._bindings.clear()
+            io, values = self.session.io_binding(), []
+            for past, present, view in zip(self.past_names, self.present_names,
+                                           cache.views(lo, hi)):
+                value = ort.OrtValue.ortvalue_from_numpy(view)  # wraps the buffer, no copy
+                io.bind_ortvalue_input(past, value)
+                io.bind_ortvalue_output(present, value)
+                values.append(value)
+            self._bindings[key] = (io, values, cache)  # the values and cache stay alive with it
+        return self._bindings[key][0]
+
+    def _bind_output(self, io: ort.IOBinding, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Binds `name` to a fresh host array of `shape` that ORT writes into (no copy out)."""
+        out = np.empty(shape, dtype=np.float32)
+        io.bind_output(name, "cpu", 0, np.float32, list(shape), out.ctypes.data)
+        return out
 
     def step(self, cache: KVCache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
         """Runs the new tokens of every request in one forward and advances their lengths.
@@ -99,24 +124,19 @@ class OrtTarget:
         if self.takes_hidden != ("hidden_states" in step.feeds):
             raise ValueError("a drafter graph needs hidden states with every request; a "
                              "target graph takes none")
-        io = self.session.io_binding()
+        io = self._binding(cache, step.lo, step.hi)
         for name, value in step.feeds.items():
             io.bind_cpu_input(name, value)
-        for name in ["logits", *self.outputs]:
-            io.bind_output(name, "cpu")
-        for past, present, view in zip(self.past_names, self.present_names,
-                                       cache.views(step.lo, step.hi)):
-            value = ort.OrtValue.ortvalue_from_numpy(view)  # wraps the buffer, no copy
-            io.bind_ortvalue_input(past, value)
-            io.bind_ortvalue_output(present, value)
+        batch, new_tokens = step.feeds["input_ids"].shape
+        logits = self._bind_output(io, "logits", (batch, step.feeds["logits_index"].shape[1],
+                                                  self.widths["logits"]))
+        rows = {name: self._bind_output(io, name, (batch, new_tokens, self.widths[name]))
+                for name in self.outputs}  # every output is bound: ORT writes them all
         self.session.run_with_iobinding(io)
         commit_lengths(cache, requests)
-        values = io.get_outputs()
-        logits = values[0].numpy()  # (B, N, V)
         out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(step.rows, requests)], {})
         for name in want:
-            value = values[1 + self.outputs.index(name)].numpy()  # (B, T, D)
-            out.rows[name] = [value[row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
+            out.rows[name] = [rows[name][row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
         return out
 
 
