@@ -21,6 +21,7 @@ from pathlib import Path
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.speedup_model import measure_costs, predict, prediction_table, typical_past
 
 # Filler for synthetic long pasts: plain prose, tokenized once and cut to length.
 FILLER = (
@@ -214,6 +215,15 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                      and x["workload"] == r["workload"]), None)
         r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none["tokens_per_s"]["median"]
                                 if none else None)
+    costs = {}  # the speed-up each speculative config should reach, from c(T) measured here
+    if ks and any(c.k for c in configs) and batch == 1:
+        for e, gen in gens.items():
+            past = typical_past([len(gen.encode(p)) for p in prompts], max_new_tokens)
+            ms = measure_costs(gen, past, ks)
+            costs[e] = {"past": past, "ms": ms}
+            for r in results:
+                if r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts":
+                    predict(r, ms)
     report = {
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
@@ -227,9 +237,10 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                                                 "/ wall time, prefill included",
                      "peak_rss_mb": "the whole process (all configurations loaded)"},
         "machine": machine(),
+        "step_costs_ms": costs,
         "results": results,
     }
-    report["table"] = table(results)
+    report["table"] = table(results) + prediction_table(results, costs)
     return report
 
 

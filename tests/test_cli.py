@@ -63,7 +63,9 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
                                        "--past", "16", "--repeats", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert set(report) == {"settings", "machine", "results"}
+    assert set(report) == {"settings", "machine", "step_costs_ms", "results"}
+    costs = report["step_costs_ms"][str(tiny_spec_engine)]
+    assert set(costs["ms"]) == {"1", "3", "5"} and all(v > 0 for v in costs["ms"].values())
     got = {(r["method"], r["num_draft_tokens"], r["workload"]) for r in report["results"]}
     assert got == {(m, k, w) for m, k in [("none", None), ("vanilla", 2), ("vanilla", 4),
                                           ("ngram", 2), ("ngram", 4)] for w in ("prompts", "past=16")}
@@ -72,7 +74,16 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
         assert r["tau"] >= 1.0
         if r["method"] != "none":
             assert r["identical_to_baseline"] == 1.0  # greedy on an fp32 graph: lossless
-    assert "tok/s" in result.stdout
+        if r["method"] != "none" and r["workload"] == "prompts":  # predicted from the parts
+            k, ms = r["num_draft_tokens"], costs["ms"]
+            assert r["verify_cost_ratio"] == pytest.approx(ms[str(k + 1)] / ms["1"])
+            assert r["predicted_speedup"] == pytest.approx(
+                r["tau"] / (r["verify_cost_ratio"] + r["drafting_cost_ratio"]))
+            assert r["speedup_efficiency"] == pytest.approx(
+                r["speedup_vs_none"] / r["predicted_speedup"])
+        else:
+            assert "predicted_speedup" not in r
+    assert "tok/s" in result.stdout and "predicted" in result.stdout
 
 
 def test_bench_batch_throughput(tiny_spec_engine, tmp_path):
