@@ -66,9 +66,10 @@ class OrtGraphs:
 
     backend = "ort"
 
-    def __init__(self, manifest: Manifest, threads: int | None = None):
+    def __init__(self, manifest: Manifest, threads: int | None = None, exact_decode: bool = True):
         self.manifest = manifest
         self.threads = threads
+        self.exact_decode = exact_decode  # the target's 1-token steps (OrtTarget._padded)
 
     def step_graph(self, name: str, config: ModelConfig) -> OrtTarget:
         graph = self.manifest.graph(name)
@@ -76,7 +77,8 @@ class OrtGraphs:
             raise EngineFolderError(f"{self.manifest.folder}: graph {name!r} is for backend "
                                     f"{graph['backend']!r}; this runtime runs 'ort'")
         path = self.manifest.path(graph["files"][0])
-        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads)
+        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
+                           exact_decode=self.exact_decode and name == "target")
         want = [i["name"] for i in graph["inputs"]]
         got = [i.name for i in target.session.get_inputs()]
         if want != got:
@@ -94,11 +96,11 @@ class OrtGraphs:
 
 
 def make_graphs(manifest: Manifest, backend: str, threads: int | None = None,
-                device: str | None = None, cuda_graphs: bool = True):
+                device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True):
     """The graph source of `backend`: "ort" (the folder's ONNX graphs) or "torch-cuda" (the
     export modules, loaded from the folder's source checkpoint; runtime/backends/torch_cuda.py)."""
     if backend == "ort":
-        return OrtGraphs(manifest, threads)
+        return OrtGraphs(manifest, threads, exact_decode)
     if backend == "torch-cuda":
         try:
             from trt_spec.runtime.backends.torch_cuda import TorchGraphs
@@ -114,16 +116,19 @@ class Generator:
                  max_len: int = 2048, threads: int | None = None, verify: str = "sha256",
                  speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
                  tokenizer: Tokenizer | None = None, backend: str = "ort",
-                 device: str | None = None, cuda_graphs: bool = True):
+                 device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True):
         """tokenizer: this folder's, when the caller already loaded it (see cli generate).
         backend: "ort", or "torch-cuda" on `device` (default: cuda when available) with
-        CUDA graphs unless cuda_graphs=False."""
+        CUDA graphs unless cuda_graphs=False.
+        exact_decode (ort): the target's 1-token steps run as 2-token steps, so plain and
+        speculative greedy decoding give the same tokens (OrtTarget._padded); False saves
+        c(2)/c(1) per plain decoding step, and outputs can then differ at near-ties."""
         check_method(method)  # before any loading
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
         t0 = time.perf_counter()
         manifest = load_manifest(engine_dir, verify=verify)
-        graphs = make_graphs(manifest, backend, threads, device, cuda_graphs)
+        graphs = make_graphs(manifest, backend, threads, device, cuda_graphs, exact_decode)
         self._init(manifest, graphs, method, max_batch, max_len, speculation, ngram, tokenizer, t0)
 
     @classmethod

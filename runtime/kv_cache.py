@@ -13,7 +13,9 @@ from trt_spec.runtime.config import ModelConfig
 
 
 class KVCache:
-    scratch_rows = 0  # rows per slot past max_len that a backend writes padding to
+    # rows per slot past max_len that a backend writes padding to (OrtTarget's throwaway row
+    # of a 1-token step; the torch-cuda backend's padded rows)
+    scratch_rows = 1
 
     def zeros(self, shape: tuple[int, ...]):
         """The cache block: host memory here (ORT binds views of it)."""

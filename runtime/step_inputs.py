@@ -29,7 +29,10 @@ class StepInputs:
     feeds: dict[str, np.ndarray]
 
 
-def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: int) -> StepInputs:
+def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: int,
+                      scratch: int = 0) -> StepInputs:
+    """scratch: rows a request may write past the cache's max_len (at most cache.scratch_rows;
+    a throwaway row that no later step reads)."""
     if not requests:
         raise ValueError("a step needs at least one request")
     slots = [r.slot for r in requests]
@@ -54,7 +57,7 @@ def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: in
         row, n, past = r.slot - lo, len(r.tokens), int(cache.lengths[r.slot])
         if n == 0:
             raise ValueError(f"slot {r.slot}: a request needs at least one token")
-        if past + n > cache.max_len:
+        if past + n > cache.max_len + min(scratch, cache.scratch_rows):
             raise ValueError(f"slot {r.slot}: {past} cached + {n} new tokens exceed the cache "
                              f"length {cache.max_len}")
         if past + n > max_positions:

@@ -153,3 +153,30 @@ def test_long_prefill_then_decode(tiny_hf_dir, tiny_engine):
     np.testing.assert_allclose(out.logits[0], logits[200:201], atol=1e-4)
     out = target.step(cache, [Request(slot, ids[201:206], list(range(5)))])
     np.testing.assert_allclose(out.logits[0], logits[201:206], atol=1e-4)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_exact_decode_one_token_steps_equal_verification_rows(tiny_hf_dir, tiny_engine_int4,
+                                                              exact):
+    """With exact_decode, decoding tokens one by one gives bitwise the logits of verifying them
+    in one multi-token step (at batch 1 and 2), and a 1-token step may fill the cache's last
+    row (its throwaway row goes to the scratch row). Without it, the one-row attention kernel
+    rounds differently (not asserted: whether bits differ depends on the data)."""
+    _, config = reference(tiny_hf_dir, IDS[:2])
+    target = OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
+                       config.max_position_embeddings, exact_decode=exact)
+    cache = KVCache(config, slots=2, max_len=len(IDS))
+    a, b = cache.allocate(), cache.allocate()
+    target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:6], [5])])
+    multi = target.step(cache, [Request(a, IDS[6:], list(range(len(IDS) - 6)))]).logits[0]
+    cache.rewind(a, 6)
+    one_by_one = []
+    for token in IDS[6:]:  # stream a alone, then a and b together: the same bits for a
+        out = target.step(cache, [Request(a, [token], [0]), Request(b, [token], [0])])
+        one_by_one.append(out.logits[0][0])
+        assert cache.lengths[a] == cache.lengths[b]
+    assert cache.lengths[a] == cache.max_len  # the last step wrote its spare row to scratch
+    if exact:
+        np.testing.assert_array_equal(np.stack(one_by_one), multi)
+    else:
+        np.testing.assert_allclose(np.stack(one_by_one), multi, atol=0.5)

@@ -74,8 +74,11 @@ class OrtTarget:
     """A graph with the step contract of export/model.py: the target, a vanilla draft, or
     a drafter step (export/drafters.py: one layer, plus a `hidden_states` input)."""
 
-    def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None):
+    def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None,
+                 exact_decode: bool = False):
+        """exact_decode: run 1-token steps as 2-token steps (see `_padded`)."""
         self.session = make_session(path, threads)
+        self.exact_decode = exact_decode
         self.num_layers = num_layers
         self.max_positions = max_positions
         self.past_names = [f"past_key_values.{i}.{k}" for i in range(num_layers) for k in ("key", "value")]
@@ -114,13 +117,29 @@ class OrtTarget:
         io.bind_output(name, "cpu", 0, np.float32, list(shape), out.ctypes.data)
         return out
 
+    def _padded(self, cache: KVCache, requests: list[Request]) -> list[Request]:
+        """A step of one new token per request runs as two: the token, then a copy of it whose
+        row (cache row and outputs) is thrown away. ONNX Runtime's attention multiplies a
+        single query row with MLAS's one-row SGEMM kernel and several rows with the general
+        one; they round differently, and on int4 (where activations are quantized to int8)
+        that difference flips near-tie tokens. With every step multi-row, a token's logits
+        are bitwise the same whether it was decoded alone or verified among drafts, so
+        speculative greedy output equals plain greedy output. The cost is c(2)/c(1)."""
+        if any(len(r.tokens) != 1 for r in requests):
+            return requests
+        if any(cache.lengths[r.slot] + 2 > self.max_positions for r in requests):
+            return requests  # the throwaway row would need a position the model lacks
+        return [Request(r.slot, r.tokens * 2, r.logits_at, None if r.hidden is None
+                        else np.concatenate([r.hidden, r.hidden])) for r in requests]
+
     def step(self, cache: KVCache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
         """Runs the new tokens of every request in one forward and advances their lengths.
         `want`: per-token outputs to return (e.g. "hidden_states", "eagle3_features")."""
         unknown = [w for w in want if w not in self.outputs]
         if unknown:
             raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
-        step = build_step_inputs(cache, requests, self.max_positions)
+        run = self._padded(cache, requests) if self.exact_decode else requests
+        step = build_step_inputs(cache, run, self.max_positions, scratch=int(run is not requests))
         if self.takes_hidden != ("hidden_states" in step.feeds):
             raise ValueError("a drafter graph needs hidden states with every request; a "
                              "target graph takes none")
