@@ -79,15 +79,17 @@ class LLM:
     def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
                  backend: str = "auto", max_num_seqs: int = 8, max_model_len: int = 2048,
                  threads: int | None = None, speculation: SpeculationConfig | None = None,
-                 device: str | None = None, cuda_graphs: bool = True):
+                 device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
         folder has (see `methods`). speculation: the policy beyond k (batch limit, minimum
         acceptance); num_draft_tokens overrides its k. backend: "auto" / "ort", or
-        "torch-cuda" on `device` (default cuda when available; cuda_graphs=False: eager)."""
+        "torch-cuda" on `device` (default cuda when available; cuda_graphs=False: eager).
+        exact_decode=False: faster plain decoding steps on ort, but speculative and plain
+        greedy output can then differ at near-ties (Generator)."""
         self.backend = check_backend(backend)
         self.generator = Generator(model, max_batch=max_num_seqs, max_len=max_model_len,
                                    threads=threads, backend=self.backend, device=device,
-                                   cuda_graphs=cuda_graphs)
+                                   cuda_graphs=cuda_graphs, exact_decode=exact_decode)
         spec = replace(speculation or SpeculationConfig(), num_draft_tokens=num_draft_tokens)
         self.scheduler = Scheduler(self.generator, method, spec)
 

@@ -152,7 +152,8 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
 def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
               prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
               threads: int | None, seed: int = 0, batch: int = 1, progress=print,
-              num_prompts: int | None = None, stop_at_eos: bool = False) -> dict:
+              num_prompts: int | None = None, stop_at_eos: bool = False,
+              exact_decode: bool = True) -> dict:
     prompts = load_prompts(prompts_file)[:num_prompts]
     methods = list(dict.fromkeys(methods))
     if temperature == 0 and any(m != "none" for m in methods) and "none" not in methods:
@@ -160,7 +161,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     max_len = max(pasts + [512]) + max_new_tokens + max(ks + [0]) + 8
     gens, configs = {}, []
     for e in engines:
-        gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads)
+        gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
+                            exact_decode=exact_decode)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
@@ -231,6 +233,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                      "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,
                      "pasts": pasts, "repeats": repeats,
                      "threads": threads, "batch": batch, "seed": seed,
+                     "exact_decode": exact_decode,
                      "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
                                      "its first token",
                      "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "

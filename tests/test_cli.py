@@ -179,3 +179,13 @@ def test_serve_ray_refuses_a_wrong_engine_checksum_before_starting_ray(tiny_engi
     result = CliRunner().invoke(main, ["serve", "--ray", "--engine", str(tiny_engine),
                                        "--engine-checksum", "0" * 64])
     assert result.exit_code == 1 and f"--engine-checksum {'0' * 64}" in result.output
+
+
+def test_bench_fast_decode_is_recorded(tiny_engine, tmp_path):
+    out = tmp_path / "b.json"
+    for flag, exact in (([], True), (["--fast-decode"], False)):
+        result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine),
+                                           "--max-new-tokens", "4", "--repeats", "1",
+                                           "--num-prompts", "1", "--json", str(out)] + flag)
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["settings"]["exact_decode"] is exact

@@ -244,9 +244,13 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
               help="Instead: time one target forward of T = 1..9 new tokens after each --past "
                    "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
                    "bounds what speculation can gain.")
+@click.option("--fast-decode", is_flag=True,
+              help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
+                   "about c(2)/c(1), but speculative greedy output may then differ from plain "
+                   "greedy at near-ties (default: exact; see README, Exact decoding).")
 @threads_option
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
-          temperature, past, repeats, batch, json_out, step_costs, threads):
+          temperature, past, repeats, batch, json_out, step_costs, fast_decode, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
     from trt_spec.runtime.generator import check_method
@@ -258,7 +262,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
         try:
             pasts = [p for p in parse_past(past)] or [64]
             gen = Generator((list(engines) or [DEFAULT_ENGINE])[0], threads=threads,
-                            max_len=max(pasts) + 16)
+                            max_len=max(pasts) + 16, exact_decode=not fast_decode)
             result = measure(gen, pasts, list(range(1, 10)))
         except ValueError as e:
             fail(e)
@@ -275,7 +279,8 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
         report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,
                            max_new_tokens, prompts_file, parse_past(past), repeats, temperature,
                            threads, batch=batch, progress=lambda msg: click.echo(msg, err=True),
-                           num_prompts=num_prompts, stop_at_eos=stop_at_eos)
+                           num_prompts=num_prompts, stop_at_eos=stop_at_eos,
+                           exact_decode=not fast_decode)
     except ValueError as e:
         fail(e)
     click.echo(report.pop("table"))
