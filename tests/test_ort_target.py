@@ -180,3 +180,22 @@ def test_exact_decode_one_token_steps_equal_verification_rows(tiny_hf_dir, tiny_
         np.testing.assert_array_equal(np.stack(one_by_one), multi)
     else:
         np.testing.assert_allclose(np.stack(one_by_one), multi, atol=0.5)
+
+
+def test_exact_decode_one_token_row_of_a_ragged_step(tiny_hf_dir, tiny_engine_int4):
+    """A stream with no drafts this step (1 token) verified beside one with drafts (3 tokens)
+    gets bitwise the logits it gets decoding alone: ragged rows run with their own query
+    length, so its row is padded too."""
+    _, config = reference(tiny_hf_dir, IDS[:2])
+    target = OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
+                       config.max_position_embeddings, exact_decode=True)
+    cache = KVCache(config, slots=2, max_len=32)
+    a, b = cache.allocate(), cache.allocate()
+    target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:4], [3])])
+    ragged = target.step(cache, [Request(a, IDS[6:7], [0]), Request(b, IDS[4:7], [0, 1, 2])])
+    assert cache.lengths.tolist() == [7, 7]
+    cache.rewind(a, 6)
+    alone = target.step(cache, [Request(a, IDS[6:7], [0])])
+    np.testing.assert_array_equal(ragged.logits[0], alone.logits[0])
+    verified = target.step(cache, [Request(b, IDS[7:9], [0, 1])])  # b goes on normally
+    assert verified.logits[0].shape == (2, config.vocab_size) and cache.lengths.tolist() == [7, 9]

@@ -63,19 +63,20 @@ def test_export_from_a_local_gguf_equals_the_named_model(smollm2_engine, tmp_pat
     assert files(out)["target.onnx.data"] == files(smollm2_engine)["target.onnx.data"]
 
 
-@pytest.fixture(scope="module")
-def smollm2_spec_engine(tmp_path_factory):
-    """SmolLM2 fp32 with the drafters shipped for it (drafters/smollm2-135m/: a 2-layer vanilla
-    draft, 3 MTP modules, Eagle, Eagle3), exported as `trt-spec export` does by default. fp32:
-    the graph's arithmetic does not depend on how many tokens a step holds, so plain and
-    speculative greedy must agree exactly."""
+@pytest.fixture(scope="module", params=["fp32", "int4"])
+def smollm2_spec_engine(tmp_path_factory, request):
+    """SmolLM2 with the drafters shipped for it (drafters/smollm2-135m/: a 2-layer vanilla
+    draft, 3 MTP modules, Eagle, Eagle3), exported as `trt-spec export` does by default, fp32
+    and int4. With exact decoding (runtime/backends/ort.py `_padded`) the graph's arithmetic
+    for a token does not depend on how many tokens its step holds, so plain and speculative
+    greedy must agree exactly on int4 too (they agreed on 10% of answers before)."""
     from trt_spec.export.checkpoint import shipped_drafters
     from trt_spec.export.pipeline import export_engine
 
     shipped = shipped_drafters("smollm2-135m")
     assert set(shipped) == {"eagle3", "mtp", "eagle", "draft"}, shipped
     return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-spec",
-                         "fp32", draft_model=str(shipped["draft"]),
+                         request.param, draft_model=str(shipped["draft"]),
                          heads={k: shipped[k] for k in ("mtp", "eagle", "eagle3")})
 
 

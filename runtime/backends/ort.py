@@ -118,19 +118,24 @@ class OrtTarget:
         return out
 
     def _padded(self, cache: KVCache, requests: list[Request]) -> list[Request]:
-        """A step of one new token per request runs as two: the token, then a copy of it whose
+        """Every request of one new token runs as two: the token, then a copy of it whose
         row (cache row and outputs) is thrown away. ONNX Runtime's attention multiplies a
-        single query row with MLAS's one-row SGEMM kernel and several rows with the general
-        one; they round differently, and on int4 (where activations are quantized to int8)
-        that difference flips near-tie tokens. With every step multi-row, a token's logits
-        are bitwise the same whether it was decoded alone or verified among drafts, so
-        speculative greedy output equals plain greedy output. The cost is c(2)/c(1)."""
-        if any(len(r.tokens) != 1 for r in requests):
+        single query row (a 1-token step, or a 1-token row of a ragged step: each row runs
+        with its own query length) with MLAS's one-row SGEMM kernel and several rows with
+        the general one; they round differently, and on int4 (where activations are
+        quantized to int8) that difference flips near-tie tokens. With no request ever a
+        single row, a token's logits are bitwise the same whether it was decoded alone or
+        verified among drafts, so speculative greedy output equals plain greedy output. The
+        cost is c(2)/c(1) on plain decoding steps."""
+        if all(len(r.tokens) != 1 for r in requests):
             return requests
-        if any(cache.lengths[r.slot] + 2 > self.max_positions for r in requests):
+        if any(len(r.tokens) == 1 and cache.lengths[r.slot] + 2 > self.max_positions
+               for r in requests):
             return requests  # the throwaway row would need a position the model lacks
-        return [Request(r.slot, r.tokens * 2, r.logits_at, None if r.hidden is None
-                        else np.concatenate([r.hidden, r.hidden])) for r in requests]
+        return [r if len(r.tokens) != 1 else
+                Request(r.slot, r.tokens * 2, r.logits_at,
+                        None if r.hidden is None else np.concatenate([r.hidden, r.hidden]))
+                for r in requests]
 
     def step(self, cache: KVCache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
         """Runs the new tokens of every request in one forward and advances their lengths.
