@@ -323,7 +323,8 @@ class TorchGraphs:
             entries[k] = {"graphs": names, "num_modules": len(names), "source": heads[k],
                           "layer_config": d.config.to_dict()}
             if k == "eagle3":
-                entries[k].update(fc_graph="eagle3_fc", draft_vocab_size=len(d.d2t),
+                entries[k].update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy",
+                                  draft_vocab_size=len(d.d2t),
                                   feature_layers=list(d.feature_layers))
         graphs = cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
         names = {n: {"backend": cls.backend, "files": []} for n in graphs.modules}
