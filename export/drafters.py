@@ -18,6 +18,11 @@ hidden state of position p; its logits predict the token after that.
         out  = lm_head(norm(h))  over the draft vocabulary; target id = draft id + d2t[draft id]
         next_hidden_states = h         (the next step's g)
 
+A reduced draft vocabulary (`restrict_head`, export --draft-vocab) gives an MTP / Eagle module
+or a vanilla draft the same kind of head: the head's rows at the draft vocabulary's target
+ids, so its logits are [.., draft_vocab] and map to target ids as Eagle3's do. The embedding
+stays full: input ids are target ids.
+
 Graph contract (engines/README.md documents it for users): the target's inputs with one layer
 of past, plus `hidden_states` [batch, new_tokens, H]; outputs `logits` [batch, num_logits,
 vocab], `next_hidden_states` [batch, new_tokens, H] and the present key/value.
@@ -35,6 +40,30 @@ from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.runtime.config import ModelConfig
 
 KINDS = ("mtp", "eagle", "eagle3")
+
+
+def head_vocab(module: nn.Module) -> int:
+    """The width of a target's or drafter's logits: its lm_head's rows, else (tied) the
+    embedding's."""
+    return (module.embed_tokens.num_embeddings if module.lm_head is None
+            else module.lm_head.out_features)
+
+
+def restrict_head(module: nn.Module, d2t: torch.Tensor) -> None:
+    """In place: the module's head keeps only the rows of the draft vocabulary, `d2t`
+    [draft_vocab] int64 (target id = draft id + d2t[draft id]), so logits column d is the
+    full head's column d + d2t[d]. A tied head becomes an lm_head of the embedding's rows;
+    the embedding itself stays full. `module`: a TargetModel (a vanilla draft) or an MTP /
+    Eagle module (anything with embed_tokens, lm_head and head())."""
+    assert d2t.dim() == 1 and d2t.dtype == torch.int64, (d2t.shape, d2t.dtype)
+    full = module.embed_tokens.weight if module.lm_head is None else module.lm_head.weight
+    assert full.shape[0] == module.embed_tokens.num_embeddings, "the head is already restricted"
+    ids = torch.arange(len(d2t)) + d2t
+    assert 0 <= int(ids.min()) and int(ids.max()) < full.shape[0], "d2t outside the head"
+    head = nn.Linear(full.shape[1], len(ids), bias=False, dtype=full.dtype, device=full.device)
+    with torch.no_grad():
+        head.weight.copy_(full[ids.to(full.device)])
+    module.lm_head = head
 
 
 def take_rows(x: torch.Tensor, logits_index: torch.Tensor) -> torch.Tensor:
@@ -155,7 +184,9 @@ class Drafter:
     kind: str  # one of KINDS
     modules: list[OneLayerDrafter]  # mtp: N modules; eagle: 1; eagle3: [Eagle3Step]
     fc: Eagle3Fc | None = None  # eagle3 only
-    d2t: torch.Tensor | None = None  # [draft_vocab] int64, eagle3 only: target = draft + d2t
+    # [draft_vocab] int64: the head's draft vocabulary, target id = draft id + d2t[draft id].
+    # Eagle3 always; MTP / Eagle after restrict_head; None: the head spans the target's.
+    d2t: torch.Tensor | None = None
     feature_layers: tuple[int, ...] = ()  # eagle3: target layers whose inputs fc fuses
 
     def __post_init__(self):

@@ -12,6 +12,7 @@ import torch
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
+from trt_spec.export.drafters import head_vocab
 from trt_spec.export.model import TargetModel, empty_cache
 from trt_spec.runtime.config import ModelConfig
 
@@ -23,9 +24,11 @@ def kv_names(config: ModelConfig, prefix: str) -> list[str]:
     return [f"{prefix}.{i}.{kind}" for i in range(config.num_layers) for kind in ("key", "value")]
 
 
-def target_io(config: ModelConfig, dtype: str = "float32") -> tuple[list[dict], list[dict]]:
+def target_io(config: ModelConfig, dtype: str = "float32",
+              head_vocab: int | None = None) -> tuple[list[dict], list[dict]]:
     """Input and output specs of the target graph, as the manifest records them. dtype: of
-    the float tensors (caches, logits, hidden states): "float32" or "float16"."""
+    the float tensors (caches, logits, hidden states): "float32" or "float16". head_vocab:
+    the logits' width when the head is restricted (a vanilla draft's); default the vocab."""
     kv_shape = [BATCH, config.num_kv_heads, MAX_LEN, config.head_dim]
     inputs = [
         {"name": "input_ids", "dtype": "int64", "shape": [BATCH, NEW_TOKENS]},
@@ -37,7 +40,8 @@ def target_io(config: ModelConfig, dtype: str = "float32") -> tuple[list[dict], 
     ] + [{"name": n, "dtype": dtype, "shape": kv_shape}
          for n in kv_names(config, "past_key_values")]
     outputs = [
-        {"name": "logits", "dtype": dtype, "shape": [BATCH, NUM_LOGITS, config.vocab_size]},
+        {"name": "logits", "dtype": dtype,
+         "shape": [BATCH, NUM_LOGITS, head_vocab or config.vocab_size]},
         {"name": "hidden_states", "dtype": dtype, "shape": [BATCH, NEW_TOKENS, config.hidden_size]},
         {"name": "eagle3_features", "dtype": dtype,
          "shape": [BATCH, NEW_TOKENS, len(config.eagle3_layers) * config.hidden_size]},
@@ -98,14 +102,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
     """The traced target graph (also written to `path` + `path`.data when given). Sample
     sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing. Float tensors
-    take the model's dtype."""
+    take the model's dtype; logits the head's width (a vanilla draft's may be restricted)."""
     config = model.config
     dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
     args = (*step_args(batch, new_tokens, max_len), *empty_cache(config, batch, max_len, dtype))
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
-    return export_module(model, args, dynamic, *target_io(config, dtype_name(dtype)), path)
+    return export_module(model, args, dynamic,
+                         *target_io(config, dtype_name(dtype), head_vocab(model)), path)
 
 
 def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:

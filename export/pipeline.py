@@ -14,7 +14,7 @@ import numpy as np
 
 from trt_spec.export.checkpoint import load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
-from trt_spec.export.drafters import KINDS, Drafter
+from trt_spec.export.drafters import KINDS, Drafter, head_vocab, restrict_head
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_score,
                                          export_target, fc_io, save_with_external_data,
@@ -34,6 +34,49 @@ BITS = {
     "int4": lambda output, shape: 8 if output == "logits" else 4,
 }
 BACKENDS = tuple(PRECISIONS)
+
+# --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
+# "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.
+DRAFT_VOCABS = ("eagle3", "none")
+
+
+def resolve_draft_vocab(draft_vocab: str | None, heads: dict[str, str]) -> str:
+    """--draft-vocab's value -> one of DRAFT_VOCABS. Default (None): "eagle3" when an Eagle3
+    head is exported (reuse its draft vocabulary), else "none"."""
+    if draft_vocab is None:
+        return "eagle3" if "eagle3" in heads else "none"
+    value = str(draft_vocab).strip().lower()
+    if value.isdigit():
+        raise ValueError(
+            f"--draft-vocab {draft_vocab!r}: a draft vocabulary of N tokens needs token "
+            "frequencies, and export has no token-frequency source; use 'eagle3' (the Eagle3 "
+            "head's draft vocabulary) or 'none' (full heads)")
+    if value not in DRAFT_VOCABS:
+        raise ValueError(f"--draft-vocab {draft_vocab!r}: expected one of "
+                         f"{', '.join(DRAFT_VOCABS)}")
+    if value == "eagle3" and "eagle3" not in heads:
+        raise ValueError("--draft-vocab 'eagle3' reuses the Eagle3 head's draft vocabulary, and "
+                         "this export has no Eagle3 head (give --eagle3 DIR, or --draft-vocab "
+                         "none)")
+    return value
+
+
+def restrict_heads(draft_vocab: str, draft, drafters: dict[str, Drafter]):
+    """In place: the vanilla draft's and the MTP / Eagle heads keep only the rows of the
+    draft vocabulary `draft_vocab` (one of DRAFT_VOCABS, resolved) -> its d2t [draft_vocab]
+    int64, or None for "none". Eagle3's own head is already over it."""
+    assert draft_vocab in DRAFT_VOCABS, draft_vocab
+    if draft_vocab == "none":
+        return None
+    d2t = drafters["eagle3"].d2t
+    for kind in ("mtp", "eagle"):
+        if kind in drafters:
+            for module in drafters[kind].modules:
+                restrict_head(module, d2t)
+            drafters[kind].d2t = d2t
+    if draft is not None:
+        restrict_head(draft, d2t)
+    return d2t
 
 
 def log(msg: str) -> None:
@@ -123,30 +166,39 @@ def trt_entry(proto, inputs: list[dict], outputs: list[dict]) -> dict:
             "plugins": [op for op in custom if op.startswith("trt_spec::")]}
 
 
+def vocab_map_entry(d2t, folder: Path, kind: str) -> dict:
+    """Writes a head's draft vocabulary map `<kind>_d2t.npy` (d2t [draft_vocab] int64) ->
+    what the drafter's manifest entry records of it; {} for a full-vocabulary head."""
+    if d2t is None:
+        return {}
+    name = f"{kind}_d2t.npy"
+    np.save(folder / name, d2t.numpy().astype(np.int64))
+    return {"d2t": name, "files": [name], "draft_vocab_size": len(d2t)}
+
+
 def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backend: str,
                           source: str, shared: dict) -> tuple[dict, dict]:
-    """A drafter's graphs (+ Eagle3's vocabulary map) -> (graph entries, drafters entry)."""
+    """A drafter's graphs (+ its vocabulary map) -> (graph entries, drafters entry)."""
     graphs = {}
     kind = drafter.kind
     names = [f"mtp_{i}" for i in range(len(drafter.modules))] if kind == "mtp" else [kind]
     for name, module in zip(names, drafter.modules):
-        vocab = len(drafter.d2t) if kind == "eagle3" else module.config.vocab_size
+        vocab = head_vocab(module)
+        assert vocab == (module.config.vocab_size if drafter.d2t is None else len(drafter.d2t))
         graphs[name] = export_graph(lambda m=module, v=vocab: export_drafter(m, v),
                                     folder, name, precision, backend,
                                     drafter_io(module.config, vocab, FLOAT.get(precision, "float32")),
                                     shared)
     entry = {"graphs": names, "num_modules": len(names), "source": source,
-             "layer_config": drafter.config.to_dict()}
+             "layer_config": drafter.config.to_dict(),
+             **vocab_map_entry(drafter.d2t, folder, kind)}
     if kind == "eagle3":
         fc = drafter.fc.fc
         graphs["eagle3_fc"] = export_graph(lambda: export_fc(drafter.fc), folder,
                                            "eagle3_fc", precision, backend,
                                            fc_io(fc.in_features, fc.out_features,
                                                  FLOAT.get(precision, "float32")), shared)
-        np.save(folder / "eagle3_d2t.npy", drafter.d2t.numpy().astype(np.int64))
-        entry.update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy", files=["eagle3_d2t.npy"],
-                     draft_vocab_size=len(drafter.d2t),
-                     feature_layers=list(drafter.feature_layers))
+        entry.update(fc_graph="eagle3_fc", feature_layers=list(drafter.feature_layers))
     return graphs, entry
 
 
@@ -185,14 +237,16 @@ def load_models(model: str, draft_layers: int = 0, draft_model: str | None = Non
 
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
                   force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
-                  heads: dict[str, str] | None = None) -> Path:
+                  heads: dict[str, str] | None = None, draft_vocab: str | None = None) -> Path:
     """Exports the target (and a vanilla draft: `draft_layers` of the target itself, or a
     separate `draft_model` with the same vocabulary; and `heads` {"mtp" | "eagle" | "eagle3":
-    checkpoint folder}) into the engine folder `out`."""
+    checkpoint folder}) into the engine folder `out`. `draft_vocab` (resolve_draft_vocab):
+    the vocabulary the vanilla draft's and MTP / Eagle heads draft over."""
     heads = {k: str(v) for k, v in (heads or {}).items() if v}
     unknown = sorted(set(heads) - set(KINDS))
     if unknown:
         raise ValueError(f"drafters {unknown} are not known; known: {', '.join(KINDS)}")
+    draft_vocab = resolve_draft_vocab(draft_vocab, heads)
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not supported; choose from {BACKENDS}")
     if precision not in PRECISIONS[backend]:
@@ -202,7 +256,8 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
     source = {"model": model, "precision": precision, "backend": backend,
-              "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads}
+              "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads,
+              "draft_vocab": draft_vocab}
     if not force and (out / MANIFEST).exists():
         try:
             existing = load_manifest(out, verify="size")
@@ -213,6 +268,10 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
             pass  # corrupt or old: export again
     t0 = time.time()
     hf_dir, target, draft, kind, loaded = load_models(model, draft_layers, draft_model, heads)
+    d2t = restrict_heads(draft_vocab, draft, loaded)
+    if d2t is not None:
+        log(f"drafting over the {draft_vocab} draft vocabulary ({len(d2t)} of "
+            f"{target.config.vocab_size} tokens) in the vanilla, mtp and eagle heads")
     config, drafters = target.config, {}
     if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
         for module in [target, draft]:
@@ -234,10 +293,12 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
                                            backend, score_io(config, dtype), shared)
         if draft is not None:
             graphs["draft"] = export_graph(lambda: export_target(draft), tmp, "draft",
-                                           precision, backend, target_io(draft.config, dtype),
+                                           precision, backend,
+                                           target_io(draft.config, dtype, head_vocab(draft)),
                                            shared)
             drafters["vanilla"] = {"graph": "draft", "kind": kind,
-                                   "model_config": draft.config.to_dict()}
+                                   "model_config": draft.config.to_dict(),
+                                   **vocab_map_entry(d2t, tmp, "vanilla")}
         for head_kind, drafter in loaded.items():
             head_graphs, drafters[head_kind] = export_drafter_graphs(
                 drafter, tmp, precision, backend, heads[head_kind], shared)

@@ -14,7 +14,7 @@ from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, StopChecker
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
-from trt_spec.runtime.proposers.base import Proposer
+from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.proposers.eagle import EagleProposer
 from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
 from trt_spec.runtime.proposers.mtp import MtpProposer
@@ -190,24 +190,41 @@ class Generator:
             raise ValueError(f"{self.manifest.folder} has no {method} drafter (export it with "
                              f"{how}); drafters here: {sorted(drafters) or 'none'}")
         entry = drafters[method]
+        vocab = self._draft_vocab(method, entry)
         if method == "vanilla":
             config = ModelConfig.from_dict(entry["model_config"])
             draft = self.graphs.step_graph(entry["graph"], config)
-            proposer = VanillaProposer(draft, self._cache(config))
+            proposer = VanillaProposer(draft, self._cache(config), vocab)
         else:
             config = ModelConfig.from_dict(entry["layer_config"])
             modules = [self.graphs.step_graph(name, config) for name in entry["graphs"]]
             caches = [self._cache(config) for _ in modules]
             if method == "mtp":
-                proposer = MtpProposer(modules, caches)
+                proposer = MtpProposer(modules, caches, vocab)
             elif method == "eagle":
-                proposer = EagleProposer(modules[0], caches[0])
+                proposer = EagleProposer(modules[0], caches[0], vocab)
             else:
-                fc = self.graphs.function(entry["fc_graph"])
-                d2t = self.graphs.d2t(self.manifest, entry)
-                proposer = Eagle3Proposer(modules[0], caches[0], fc, d2t, self.config.vocab_size)
+                if vocab is None:
+                    raise EngineFolderError(f"{self.manifest.folder}: the eagle3 drafter's "
+                                            "manifest entry names no d2t map")
+                proposer = Eagle3Proposer(modules[0], caches[0],
+                                          self.graphs.function(entry["fc_graph"]), vocab)
         self._proposers[method] = proposer
         return proposer
+
+    def _draft_vocab(self, method: str, entry: dict) -> DraftVocab | None:
+        """The drafter's draft vocabulary (its entry's "d2t" map), or None: its head spans the
+        target's vocabulary (every folder exported before --draft-vocab)."""
+        if "d2t" not in entry:
+            return None
+        d2t = self.graphs.d2t(self.manifest, entry)
+        if len(d2t) != entry.get("draft_vocab_size", len(d2t)):
+            raise EngineFolderError(f"{self.manifest.folder / entry['d2t']}: {len(d2t)} ids, "
+                                    f"the {method} entry says {entry['draft_vocab_size']}")
+        try:
+            return DraftVocab(d2t, self.config.vocab_size)
+        except ValueError as e:
+            raise EngineFolderError(f"{self.manifest.folder / entry['d2t']}: {e}") from e
 
     def _cache(self, config: ModelConfig) -> KVCache:
         return self.graphs.cache(config, self.cache.slots, self.cache.max_len)

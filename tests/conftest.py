@@ -139,5 +139,15 @@ def export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, name: str, **export_kw
 @pytest.fixture(scope="session")
 def tiny_heads_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target with random MTP (3 modules, own format), Eagle (own format) and
-    Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads."""
-    return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-heads")
+    Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads; the MTP and Eagle heads over
+    the full vocabulary (--draft-vocab none: the layout of folders exported before it)."""
+    return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-heads",
+                                  draft_vocab="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab_engine(tiny_hf_dir, tmp_path_factory):
+    """As tiny_heads_engine plus a 2-layer self-draft, with the MTP, Eagle and vanilla heads
+    over the Eagle3 head's draft vocabulary (48 of 128 tokens; --draft-vocab eagle3)."""
+    return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-vocab", draft_layers=2,
+                                  draft_vocab="eagle3")

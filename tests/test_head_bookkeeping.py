@@ -15,6 +15,7 @@ from trt_spec.runtime.engine import SpeculativeEngine, Stream
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
@@ -135,6 +136,6 @@ def test_eagle3_rows(gen, truth, k):
     oracle = Oracle(0, {}, {}, gen.config.vocab_size)
     cache = KVCache(gen.config, 3, gen.cache.max_len, num_layers=1)
     proposer = Eagle3Proposer(oracle, cache, lambda x: x,
-                              np.zeros(gen.config.vocab_size, dtype=np.int64),
-                              gen.config.vocab_size)
+                              DraftVocab(np.zeros(gen.config.vocab_size, dtype=np.int64),
+                                         gen.config.vocab_size))
     check_run(gen, proposer, [oracle], k, seqs, rows["eagle3_features"])

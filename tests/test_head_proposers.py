@@ -89,7 +89,7 @@ def test_sampled_drafts_come_with_q(tiny_heads_engine, method):
         assert (q[np.arange(3), tokens] > 0).all()
         if method == "eagle3":
             assert (q[:, np.setdiff1d(np.arange(gen.config.vocab_size),
-                                      engine.proposer.draft_to_target)] == 0).all()
+                                      engine.proposer.vocab.draft_to_target)] == 0).all()
 
 
 def test_sampled_heads_are_seeded(tiny_heads_engine):
@@ -105,7 +105,7 @@ def test_eagle3_q_matches_its_samples(tiny_heads_engine):
     """The draft token is drawn from exactly the q handed to the verifier."""
     gen = Generator(tiny_heads_engine, method="eagle3")
     proposer = gen.engine.proposer
-    logits = np.random.default_rng(0).normal(size=len(proposer.draft_to_target)) * 2
+    logits = np.random.default_rng(0).normal(size=len(proposer.vocab)) * 2
     s = Stream([1], SamplingParams(temperature=1.0, seed=3))
     counts = np.zeros(gen.config.vocab_size)
     n = 20000

@@ -68,9 +68,14 @@ def main():
               help="For a known model, also export the drafters trained for it and shipped in "
                    "drafters/<model>/ (eagle3, mtp, eagle and the vanilla draft), each unless "
                    "its own option (or --draft-layers) names another.")
+@click.option("--draft-vocab", default=None, metavar="eagle3|none",
+              help="The vocabulary the vanilla draft's and the MTP / Eagle heads draft over: "
+                   "eagle3 (the Eagle3 head's draft vocabulary: only those rows of their head "
+                   "are exported, a smaller read per drafted token) or none (the full head) "
+                   "[default: eagle3 when an Eagle3 head is exported, else none].")
 @click.option("--force", is_flag=True, help="Export again even if --out is up to date.")
 def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle, eagle3,
-           shipped_drafters, force):
+           shipped_drafters, draft_vocab, force):
     """Export a model (and optionally its drafters) to an engine folder."""
     from pathlib import Path
 
@@ -93,7 +98,8 @@ def export(model, precision, backend, out, draft_layers, draft_model, mtp, eagle
     try:
         export_engine(model, Path(out), precision, backend, force, draft_layers, draft_model,
                       heads={"mtp": mtp and str(mtp), "eagle": eagle and str(eagle),
-                             "eagle3": eagle3 and str(eagle3)})
+                             "eagle3": eagle3 and str(eagle3)},
+                      draft_vocab=draft_vocab)
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
     click.echo(out)

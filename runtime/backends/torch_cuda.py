@@ -261,34 +261,41 @@ class TorchGraphs:
 
     backend = "torch-cuda"
 
-    def __init__(self, modules: dict[str, torch.nn.Module], d2t: np.ndarray | None,
+    def __init__(self, modules: dict[str, torch.nn.Module], maps: dict[str, np.ndarray],
                  device: str | None = None, cuda_graphs: bool = True, pad: bool | None = None):
+        """maps: the drafters' draft vocabularies (d2t [draft_vocab] int64) by the file name a
+        manifest entry's "d2t" gives ("eagle3_d2t.npy", ...)."""
         self.modules = modules
-        self._d2t = d2t
+        self._maps = maps
         self.device = torch.device(device or default_device())
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.pad = pad
         self.loaded: dict[str, object] = {}
 
     @staticmethod
-    def _modules(target, draft, drafters) -> tuple[dict, np.ndarray | None]:
+    def _modules(target, draft, drafters, draft_d2t=None) -> tuple[dict, dict]:
+        """-> (modules by graph name, d2t maps by file name); draft_d2t: the vanilla draft's
+        (restrict_heads)."""
         modules = {"target": target}
+        maps = {}
         if draft is not None:
             modules["draft"] = draft
-        d2t = None
+            if draft_d2t is not None:
+                maps["vanilla_d2t.npy"] = draft_d2t.numpy().astype(np.int64)
         for kind, d in drafters.items():
             names = [f"mtp_{i}" for i in range(len(d.modules))] if kind == "mtp" else [kind]
             modules.update(zip(names, d.modules))
             if kind == "eagle3":
                 modules["eagle3_fc"] = d.fc
-                d2t = d.d2t.numpy().astype(np.int64)
-        return modules, d2t
+            if d.d2t is not None:
+                maps[f"{kind}_d2t.npy"] = d.d2t.numpy().astype(np.int64)
+        return modules, maps
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, device: str | None = None,
                       cuda_graphs: bool = True, pad: bool | None = None) -> "TorchGraphs":
         """Loads the modules from the folder's source checkpoint (manifest "source")."""
-        from trt_spec.export.pipeline import load_models
+        from trt_spec.export.pipeline import load_models, restrict_heads
 
         source = manifest.data.get("source")
         if not source or "model" not in source:
@@ -300,7 +307,9 @@ class TorchGraphs:
         if target.config.to_dict() != manifest.config.to_dict():
             raise EngineFolderError(f"{manifest.folder}: its source model {source['model']!r} "
                                     "no longer matches the exported config; re-export")
-        return cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
+        # the heads as exported: over the folder's draft vocabulary (older folders: full)
+        d2t = restrict_heads(source.get("draft_vocab", "none"), draft, drafters)
+        return cls(*cls._modules(target, draft, drafters, d2t), device, cuda_graphs, pad)
 
     @classmethod
     def from_model(cls, model: str, heads: dict[str, str] | None = None, draft_layers: int = 0,
@@ -323,7 +332,8 @@ class TorchGraphs:
             entries[k] = {"graphs": names, "num_modules": len(names), "source": heads[k],
                           "layer_config": d.config.to_dict()}
             if k == "eagle3":
-                entries[k].update(fc_graph="eagle3_fc", draft_vocab_size=len(d.d2t),
+                entries[k].update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy",
+                                  draft_vocab_size=len(d.d2t),
                                   feature_layers=list(d.feature_layers))
         graphs = cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
         names = {n: {"backend": cls.backend, "files": []} for n in graphs.modules}
@@ -346,8 +356,8 @@ class TorchGraphs:
         return TorchFunction(self.modules[name], self.device)
 
     def d2t(self, manifest: Manifest, entry: dict) -> np.ndarray:
-        assert self._d2t is not None, "no eagle3 drafter loaded"
-        return self._d2t
+        assert entry["d2t"] in self._maps, (entry["d2t"], sorted(self._maps))
+        return self._maps[entry["d2t"]]
 
     def cache(self, config: ModelConfig, slots: int, max_len: int) -> TorchKVCache:
         return TorchKVCache(config, slots, max_len, self.device)

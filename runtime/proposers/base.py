@@ -1,4 +1,4 @@
-"""The interface every proposer implements."""
+"""The interface every proposer implements, and how a drafter's logits become a draft."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+
+from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
 
 
 @dataclass
@@ -35,3 +37,45 @@ class Proposer(ABC):
 
     def release(self, stream) -> None:
         """Called when the stream finishes and its slot is freed."""
+
+
+class DraftVocab:
+    """A drafter head over part of the target's vocabulary (Eagle3's; the MTP, Eagle and
+    vanilla heads exported with --draft-vocab): draft id d is target id d + d2t[d]."""
+
+    def __init__(self, d2t: np.ndarray, vocab_size: int):
+        """d2t: [draft_vocab] int64, EAGLE's layout; vocab_size: the target's."""
+        self.draft_to_target = np.arange(len(d2t), dtype=np.int64) + d2t  # [draft_vocab]
+        if len(d2t) and not (0 <= self.draft_to_target.min()
+                             and self.draft_to_target.max() < vocab_size):
+            raise ValueError(f"d2t maps draft ids outside the target vocabulary "
+                             f"0..{vocab_size - 1}")
+        if len(np.unique(self.draft_to_target)) != len(d2t):
+            raise ValueError("d2t maps two draft ids to one target id")
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return len(self.draft_to_target)
+
+    def to_target(self, q_draft: np.ndarray) -> np.ndarray:
+        """q_draft [draft_vocab] -> q [vocab]: placed at the mapped target ids, zero elsewhere."""
+        q = np.zeros(self.vocab_size, dtype=q_draft.dtype)
+        q[self.draft_to_target] = q_draft
+        return q
+
+
+def pick_draft(s, logits: np.ndarray,
+               vocab: DraftVocab | None = None) -> tuple[int, np.ndarray | None]:
+    """A draft token from a drafter's logits [head_vocab] (over `vocab`, or the target's whole
+    vocabulary when None) -> (target token, q [vocab] or None when greedy). Greedy: the argmax.
+    Sampling: drawn from q, the head's distribution after the request's temperature / top-k /
+    top-p; over a draft vocabulary q is zero outside it, so the verifier's min(1, p(d)/q(d))
+    and norm(max(0, p - q)) stay exact (lossless)."""
+    if s.params.greedy:
+        d = int(np.argmax(logits))
+        return (d if vocab is None else int(vocab.draft_to_target[d])), None
+    q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
+    d = sample_from_probs(q, s.rng)
+    if vocab is None:
+        return d, q
+    return int(vocab.draft_to_target[d]), vocab.to_target(q)

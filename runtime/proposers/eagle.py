@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.mtp import MtpProposer
 
 
 class EagleProposer(MtpProposer):
     name = "eagle"
 
-    def __init__(self, module: OrtTarget, cache: KVCache):
-        super().__init__([module], [cache])
+    def __init__(self, module: OrtTarget, cache: KVCache, vocab: DraftVocab | None = None):
+        super().__init__([module], [cache], vocab)

@@ -19,7 +19,8 @@ are kept from that smallest count on.
 
 Drafts are argmax of the module's logits when greedy; when sampling, they are drawn from q
 (the module's distribution after the request's temperature / top-k / top-p) and q is returned,
-so verification stays lossless either way.
+so verification stays lossless either way. A head over a draft vocabulary (`vocab`: Eagle3's,
+or an MTP / Eagle head exported with --draft-vocab) maps its ids to target ids (pick_draft).
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import numpy as np
 
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.proposers.base import Drafts, Proposer
-from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
+from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
 from trt_spec.runtime.step_inputs import Request
 
 
@@ -52,10 +52,12 @@ class MtpProposer(Proposer):
     name = "mtp"
     reads = "hidden_states"
 
-    def __init__(self, modules: list[OrtTarget], caches: list[KVCache]):
+    def __init__(self, modules: list[OrtTarget], caches: list[KVCache],
+                 vocab: DraftVocab | None = None):
         assert modules and len(modules) == len(caches), (len(modules), len(caches))
         self.modules = modules
         self.caches = caches  # one per module, same slot count as the target's
+        self.vocab = vocab  # the heads' draft vocabulary; None: the target's
         self.slots: dict[int, SlotState] = {}
 
     # --- the target's rows ---------------------------------------------------------------
@@ -84,10 +86,7 @@ class MtpProposer(Proposer):
 
     def pick(self, s, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
         """logits [head_vocab] -> (target token, q [vocab] or None when greedy)."""
-        if s.params.greedy:
-            return int(np.argmax(logits)), None
-        q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
-        return sample_from_probs(q, s.rng), q
+        return pick_draft(s, logits, self.vocab)
 
     # --- propose -------------------------------------------------------------------------
 

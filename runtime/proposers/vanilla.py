@@ -5,7 +5,9 @@
     then:      feed d_{j-1}, take d_j, for j = 2..k       (one batched forward per j)
 
 The draft cache mirrors, per slot, the token ids it holds; after a step, `commit` rewinds it
-to the prefix that the accepted sequence shares with it (no copy: a length).
+to the prefix that the accepted sequence shares with it (no copy: a length). A draft exported
+with --draft-vocab has a head over a draft vocabulary (`vocab`); its ids map to target ids
+as Eagle3's do (pick_draft). Its input ids are target ids either way.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import numpy as np
 
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.proposers.base import Drafts, Proposer
-from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
+from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
 from trt_spec.runtime.step_inputs import Request
 
 
@@ -30,9 +31,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class VanillaProposer(Proposer):
     name = "vanilla"
 
-    def __init__(self, draft: OrtTarget, cache: KVCache):
+    def __init__(self, draft: OrtTarget, cache: KVCache, vocab: DraftVocab | None = None):
         self.draft = draft
         self.cache = cache  # same slot count as the target's; a stream uses its own slot
+        self.vocab = vocab  # the head's draft vocabulary; None: the target's
         self.held: dict[int, tuple[int, list[int]]] = {}  # slot -> (stream id, tokens in cache)
 
     def _tokens_in_cache(self, s) -> list[int]:
@@ -48,13 +50,6 @@ class VanillaProposer(Proposer):
     def release(self, s) -> None:
         self.held.pop(s.slot, None)
         self.cache.lengths[s.slot] = 0
-
-    def _pick(self, s, logits: np.ndarray):
-        """logits [vocab] -> (token, q [vocab] or None when greedy)."""
-        if s.params.greedy:
-            return int(np.argmax(logits)), None
-        q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
-        return sample_from_probs(q, s.rng), q
 
     def propose(self, streams, ks):
         tokens = [[] for _ in streams]
@@ -85,7 +80,7 @@ class VanillaProposer(Proposer):
                 s = streams[i]
                 owner, held = self.held[s.slot]
                 self.held[s.slot] = (owner, held + feeds[i])
-                token, q = self._pick(s, logits[-1])
+                token, q = pick_draft(s, logits[-1], self.vocab)
                 tokens[i].append(token)
                 probs[i].append(q)
         return Drafts(
