@@ -310,3 +310,17 @@ def test_llamacpp_peer_on_smollm2(tmp_path):
     finally:
         peer.close()
     assert proc.poll() is not None
+
+
+def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch):
+    """`python -m trt_spec.runtime.peers`: the tiny engine has no vanilla draft; the
+    onnxruntime-genai model is built (or the reason it is not) into the cache."""
+    from trt_spec.runtime.peers.__main__ import prepare
+
+    monkeypatch.setenv("TRT_SPEC_CACHE", str(tmp_path))
+    done = prepare(str(tiny_engine))
+    assert done["transformers-assisted"] == ("not prepared: ValueError: the engine has no "
+                                             "vanilla draft")
+    ok, reason = peer_registry.PEERS["onnxruntime-genai"]().available()
+    assert done["onnxruntime-genai"].endswith("ortgenai-int4") if ok else (
+        done["onnxruntime-genai"] == f"not prepared: {reason}")
