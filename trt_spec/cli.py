@@ -3,6 +3,7 @@ same option names on every command."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -246,6 +247,13 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
               help="Streams decoding together (groups of prompts; see throughput).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the report (settings, machine, results) to this JSON file.")
+@click.option("--peers", default="",
+              help="Also time other runtimes on the same model and prompt ids, interleaved with "
+                   "ours (batch 1): comma-separated transformers, transformers-assisted, "
+                   "onnxruntime-genai, llama.cpp. One that cannot run is listed as skipped.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
+                   "(needs matplotlib: pip install -e '.[bench]').")
 @click.option("--step-costs", is_flag=True,
               help="Instead: time one target forward of T = 1..9 new tokens after each --past "
                    "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
@@ -256,10 +264,12 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
                    "greedy at near-ties (default: exact; see README, Exact decoding).")
 @threads_option
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
-          temperature, past, repeats, batch, json_out, step_costs, fast_decode, threads):
+          temperature, past, repeats, batch, json_out, peers, plot_out, step_costs,
+          fast_decode, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
-    from trt_spec.runtime.bench import parse_ints, parse_past, run_bench
+    from trt_spec.runtime.bench import parse_ints, parse_past, run_bench, write_plot
     from trt_spec.runtime.generator import check_method
+    from trt_spec.runtime.peers import parse_peers
 
     if step_costs:
         from trt_spec.runtime.generator import Generator
@@ -282,17 +292,25 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
         for m in method_list:
             check_method(m)
         k_list = parse_ints(ks, "--num-draft-tokens", minimum=1) or [4]
+        peer_list = parse_peers(peers)
+        if peer_list and batch != 1:
+            raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
+        if plot_out and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'")
         report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,
                            max_new_tokens, prompts_file, parse_past(past), repeats, temperature,
                            threads, batch=batch, progress=lambda msg: click.echo(msg, err=True),
                            num_prompts=num_prompts, stop_at_eos=stop_at_eos,
-                           exact_decode=not fast_decode)
+                           exact_decode=not fast_decode, peers=peer_list)
+        click.echo(report.pop("table"))
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(report, f, indent=2)
+        if plot_out:
+            write_plot(report, plot_out)
+            click.echo(f"plot: {plot_out}", err=True)
     except ValueError as e:
         fail(e)
-    click.echo(report.pop("table"))
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(report, f, indent=2)
 
 
 @main.command()

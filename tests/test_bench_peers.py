@@ -1,0 +1,326 @@
+"""`trt-spec bench --peers / --plot`: option checks, the interleaved order, the peers' fields
+and pairwise ratios, skipped peers, the plot; the HF draft conversion and the transformers
+peers on the tiny model. Real peers (onnxruntime-genai, llama.cpp) only where installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from trt_spec.cli import main
+from trt_spec.runtime import peers as peer_registry
+from trt_spec.runtime.peers import PeerContext, parse_peers
+
+N = 6  # new tokens per run
+
+
+def write_prompts(tmp_path, n: int = 3):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"a b {chr(ord('c') + i)}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_parse_peers():
+    assert parse_peers("transformers, llama.cpp,transformers") == ["transformers", "llama.cpp"]
+    assert parse_peers("") == []
+    with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
+                                         "transformers-assisted, onnxruntime-genai, llama.cpp"):
+        parse_peers("transformers,vllm")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--peers", "tgi"], "--peers: 'tgi' is not a peer; choose from"),
+    (["--peers", "transformers", "--batch", "2"], "--peers runs at batch 1 only; got --batch 2"),
+])
+def test_bench_peers_bad_input(tiny_engine, args, message):
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine)] + args)
+    assert result.exit_code != 0 and message in result.output
+
+
+@pytest.fixture
+def fake_peers(monkeypatch, tiny_engine):
+    """Registers fake peers; returns the event log every run of ours and theirs appends to."""
+    from trt_spec.runtime.generator import Generator
+
+    events = []
+    real_generate_ids = Generator.generate_ids
+
+    def generate_ids(self, prompts_ids, params, speculate=True):
+        proposer = getattr(self.engine, "proposer", None)  # the plain engine has none
+        events.append(("ours", type(proposer).__name__, tuple(prompts_ids[0])))
+        return real_generate_ids(self, prompts_ids, params, speculate)
+
+    monkeypatch.setattr(Generator, "generate_ids", generate_ids)
+
+    class Echo:
+        """Our own engine, method none, behind the peer interface: identical output; a fixed
+        rate so the ratios can be checked."""
+        name, precision, num_draft_tokens, rate = "echo", "fp32 (ours)", None, 100.0
+
+        def __init__(self):
+            self.engine, self.gen = "echo peer", None
+
+        def available(self):
+            return True, ""
+
+        def load(self, ctx: PeerContext):
+            assert ctx.threads >= 1 and ctx.num_draft_tokens == 2
+            self.gen = Generator(str(tiny_engine))
+
+        def generate(self, prompt_ids, max_new_tokens, temperature, seed):
+            from trt_spec.runtime.sampling import SamplingParams
+
+            events.append((self.name, None, tuple(prompt_ids)))
+            s = real_generate_ids(self.gen, [prompt_ids], SamplingParams(
+                max_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                ignore_eos=True))[0]
+            return {"tokens_per_s": self.rate, "completion_tokens": len(s.output_ids),
+                    "target_forwards": None, "ttft_s": 0.001, "output_ids": s.output_ids}
+
+        def close(self):
+            self.gen = None
+
+    class Echo2(Echo):
+        name, rate = "echo2", 50.0
+
+    class Missing(Echo):
+        name = "missing"
+
+        def available(self):
+            return False, "missing-runtime is not installed"
+
+    class BrokenLoad(Echo):
+        name = "broken-load"
+
+        def load(self, ctx):
+            raise RuntimeError("weights not found")
+
+    class BrokenRun(Echo):
+        name = "broken-run"
+
+        def generate(self, *args):
+            raise ConnectionError("server died")
+
+    for cls in (Echo, Echo2, Missing, BrokenLoad, BrokenRun):
+        monkeypatch.setitem(peer_registry.PEERS, cls.name, cls)
+    return events
+
+
+def test_bench_with_fake_peers(fake_peers, tiny_engine, tmp_path):
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--engine", str(tiny_engine), "--prompts", str(write_prompts(tmp_path)),
+        "--methods", "ngram", "--num-draft-tokens", "2", "--max-new-tokens", str(N),
+        "--repeats", "2", "--peers", "echo,missing,broken-load,echo2,broken-run",
+        "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+
+    # interleaved: per workload, every configuration of ours (none, ngram), then every peer,
+    # on the same prompt ids; warm-up first. broken-run is dropped at its first run.
+    kinds = [(who, method) for who, method, _ in fake_peers]
+    step = [("ours", "NoneType"), ("ours", "NgramProposer"), ("echo", None), ("echo2", None)]
+    assert kinds == step * (1 + 2 * 3), kinds
+    for i in range(0, len(fake_peers), 4):
+        assert len({ids for _, _, ids in fake_peers[i:i + 4]}) == 1  # the same prompt
+
+    assert report["skipped_peers"] == {
+        "missing": "missing-runtime is not installed",
+        "broken-load": "load failed: RuntimeError: weights not found",
+        "broken-run": "failed while running: ConnectionError: server died"}
+    for name, reason in report["skipped_peers"].items():
+        assert f"skipped peer {name}: {reason}" in result.stdout
+
+    results = {r["method"]: r for r in report["results"]}
+    assert set(results) == {"none", "ngram", "echo", "echo2"}
+    none_runs = results["none"]["tokens_per_s"]["runs"]
+    assert len(none_runs) == 2 * 3
+    for name, rate in (("echo", 100.0), ("echo2", 50.0)):
+        r = results[name]
+        assert r["peer"] and r["engine"] == "echo peer" and r["precision"] == "fp32 (ours)"
+        assert r["tokens_per_s"]["runs"] == [rate] * 6
+        assert r["tau"] is None and r["acceptance_rate"] is None
+        assert r["identical_to_baseline"] == 1.0  # greedy, the same fp32 graph
+        assert r["speedup_vs_none"] == pytest.approx(rate / statistics.median(none_runs))
+        assert r["ratio_pairwise"] == pytest.approx(statistics.median(rate / x for x in none_runs))
+    for method in ("none", "ngram"):
+        runs = results[method]["tokens_per_s"]["runs"]
+        assert results[method]["vs_peers"] == pytest.approx(
+            {"echo": statistics.median(x / 100.0 for x in runs),
+             "echo2": statistics.median(x / 50.0 for x in runs)})
+    assert "ours / peer" in result.stdout and "echo2" in result.stdout
+
+
+def test_bench_plot(fake_peers, tiny_engine, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "b.png"
+    result = CliRunner().invoke(main, [
+        "bench", "--engine", str(tiny_engine), "--prompts", str(write_prompts(tmp_path, 2)),
+        "--methods", "ngram", "--num-draft-tokens", "2", "--max-new-tokens", str(N),
+        "--repeats", "1", "--past", "8", "--peers", "echo", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib(tiny_engine, tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine), "--plot",
+                                       str(tmp_path / "b.png")])
+    assert result.exit_code != 0 and "--plot needs matplotlib" in result.output
+
+
+# --- the transformers peers on the tiny model -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_hf_dir, tmp_path_factory):
+    """A 2-layer draft in our format (layers 0 and 2 of the tiny target, every weight and its
+    own final norm perturbed)."""
+    torch = pytest.importorskip("torch")
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.drafter_checkpoint import save_draft
+    from trt_spec.train.draft import init_draft
+
+    target, _ = load_target(tiny_hf_dir)
+    draft = init_draft(target, (0, 2))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if not name.startswith(("embed_tokens", "lm_head")):
+                p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path_factory.mktemp("draft") / "draft"
+    save_draft(draft, folder, (0, 2))
+    return folder
+
+
+def test_hf_draft_equals_our_draft(tiny_hf_dir, tiny_draft, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.test_target_model import forward_full
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.drafter_checkpoint import load_draft
+    from trt_spec.export.hf_draft import draft_to_hf
+
+    target, _ = load_target(tiny_hf_dir)
+    ours = load_draft(tiny_draft, target)
+    out = draft_to_hf(tiny_hf_dir, tiny_draft, tmp_path / "hf-draft")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert hf.config.num_hidden_layers == 2
+    ids = torch.randint(3, 128, (1, 19), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = forward_full(ours, ours.config, ids)[0]
+        got = hf(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # built once: the same target and draft reuse the folder
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert draft_to_hf(tiny_hf_dir, tiny_draft, out) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def tiny_ctx(tiny_hf_dir, tmp_path, draft=None, k=3) -> PeerContext:
+    return PeerContext(model=str(tiny_hf_dir), draft=str(draft) if draft else None, threads=1,
+                       num_draft_tokens=k, cache=tmp_path / "cache")
+
+
+def our_greedy(engine, prompt_ids, n):
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.sampling import SamplingParams
+
+    gen = Generator(str(engine))
+    return gen.generate_ids([prompt_ids], SamplingParams(max_tokens=n, ignore_eos=True))[0].output_ids
+
+
+@pytest.mark.parametrize("name", ["transformers", "transformers-assisted"])
+def test_transformers_peers_on_tiny(name, tiny_hf_dir, tiny_engine, tiny_draft, tmp_path):
+    pytest.importorskip("transformers")
+    peer = peer_registry.PEERS[name]()
+    assert peer.available() == (True, "")
+    peer.load(tiny_ctx(tiny_hf_dir, tmp_path, tiny_draft))
+    prompt = [1, 5, 9, 40, 7]
+    n = 12
+    try:
+        r = peer.generate(prompt, n, 0.0, 0)
+        # greedy fp32: our fp32 engine's tokens (assisted generation is lossless at greedy)
+        assert r["output_ids"] == our_greedy(tiny_engine, prompt, n)
+        assert r["completion_tokens"] == n and r["tokens_per_s"] > 0 and r["ttft_s"] > 0
+        if name == "transformers":
+            assert r["target_forwards"] == n  # one forward a token
+        else:
+            assert peer.num_draft_tokens == 3 and 1 <= r["target_forwards"] <= n
+        sampled = [peer.generate(prompt, n, 1.0, seed)["output_ids"] for seed in (1, 1, 2)]
+        assert sampled[0] == sampled[1] and len(sampled[2]) == n  # seeded
+    finally:
+        peer.close()
+
+
+def test_assisted_peer_needs_a_draft(tiny_hf_dir, tmp_path):
+    pytest.importorskip("transformers")
+    peer = peer_registry.PEERS["transformers-assisted"]()
+    with pytest.raises(ValueError, match="no vanilla draft"):
+        peer.load(tiny_ctx(tiny_hf_dir, tmp_path, None))
+
+
+# --- real peers, where installed ---------------------------------------------------------------
+
+def test_ortgenai_peer_on_tiny(tiny_hf_dir, tmp_path):
+    peer = peer_registry.PEERS["onnxruntime-genai"]()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    peer.load(tiny_ctx(tiny_hf_dir, tmp_path))
+    try:
+        assert (tmp_path / "cache" / "ortgenai-int4" / "genai_config.json").is_file()
+        r = peer.generate([1, 5, 9, 40, 7], N, 0.0, 0)
+        assert r["completion_tokens"] == N == len(r["output_ids"]) == r["target_forwards"]
+        assert r["tokens_per_s"] > 0 and r["ttft_s"] > 0
+        assert r == {**r, "output_ids": peer.generate([1, 5, 9, 40, 7], N, 0.0, 0)["output_ids"]}
+    finally:
+        peer.close()
+
+
+@pytest.mark.slow
+def test_llamacpp_peer_on_smollm2(tmp_path):
+    """The real GGUF through llama-server: N tokens, ids returned, the server gone after."""
+    from trt_spec.export.checkpoint import KNOWN_MODELS, cache_dir
+    from trt_spec.runtime.peers.llamacpp import LlamaCppPeer
+
+    peer = LlamaCppPeer()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    gguf = cache_dir() / "smollm2-135m" / KNOWN_MODELS["smollm2-135m"][1].split("/")[-1]
+    if not gguf.is_file():
+        pytest.skip(f"{gguf} is not cached")
+    peer.load(PeerContext(model="smollm2-135m", draft=None, threads=2, num_draft_tokens=4,
+                          cache=tmp_path))
+    proc = peer.server.proc
+    try:
+        assert peer.precision == "Q4_1 GGUF"
+        prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2]
+        r = peer.generate(prompt, 16, 0.0, 0)
+        assert r["completion_tokens"] == 16 == len(r["output_ids"])
+        assert r["tokens_per_s"] > 0 and r["target_forwards"] is None
+        assert peer.generate(prompt, 16, 0.0, 0)["output_ids"] == r["output_ids"]  # greedy
+    finally:
+        peer.close()
+    assert proc.poll() is not None
+
+
+def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch):
+    """`python -m trt_spec.runtime.peers`: the tiny engine has no vanilla draft; the
+    onnxruntime-genai model is built (or the reason it is not) into the cache."""
+    from trt_spec.runtime.peers.__main__ import prepare
+
+    monkeypatch.setenv("TRT_SPEC_CACHE", str(tmp_path))
+    done = prepare(str(tiny_engine))
+    assert done["transformers-assisted"] == ("not prepared: ValueError: the engine has no "
+                                             "vanilla draft")
+    ok, reason = peer_registry.PEERS["onnxruntime-genai"]().available()
+    assert done["onnxruntime-genai"].endswith("ortgenai-int4") if ok else (
+        done["onnxruntime-genai"] == f"not prepared: {reason}")
