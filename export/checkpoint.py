@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from trt_spec.runtime.atomic import atomic_folder
 from trt_spec.runtime.config import ModelConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -209,16 +210,10 @@ def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
-    try:
+    with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "source.json").write_text(json.dumps({"gguf": gguf_path.name}))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -18,6 +16,7 @@ import torch
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_draft
 from trt_spec.export.model import TargetModel
+from trt_spec.runtime.atomic import atomic_folder
 
 
 def hf_state_dict(draft: TargetModel) -> dict[str, torch.Tensor]:
@@ -78,14 +77,7 @@ def draft_to_hf(target_hf_dir: str | Path, draft_dir: str | Path, out: str | Pat
     if missing or unexpected:
         raise KeyError(f"{draft_dir} -> HF Llama: missing keys {missing[:8]}, "
                        f"unexpected keys {unexpected[:8]}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
-    try:
+    with atomic_folder(out) as tmp:
         model.save_pretrained(tmp)
         (tmp / "trt_spec_source.json").write_text(json.dumps(stamp, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

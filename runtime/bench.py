@@ -184,6 +184,8 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "tau": tokens / forwards,
         "acceptance_rate": (sum(accepted_pp) / sum(proposed_pp)) if sum(proposed_pp) else None,
         "acceptance_per_position": [a / p for a, p in zip(accepted_pp, proposed_pp)],
+        "decode_steps": steps,
+        "drafted_per_position": proposed_pp,  # steps that drafted at least i + 1 tokens
         "identical_to_baseline": identical,
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,

@@ -1,10 +1,12 @@
 """What speculation should gain, from its measured parts, beside what it gained.
 
-    predicted = tau / (c(k+1)/c(1) + drafting / c(1))
+    predicted = tau / (E[c(k_i + 1)] / c(1) + drafting / c(1))
 
 c(T) is one target forward of T new tokens (runtime/step_costs.py), measured in the same
-process at the workload's typical context (median prompt + half the new tokens); drafting is
-the proposer's time per step and tau the tokens per target forward, both from the run itself.
+process at the workload's typical context (median prompt + half the new tokens); k_i is what
+a step actually drafted (n-gram lookup drafts fewer than k, or none, when nothing matches), so
+E[c(k_i + 1)] weighs c(1) .. c(k + 1) by how many steps drafted 0 .. k tokens; drafting is the
+proposer's time per step and tau the tokens per target forward, all from the run itself.
 measured / predicted is what the loop keeps: sampling, commits and Python are what it loses.
 """
 
@@ -18,10 +20,10 @@ def typical_past(prompt_lengths: list[int], max_new_tokens: int) -> int:
 
 
 def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, float]:
-    """c(T) in ms for T = 1 and every k + 1, at `past` (clamped to what the cache holds)."""
+    """c(T) in ms for T = 1 .. max(ks) + 1, at `past` (clamped to what the cache holds)."""
     from trt_spec.runtime.step_costs import step_costs  # it imports bench, which imports us
 
-    ts = sorted({1, *(k + 1 for k in ks)})
+    ts = list(range(1, max(ks) + 2))
     past = max(1, min(past, gen.cache.max_len - max(ts)))
     return step_costs(gen, [past], ts, repeats=repeats, warmup=1)["ms"][past]
 
@@ -29,9 +31,12 @@ def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, 
 def predict(result: dict, costs_ms: dict[int, float]) -> None:
     """Adds the prediction fields to one speculative bench result (in place)."""
     k, c1 = result["num_draft_tokens"], costs_ms[1]
-    verify = costs_ms[k + 1] / c1
+    steps, drafted = result["decode_steps"], result["drafted_per_position"] + [0] * k
+    # steps that drafted exactly j tokens: drafted[j-1] - drafted[j]; none: steps - drafted[0]
+    exactly = [max(steps - drafted[0], 0)] + [drafted[j - 1] - drafted[j] for j in range(1, k + 1)]
+    verify = sum(n * costs_ms[j + 1] for j, n in enumerate(exactly)) / sum(exactly) / c1
     drafting = result["propose_us_per_step"] / 1000 / c1
-    result["verify_cost_ratio"] = verify  # c(k+1) / c(1)
+    result["verify_cost_ratio"] = verify  # E[c(k_i + 1)] / c(1)
     result["drafting_cost_ratio"] = drafting  # drafting per step / c(1)
     result["predicted_speedup"] = result["tau"] / (verify + drafting)
     measured = result.get("speedup_vs_none")
@@ -43,9 +48,10 @@ def prediction_table(results: list[dict], costs: dict[str, dict]) -> str:
     rows = [r for r in results if "predicted_speedup" in r]
     if not rows:
         return ""
-    head = (f"{'method':<14} {'tau':>5} {'c(k+1)/c(1)':>11} {'draft/c(1)':>10} "
+    head = (f"{'method':<14} {'tau':>5} {'verify/c(1)':>11} {'draft/c(1)':>10} "
             f"{'predicted':>9} {'measured':>8} {'kept':>5}")
-    lines = ["", "speed-up predicted from measured parts: tau / (c(k+1)/c(1) + drafting/c(1))"]
+    lines = ["", "speed-up predicted from measured parts: tau / (E[c(k_i+1)]/c(1) + drafting/c(1)),"
+             " k_i the tokens a step drafted"]
     for engine, c in costs.items():
         lines.append(f"c(T) ms at past {c['past']} ({engine}): "
                      + " ".join(f"T={t} {ms:.2f}" for t, ms in c["ms"].items()))

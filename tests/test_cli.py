@@ -65,7 +65,8 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
     report = json.loads(out.read_text())
     assert set(report) == {"settings", "machine", "step_costs_ms", "results"}
     costs = report["step_costs_ms"][str(tiny_spec_engine)]
-    assert set(costs["ms"]) == {"1", "3", "5"} and all(v > 0 for v in costs["ms"].values())
+    assert set(costs["ms"]) == {"1", "2", "3", "4", "5"}
+    assert all(v > 0 for v in costs["ms"].values())
     got = {(r["method"], r["num_draft_tokens"], r["workload"]) for r in report["results"]}
     assert got == {(m, k, w) for m, k in [("none", None), ("vanilla", 2), ("vanilla", 4),
                                           ("ngram", 2), ("ngram", 4)] for w in ("prompts", "past=16")}
@@ -75,8 +76,13 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
         if r["method"] != "none":
             assert r["identical_to_baseline"] == 1.0  # greedy on an fp32 graph: lossless
         if r["method"] != "none" and r["workload"] == "prompts":  # predicted from the parts
-            k, ms = r["num_draft_tokens"], costs["ms"]
-            assert r["verify_cost_ratio"] == pytest.approx(ms[str(k + 1)] / ms["1"])
+            k, ms, drafted = r["num_draft_tokens"], costs["ms"], r["drafted_per_position"]
+            # steps that drafted exactly j tokens weigh c(j + 1)
+            counts = [r["decode_steps"] - drafted[0]] + [
+                drafted[j - 1] - (drafted[j] if j < len(drafted) else 0) for j in range(1, k + 1)]
+            assert sum(counts) == r["decode_steps"] and min(counts) >= 0
+            want = sum(n * ms[str(j + 1)] for j, n in enumerate(counts)) / sum(counts) / ms["1"]
+            assert r["verify_cost_ratio"] == pytest.approx(want)
             assert r["predicted_speedup"] == pytest.approx(
                 r["tau"] / (r["verify_cost_ratio"] + r["drafting_cost_ratio"]))
             assert r["speedup_efficiency"] == pytest.approx(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from trt_spec.runtime.atomic import atomic_folder
 from trt_spec.runtime.peers import PeerContext, decode_rate
 
 
@@ -24,22 +24,15 @@ def build_model(hf_dir: Path, out: Path, log: Path) -> Path:
     built into a temporary folder, then renamed). Skipped when `out` is complete."""
     if (out / "genai_config.json").is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
-    try:
+    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as cache:
         with open(log, "w") as f:  # the builder logs every node: keep it out of bench's output
             done = subprocess.run(
                 [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-                 "-o", str(tmp / "model"), "-p", "int4", "-e", "cpu", "-c", str(tmp / "cache")],
+                 "-o", str(tmp), "-p", "int4", "-e", "cpu", "-c", cache],
                 stdout=f, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             raise RuntimeError(f"onnxruntime-genai builder failed (exit {done.returncode}); "
                                f"see {log}")
-        if out.exists():
-            shutil.rmtree(out)
-        (tmp / "model").rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
