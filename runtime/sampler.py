@@ -65,17 +65,21 @@ def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
                       rng: np.random.Generator) -> tuple[int, list[int]]:
     """drafts: [k]; draft_probs: [k, vocab] (q at each draft position) or None for a
     deterministic drafter; target_logits: [k + 1, vocab]."""
-    p = probs_from_logits(target_logits, params.temperature, params.top_k, params.top_p)  # (k+1, V)
+    def p(i: int) -> np.ndarray:  # row by row: rows after the first rejection are never read
+        return probs_from_logits(target_logits[i], params.temperature, params.top_k,
+                                 params.top_p)
+
     out = []
     for i, x in enumerate(int(d) for d in drafts):
+        p_i = p(i)
         q_x = 1.0 if draft_probs is None else max(float(draft_probs[i, x]), Q_FLOOR)
-        if rng.random() < p[i, x] / q_x:  # accept with probability min(1, p/q)
+        if rng.random() < p_i[x] / q_x:  # accept with probability min(1, p/q)
             out.append(x)
             continue
         q = None if draft_probs is None else draft_probs[i]
-        out.append(sample_from_probs(residual(p[i], q, x), rng))  # recovered token
+        out.append(sample_from_probs(residual(p_i, q, x), rng))  # recovered token
         return i, out
-    out.append(sample_from_probs(p[len(drafts)], rng))  # bonus token
+    out.append(sample_from_probs(p(len(drafts)), rng))  # bonus token
     return len(drafts), out
 
 
