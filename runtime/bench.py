@@ -337,7 +337,9 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
             for r in results:
                 if (r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts"
                         and not r.get("peer")):
-                    predict(r, ms)
+                    none = next((x for x in results if x["engine"] == e and x["method"] == "none"
+                                 and x["workload"] == "prompts"), None)
+                    predict(r, ms, none)
     ref_none = next((c for c in configs if c.engine == engines[0] and c.method == "none"), None)
     workload_names = list(dict.fromkeys(w[0] for w in workloads))
     for p in active:

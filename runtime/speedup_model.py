@@ -8,6 +8,10 @@ a step actually drafted (n-gram lookup drafts fewer than k, or none, when nothin
 E[c(k_i + 1)] weighs c(1) .. c(k + 1) by how many steps drafted 0 .. k tokens; drafting is the
 proposer's time per step and tau the tokens per target forward, all from the run itself.
 measured / predicted is what the loop keeps: sampling, commits and Python are what it loses.
+
+The same prediction from the run's own step times, tau / ((propose + score) per step / `none`'s
+score per step), leaves out only what is not a graph call (sampling, commits, Python), so
+measured / that (`loop_efficiency`) is the loop's waste alone, free of the isolated c(T)'s noise.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, 
     return step_costs(gen, [past], ts, repeats=repeats, warmup=1)["ms"][past]
 
 
-def predict(result: dict, costs_ms: dict[int, float]) -> None:
-    """Adds the prediction fields to one speculative bench result (in place)."""
+def predict(result: dict, costs_ms: dict[int, float], none: dict | None = None) -> None:
+    """Adds the prediction fields to one speculative bench result (in place); `none` is the
+    same engine and workload's plain-decoding result."""
     k, c1 = result["num_draft_tokens"], costs_ms[1]
     steps, drafted = result["decode_steps"], result["drafted_per_position"] + [0] * k
     # steps that drafted exactly j tokens: drafted[j-1] - drafted[j]; none: steps - drafted[0]
@@ -42,6 +47,10 @@ def predict(result: dict, costs_ms: dict[int, float]) -> None:
     measured = result.get("speedup_vs_none")
     result["speedup_efficiency"] = (measured / result["predicted_speedup"]
                                     if measured is not None else None)
+    result["loop_efficiency"] = None
+    if none is not None and measured is not None and none["score_us_per_step"]:
+        step = result["propose_us_per_step"] + result["score_us_per_step"]
+        result["loop_efficiency"] = measured / (result["tau"] * none["score_us_per_step"] / step)
 
 
 def prediction_table(results: list[dict], costs: dict[str, dict]) -> str:
@@ -49,9 +58,10 @@ def prediction_table(results: list[dict], costs: dict[str, dict]) -> str:
     if not rows:
         return ""
     head = (f"{'method':<14} {'tau':>5} {'verify/c(1)':>11} {'draft/c(1)':>10} "
-            f"{'predicted':>9} {'measured':>8} {'kept':>5}")
+            f"{'predicted':>9} {'measured':>8} {'kept':>5} {'loop':>5}")
     lines = ["", "speed-up predicted from measured parts: tau / (E[c(k_i+1)]/c(1) + drafting/c(1)),"
-             " k_i the tokens a step drafted"]
+             " k_i the tokens a step drafted; kept = measured / predicted; loop = measured / the"
+             " same from the run's own propose + score times (what sampling and Python cost)"]
     for engine, c in costs.items():
         lines.append(f"c(T) ms at past {c['past']} ({engine}): "
                      + " ".join(f"T={t} {ms:.2f}" for t, ms in c["ms"].items()))
@@ -59,7 +69,8 @@ def prediction_table(results: list[dict], costs: dict[str, dict]) -> str:
     for r in rows:
         measured = "" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
         kept = "" if r["speedup_efficiency"] is None else f"{r['speedup_efficiency']:.2f}"
+        loop = "" if r["loop_efficiency"] is None else f"{r['loop_efficiency']:.2f}"
         lines.append(f"{r['method'] + ' k=' + str(r['num_draft_tokens']):<14} {r['tau']:>5.2f} "
                      f"{r['verify_cost_ratio']:>11.2f} {r['drafting_cost_ratio']:>10.2f} "
-                     f"{r['predicted_speedup']:>9.2f} {measured:>8} {kept:>5}")
+                     f"{r['predicted_speedup']:>9.2f} {measured:>8} {kept:>5} {loop:>5}")
     return "\n".join(lines)

@@ -87,6 +87,11 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
                 r["tau"] / (r["verify_cost_ratio"] + r["drafting_cost_ratio"]))
             assert r["speedup_efficiency"] == pytest.approx(
                 r["speedup_vs_none"] / r["predicted_speedup"])
+            none = next(x for x in report["results"]
+                        if x["method"] == "none" and x["workload"] == "prompts")
+            step = r["propose_us_per_step"] + r["score_us_per_step"]
+            assert r["loop_efficiency"] == pytest.approx(
+                r["speedup_vs_none"] * step / (r["tau"] * none["score_us_per_step"]))
         else:
             assert "predicted_speedup" not in r
     assert "tok/s" in result.stdout and "predicted" in result.stdout
