@@ -7,7 +7,6 @@ missing or unexpected key fails with its name.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.runtime.atomic import atomic_folder
+from trt_spec.runtime.files import atomic_folder, cache_dir
 from trt_spec.runtime.config import ModelConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -40,12 +39,6 @@ def shipped_drafters(model: str) -> dict[str, Path]:
         return {}
     return {kind: SHIPPED / model / kind for kind in SHIPPED_KINDS
             if (SHIPPED / model / kind / "drafter.json").is_file()}
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TRT_SPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec")
-    return Path(root)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -16,7 +16,7 @@ import torch
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_draft
 from trt_spec.export.model import TargetModel
-from trt_spec.runtime.atomic import atomic_folder
+from trt_spec.runtime.files import atomic_folder
 
 
 def hf_state_dict(draft: TargetModel) -> dict[str, torch.Tensor]:

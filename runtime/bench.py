@@ -27,12 +27,7 @@ from trt_spec.runtime import peers as peer_registry
 from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.speedup_model import measure_costs, predict, prediction_table, typical_past
-
-# Filler for synthetic long pasts: plain prose, tokenized once and cut to length.
-FILLER = (
-    "The history of computing is a story of abstraction: each generation of engineers "
-    "hides the details of the one before it, so that the next can think in larger pieces. ")
-
+from trt_spec.runtime.step_costs import synthetic_prompt
 
 def default_prompts_path() -> Path:
     return Path(str(resources.files("trt_spec.runtime") / "data" / "prompts.jsonl"))
@@ -79,13 +74,6 @@ def parse_ints(text: str, option: str, minimum: int = 0) -> list[int]:
 
 def parse_past(text: str) -> list[int]:
     return parse_ints(text, "--past")
-
-
-def synthetic_prompt(gen: Generator, length: int) -> list[int]:
-    ids = gen.tokenizer.encode(FILLER, add_special_tokens=False)
-    while len(ids) < length:
-        ids = ids + ids
-    return ids[:max(length, 1)]
 
 
 def peak_rss_mb() -> float:
@@ -159,6 +147,14 @@ def load_peers(names: list[str], ctx, skipped: dict, progress) -> list[PeerConfi
     return loaded
 
 
+def identical_share(runs: list[dict], baseline: list[dict] | None) -> float | None:
+    """The share of runs whose output equals the baseline run's on the same prompt and pass."""
+    if baseline is None:
+        return None
+    same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
+    return sum(same) / len(same)
+
+
 def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict] | None,
               precision: str) -> dict:
     rates = [r["tokens_per_s"] for r in runs]
@@ -170,10 +166,7 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
                    for i in range(width)]
     accepted_pp = [sum(r["accepted_pp"][i] for r in runs if i < len(r["accepted_pp"]))
                    for i in range(width)]
-    identical = None
-    if baseline is not None:
-        same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
-        identical = sum(same) / len(same)
+    identical = identical_share(runs, baseline)
     return {
         "engine": cfg.engine, "precision": precision, "method": cfg.method,
         "num_draft_tokens": cfg.k, "workload": workload,
@@ -201,10 +194,7 @@ def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: lis
     rates = [r["tokens_per_s"] for r in runs]
     tokens = sum(r["completion_tokens"] for r in runs)
     forwards = [r["target_forwards"] for r in runs]
-    identical = None
-    if baseline is not None:
-        same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
-        identical = sum(same) / len(same)
+    identical = identical_share(runs, baseline)
     own_rss = [r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None]
     return {
         "engine": p.peer.engine, "precision": p.peer.precision, "method": p.name,
@@ -334,11 +324,11 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
             past = typical_past([len(gen.encode(p)) for p in prompts], max_new_tokens)
             ms = measure_costs(gen, past, ks)
             costs[e] = {"past": past, "ms": ms}
+            none = next((x for x in results if x["engine"] == e and x["method"] == "none"
+                         and x["workload"] == "prompts"), None)
             for r in results:
                 if (r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts"
                         and not r.get("peer")):
-                    none = next((x for x in results if x["engine"] == e and x["method"] == "none"
-                                 and x["workload"] == "prompts"), None)
                     predict(r, ms, none)
     ref_none = next((c for c in configs if c.engine == engines[0] and c.method == "none"), None)
     workload_names = list(dict.fromkeys(w[0] for w in workloads))

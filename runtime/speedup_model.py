@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import statistics
 
+from trt_spec.runtime.step_costs import step_costs
+
 
 def typical_past(prompt_lengths: list[int], max_new_tokens: int) -> int:
     return int(statistics.median(prompt_lengths)) + max_new_tokens // 2
@@ -25,8 +27,6 @@ def typical_past(prompt_lengths: list[int], max_new_tokens: int) -> int:
 
 def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, float]:
     """c(T) in ms for T = 1 .. max(ks) + 1, at `past` (clamped to what the cache holds)."""
-    from trt_spec.runtime.step_costs import step_costs  # it imports bench, which imports us
-
     ts = list(range(1, max(ks) + 2))
     past = max(1, min(past, gen.cache.max_len - max(ts)))
     return step_costs(gen, [past], ts, repeats=repeats, warmup=1)["ms"][past]

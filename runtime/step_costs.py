@@ -15,9 +15,20 @@ from __future__ import annotations
 import statistics
 import time
 
-from trt_spec.runtime.bench import synthetic_prompt
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.step_inputs import Request
+
+# Filler for synthetic long pasts: plain prose, tokenized once and cut to length.
+FILLER = (
+    "The history of computing is a story of abstraction: each generation of engineers "
+    "hides the details of the one before it, so that the next can think in larger pieces. ")
+
+
+def synthetic_prompt(gen: Generator, length: int) -> list[int]:
+    ids = gen.tokenizer.encode(FILLER, add_special_tokens=False)
+    while len(ids) < length:
+        ids = ids + ids
+    return ids[:max(length, 1)]
 
 
 def step_costs(gen: Generator, pasts: list[int], ts: list[int], repeats: int = 12,

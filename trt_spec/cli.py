@@ -293,8 +293,6 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
             check_method(m)
         k_list = parse_ints(ks, "--num-draft-tokens", minimum=1) or [4]
         peer_list = parse_peers(peers)
-        if peer_list and batch != 1:
-            raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
         if plot_out and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'")
         report = run_bench(list(engines) or [DEFAULT_ENGINE], method_list, k_list,

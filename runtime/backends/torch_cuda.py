@@ -84,9 +84,8 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
 
 class TorchKVCache(KVCache):
     """KVCache with its block on a torch device: [2L, slots, kv_heads, max_len + 1, head_dim]
-    (one scratch row per slot, see attention_in_place). Lengths and slots stay on the host."""
-
-    scratch_rows = 1
+    (KVCache's scratch row per slot, see attention_in_place). Lengths and slots stay on the
+    host."""
 
     def __init__(self, config: ModelConfig, slots: int, max_len: int, device: torch.device,
                  num_layers: int | None = None):

@@ -23,10 +23,11 @@ onnxruntime-genai or llama.cpp.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from trt_spec.runtime.files import cache_dir
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,10 @@ def parse_peers(text: str) -> list[str]:
 
 
 def peer_threads(threads: int | None) -> int:
-    """bench's --threads, else $TRT_SPEC_THREADS, else every core (as our ORT sessions)."""
-    return threads or int(os.environ.get("TRT_SPEC_THREADS") or 0) or os.cpu_count() or 1
+    """bench's --threads, else what our ORT sessions take ($TRT_SPEC_THREADS, every core)."""
+    from trt_spec.runtime.backends.ort import default_threads
+
+    return threads or default_threads()
 
 
 def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int) -> PeerContext:
@@ -77,8 +80,7 @@ def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int
     model = source.get("model")
     if not model:
         raise ValueError("the engine's manifest.json records no source model: peers need it")
-    root = Path(os.environ.get("TRT_SPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec"))
+    root = cache_dir()
     if "/" in model or model.endswith(".gguf"):  # a path: a folder of its own under peers/
         key = hashlib.sha256(str(Path(model).resolve()).encode()).hexdigest()[:16]
         cache = root / "peers" / f"{Path(model).stem}-{key}"

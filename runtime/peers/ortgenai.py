@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trt_spec.runtime.atomic import atomic_folder
+from trt_spec.runtime.files import atomic_folder
 from trt_spec.runtime.peers import PeerContext, decode_rate
 
 

@@ -1,11 +1,20 @@
-"""Folders that appear whole or not at all."""
+"""Where trt-spec keeps what it downloads or derives, and folders that appear whole or not at
+all. Torch-free: the runtime (bench's peers) uses it as well as the exporter."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$TRT_SPEC_CACHE, else $XDG_CACHE_HOME/trt-spec (~/.cache/trt-spec)."""
+    root = os.environ.get("TRT_SPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trt-spec")
+    return Path(root)
 
 
 @contextmanager
