@@ -23,17 +23,23 @@ from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embed
 from trt_spec.plugins.lowering import lowering
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
 
-PRECISIONS = {"ort": ("fp32", "int8", "int4"), "trt": ("fp32", "fp16")}
+PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-plain"), "trt": ("fp32", "fp16")}
 FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
 
-# Bits per MatMul, by precision. The head (output "logits") stays 8-bit under int4: logits
-# are where int4 error would land directly, and the default GGUF's embedding is Q8_0, which
-# 8-bit symmetric blocks reproduce exactly. (A tied head is handled by tie_embedding_int8.)
-BITS = {
-    "int8": lambda output, shape: 8,
-    "int4": lambda output, shape: 8 if output == "logits" else 4,
+# Weight form per MatMul (export/quantize.py FORMS), by precision. The head (output "logits")
+# stays 8-bit under int4: logits are where int4 error would land directly, and the default
+# GGUF's embedding is Q8_0, which 8-bit symmetric blocks reproduce exactly. (A tied head is
+# handled by tie_embedding_int8.) "int4" keeps a Q4_1 GGUF's weights (the residual form);
+# "int4-plain" is the integer-zero-point form alone, 7% fewer bytes and not the same model
+# (docs/quantization.md has both measured).
+FORMS = {
+    "int8": lambda output, shape: "int8",
+    "int4": lambda output, shape: "int8" if output == "logits" else "int4+residual",
+    "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
 }
 BACKENDS = tuple(PRECISIONS)
+# Bumped when a precision's weight forms change, so that `export` redoes folders made before.
+WEIGHTS_FORMAT = 2
 
 # --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
 # "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.
@@ -126,11 +132,12 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     with lowering(backend):
         proto = trace()
     aliases = None
-    if precision in BITS:
+    if precision in FORMS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
         aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
         tables = 0 if aliases else embedding_int8(proto)
-        n = matmuls_to_nbits(proto, BITS[precision])
+        errors: dict[str, tuple[str, float]] = {}
+        n = matmuls_to_nbits(proto, FORMS[precision], errors=errors)
         log(f"  {n} MatMuls quantized"
             + (", embedding and lm_head share one int8 table" if aliases else "")
             + (", embedding to int8" if tables else ""))
@@ -145,6 +152,8 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         "inputs": inputs,
         "outputs": outputs,
     }
+    if precision in FORMS:
+        entry["weights"] = weights_entry(errors)
     if backend == "trt":
         entry.update(trt_entry(proto, inputs, outputs))
     if any(i["name"].startswith("past_key_values.") for i in inputs):
@@ -152,6 +161,17 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         entry["kv_cache"] = {"layout": "[batch, kv_heads, max_len, head_dim]", "dtype": kv["dtype"],
                              "in_place": "past and present share one buffer"}
     return entry
+
+
+def weights_entry(errors: dict[str, tuple[str, float]]) -> dict:
+    """What the manifest records of a graph's quantized MatMuls: per form, how many and their
+    relative weight error |W_q - W|_F / |W|_F against the weights exported (median, max)."""
+    forms: dict[str, list[float]] = {}
+    for form, error in errors.values():
+        forms.setdefault(form, []).append(error)
+    return {form: {"matmuls": len(e), "relative_error_median": round(float(np.median(e)), 6),
+                   "relative_error_max": round(float(np.max(e)), 6)}
+            for form, e in sorted(forms.items())}
 
 
 def trt_entry(proto, inputs: list[dict], outputs: list[dict]) -> dict:
@@ -256,6 +276,7 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
     source = {"model": model, "precision": precision, "backend": backend,
+              "weights_format": WEIGHTS_FORMAT,
               "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads,
               "draft_vocab": draft_vocab}
     if not force and (out / MANIFEST).exists():

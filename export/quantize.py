@@ -1,10 +1,16 @@
-"""Weight-only int4 for ONNX Runtime: MatMul(x, W) -> com.microsoft::MatMulNBits.
+"""Weight-only quantization for ONNX Runtime: MatMul(x, W) -> com.microsoft::MatMulNBits.
 
-Blocks of 32 weights along K share a scale and a 4-bit zero point (asymmetric, range widened
-to include 0): w ~ (q - zp) * scale, q in 0..15. For weights that came from a Q4_1 GGUF (a
-16-level grid d*q + m per 32-block) this recovers the same grid with scale = d whenever the
-block spans it; only the zero point is rounded (a shift of at most half a step).
-accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (NOTES.md).
+Blocks of 32 weights along K share a scale and a zero point: w ~ (q - zp) * scale. The
+forms (FORMS), each a function quantize_<form> below:
+- "int8": symmetric 8-bit blocks (exact for a Q8_0 GGUF tensor).
+- "int4": 4-bit blocks, range widened to include 0, integer zero point. For weights that came
+  from a Q4_1 GGUF (w = d*q + m per 32-block) the zero point -m/d is rounded: every weight of
+  the block moves by up to half a step (8-9% relative error per matrix on SmolLM2).
+- "int4+residual": the same 4-bit blocks plus the per-block residual that the integer zero
+  point leaves, applied to the input's block sums in the same kernel (quantize_int4_residual):
+  a Q4_1 GGUF's weights, at ~7% more bytes.
+accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (NOTES.md); ORT's
+float zero points (exact for Q4_1 by themselves) run ~35x slower.
 """
 
 from __future__ import annotations
@@ -35,46 +41,149 @@ def dequantize_int8(q, scales, zero_points, k: int, n: int, block: int = BLOCK) 
     return w.reshape(n, k).T
 
 
-def quantize_int4(w: np.ndarray, block: int = BLOCK):
-    """w: [K, N] fp32 (MatMul's B) -> (packed [N, K/block, block/2] uint8, scales [N*K/block]
-    fp32, zero_points [N*ceil(K/block/2)] uint8) in MatMulNBits' layout."""
-    k, n = w.shape
-    assert k % block == 0, (k, block)
-    blocks = k // block
-    wt = w.T.reshape(n, blocks, block).astype(np.float32)  # (N, nb, block)
+def _int4_blocks(wt: np.ndarray):
+    """wt [N, nb, block] -> unpacked (q [N, nb, block] uint8, scale [N, nb] fp32, zp [N, nb]
+    uint8): asymmetric 4-bit blocks, range widened to include 0, integer zero point."""
     lo = np.minimum(wt.min(-1), 0.0)
     hi = np.maximum(wt.max(-1), 0.0)
     scale = (hi - lo) / 15.0
-    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)  # (N, nb)
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
     zp = np.clip(np.round(-lo / scale), 0, 15).astype(np.uint8)
     q = np.clip(np.round(wt / scale[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # low nibble first
+    return q, scale, zp
+
+
+def _pack_int4(q: np.ndarray, scale: np.ndarray, zp: np.ndarray):
+    """Unpacked q [N, nb, block], scale / zp [N, nb] -> MatMulNBits' (packed [N, nb, block/2]
+    uint8, scales [N*nb] fp32, zero_points [N*ceil(nb/2)] uint8), low nibble first."""
+    n, blocks = scale.shape
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
     if blocks % 2:
         zp = np.concatenate([zp, np.zeros((n, 1), np.uint8)], axis=1)
     zp_packed = (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
-    return packed, scale.reshape(-1), zp_packed.reshape(-1)
+    return packed, scale.reshape(-1).astype(np.float32), zp_packed.reshape(-1)
 
 
-def dequantize_int4(packed, scales, zero_points, k: int, n: int, block: int = BLOCK) -> np.ndarray:
-    """Inverse of quantize_int4 (the weights MatMulNBits computes with): [K, N] fp32."""
-    blocks = k // block
+def _unpack_int4(packed, scales, zero_points, n: int, blocks: int, block: int = BLOCK):
+    """Inverse of _pack_int4 -> (q - zp) * scale [N, blocks, block] fp32."""
     q = np.empty((n, blocks, block), np.uint8)
     q[..., 0::2], q[..., 1::2] = packed & 0xF, packed >> 4
     zp = np.empty((n, (blocks + 1) // 2 * 2), np.uint8)
     zpp = zero_points.reshape(n, -1)
     zp[:, 0::2], zp[:, 1::2] = zpp & 0xF, zpp >> 4
-    w = (q.astype(np.float32) - zp[:, :blocks, None]) * scales.reshape(n, blocks)[..., None]
-    return w.reshape(n, k).T
+    return (q.astype(np.float32) - zp[:, :blocks, None]) * scales.reshape(n, blocks)[..., None]
 
 
-QUANTIZERS = {4: quantize_int4, 8: quantize_int8}
+def quantize_int4(w: np.ndarray, block: int = BLOCK):
+    """w: [K, N] fp32 (MatMul's B) -> (packed [N, K/block, block/2] uint8, scales [N*K/block]
+    fp32, zero_points [N*ceil(K/block/2)] uint8) in MatMulNBits' layout."""
+    k, n = w.shape
+    assert k % block == 0, (k, block)
+    return _pack_int4(*_int4_blocks(w.T.reshape(n, k // block, block).astype(np.float32)))
 
 
-def matmuls_to_nbits(model: onnx.ModelProto, bits_for, accuracy_level: int = 4,
-                     min_elements: int = 4096) -> int:
+def dequantize_int4(packed, scales, zero_points, k: int, n: int, block: int = BLOCK) -> np.ndarray:
+    """Inverse of quantize_int4 (the weights MatMulNBits computes with): [K, N] fp32."""
+    return _unpack_int4(packed, scales, zero_points, n, k // block, block).reshape(n, k).T
+
+
+RESIDUAL_STAGES = 2  # int4 blocks per residual row: each cuts what is left ~15x
+
+
+def sums_width(k: int, block: int = BLOCK) -> int:
+    """Columns of the block sums appended to an input of K features: K/block rounded up to
+    whole blocks."""
+    return -(-(k // block) // block) * block
+
+
+def quantize_int4_residual(w: np.ndarray, block: int = BLOCK):
+    """w: [K, N] fp32 -> MatMulNBits weights (packed, scales, zero_points) over the augmented
+    input [x, sums, sums] of K + 2*P features, P = sums_width(K): GGUF's Q4_1 form (per
+    32-block w ~ d*q + min, q in 0..15, the minimum kept) in a kernel whose zero point is an
+    integer. The block is split as
+
+        w = d * (q - zp) + r,   zp = round(-min / d) in 0..15,  r = min + d * zp
+
+    MatMulNBits computes the first term. The residual r (one value per block, at most half a
+    step when the block spans 0) is what the plain int4 form drops: every weight of the block
+    shifted by up to half a step. r multiplies the input's block sums, so it rides in the same
+    kernel on extra input columns:
+
+        x @ W = MatMulNBits([x, sums(x), sums(x)]; [q-blocks; r stage 1; r stage 2])
+
+    Stage 1 is r as int4 blocks along the block-sum axis, stage 2 what stage 1 left (r to
+    ~1/450 of its range). For weights dequantized from a Q4_1 GGUF (min = m, (max - min)/15 =
+    d) this reproduces them; for any other weights it is min/max round-to-nearest."""
+    k, n = w.shape
+    assert k % block == 0, (k, block)
+    blocks, width = k // block, sums_width(k, block)
+    wt = w.T.reshape(n, blocks, block).astype(np.float32)  # (N, nb, block)
+    lo = wt.min(-1)
+    d = (wt.max(-1) - lo) / 15.0
+    d = np.where(d == 0, 1.0, d).astype(np.float32)  # (N, nb)
+    q = np.clip(np.round((wt - lo[..., None]) / d[..., None]), 0, 15).astype(np.uint8)
+    zp = np.clip(np.round(-lo / d), 0, 15).astype(np.uint8)
+    rest = np.zeros((n, width), np.float32)  # r, padded to whole blocks
+    rest[:, :blocks] = lo.astype(np.float64) + d.astype(np.float64) * zp
+    qs, scales, zps = [q], [d], [zp]
+    for _ in range(RESIDUAL_STAGES):
+        rq, rs, rz = _int4_blocks(rest.reshape(n, width // block, block))
+        rest = rest - ((rq.astype(np.float32) - rz[..., None]) * rs[..., None]).reshape(n, width)
+        qs.append(rq), scales.append(rs), zps.append(rz)
+    return _pack_int4(np.concatenate(qs, 1), np.concatenate(scales, 1), np.concatenate(zps, 1))
+
+
+def dequantize_int4_residual(packed, scales, zero_points, k: int, n: int,
+                             block: int = BLOCK) -> np.ndarray:
+    """The [K, N] weights quantize_int4_residual's MatMulNBits computes with (for x, whose
+    block sums it appends)."""
+    blocks, width = k // block, sums_width(k, block)
+    w = _unpack_int4(packed, scales, zero_points, n, blocks + RESIDUAL_STAGES * width // block,
+                     block).reshape(n, -1)
+    r = sum(w[:, k + i * width:k + i * width + blocks] for i in range(RESIDUAL_STAGES))
+    return (w[:, :k] + np.repeat(r, block, axis=1)).T
+
+
+QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4,
+              "int4+residual": quantize_int4_residual}
+FORMS = tuple(QUANTIZERS)
+
+
+def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> str:
+    """x [.., K] -> [x, sums, sums] [.., K + 2*P], once per input tensor: sums [.., P] holds
+    x's sum over each 32-block (zero-padded to P = sums_width(K)).
+
+        x --MatMul(ones_blocks [K, P])--> sums --+
+        x -----------------------------------Concat(x, sums, sums)--> x_with_sums
+    """
+    if x not in done:
+        width = sums_width(k)
+        ones = f"block_ones.{k}"
+        if not any(i.name == ones for i in graph.initializer):
+            indicator = np.zeros((k, width), np.float32)
+            indicator[np.arange(k), np.arange(k) // BLOCK] = 1.0
+            graph.initializer.append(numpy_helper.from_array(indicator, ones))
+        sums = f"{x}/block_sums"
+        done[x] = f"{x}/with_block_sums"
+        new_nodes.append(helper.make_node("MatMul", [x, ones], [sums], name=f"{sums}/MatMul"))
+        new_nodes.append(helper.make_node("Concat", [x] + [sums] * RESIDUAL_STAGES, [done[x]],
+                                          axis=-1, name=f"{done[x]}/Concat"))
+    return done[x]
+
+
+DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
+                "int4+residual": dequantize_int4_residual}
+
+
+def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
+                     min_elements: int = 4096, errors: dict | None = None) -> int:
     """Replaces every MatMul whose B is a 2-D initializer with K % 32 == 0 (and at least
-    `min_elements` weights) by MatMulNBits, in place. `bits_for(output_name, shape)` (the MatMul's output) picks
-    4 or 8 bits (or None to keep fp32). Returns how many were replaced."""
+    `min_elements` weights) by MatMulNBits, in place. `form_for(output_name, shape)` (the
+    MatMul's output) picks one of FORMS (or None to keep fp32). Returns how many were
+    replaced. "int4+residual" MatMuls read their input with its block sums appended
+    (_with_block_sums, shared by every weight that reads the same input). `errors`, if given,
+    receives {weight name: (form, |W_q - W|_F / |W|_F)}: what each replacement computes
+    against the weights it was given."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses: dict[str, int] = {}
@@ -83,6 +192,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, bits_for, accuracy_level: int = 4,
             uses[name] = uses.get(name, 0) + 1
     replaced = 0
     new_nodes = []
+    augmented: dict[str, str] = {}
     for node in graph.node:
         w_name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
         init = inits.get(w_name) if w_name else None
@@ -92,21 +202,30 @@ def matmuls_to_nbits(model: onnx.ModelProto, bits_for, accuracy_level: int = 4,
             continue
         w = numpy_helper.to_array(init)
         k, n = w.shape
-        bits = bits_for(node.output[0], (k, n))
-        if bits is None:
+        form = form_for(node.output[0], (k, n))
+        if form is None:
             new_nodes.append(node)
             continue
-        packed, scales, zps = QUANTIZERS[bits](w)
-        prefix = f"{w_name}.int{bits}"
+        assert form in FORMS, form
+        packed, scales, zps = QUANTIZERS[form](w)
+        if errors is not None:
+            wq = DEQUANTIZERS[form](packed, scales, zps, k, n)
+            errors[w_name] = (form, float(np.linalg.norm(wq - w) / max(np.linalg.norm(w), 1e-30)))
+        x = node.input[0]
+        if form == "int4+residual":
+            x = _with_block_sums(graph, new_nodes, augmented, x, k)
+            k += RESIDUAL_STAGES * sums_width(k)
+        prefix = f"{w_name}.{form}"
         graph.initializer.extend([
             numpy_helper.from_array(packed, prefix + ".q"),
             numpy_helper.from_array(scales, prefix + ".scales"),
             numpy_helper.from_array(zps, prefix + ".zp"),
         ])
         new_nodes.append(helper.make_node(
-            "MatMulNBits", [node.input[0], prefix + ".q", prefix + ".scales", prefix + ".zp"],
+            "MatMulNBits", [x, prefix + ".q", prefix + ".scales", prefix + ".zp"],
             list(node.output), name=(node.name or w_name) + "/MatMulNBits", domain="com.microsoft",
-            K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
+            K=k, N=n, bits=8 if form == "int8" else 4, block_size=BLOCK,
+            accuracy_level=accuracy_level))
         uses[w_name] -= 1
         replaced += 1
     del graph.node[:]

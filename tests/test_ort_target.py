@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 
 from trt_spec.export.checkpoint import load_target  # noqa: E402
 from trt_spec.export.model import empty_cache  # noqa: E402
-from trt_spec.export.quantize import dequantize_int4, quantize_int4  # noqa: E402
+from trt_spec.export.quantize import (dequantize_int4, dequantize_int4_residual,  # noqa: E402
+                                      quantize_int4, quantize_int4_residual)
 from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
 from trt_spec.runtime.step_inputs import Request  # noqa: E402
@@ -88,7 +89,7 @@ def test_int4_layout_roundtrip():
 
 def test_int4_graph_computes_its_dequantized_weights(tiny_hf_dir, tiny_engine_int4):
     """The int4 lowering is exact up to ORT's int8 activation rounding (accuracy level 4): the
-    graph matches the torch module whose weights were replaced by their int4 (body) / int8
+    graph matches the torch module whose weights were replaced by their int4+residual (body) / int8
     (tied embedding and head) dequantized values five times more closely (or better) than it matches fp32."""
     from trt_spec.export.quantize import dequantize_int8, quantize_int8
 
@@ -98,7 +99,7 @@ def test_int4_graph_computes_its_dequantized_weights(tiny_hf_dir, tiny_engine_in
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear):
                 w = module.weight.numpy().T  # (K, N)
-                wq = dequantize_int4(*quantize_int4(w), *w.shape)
+                wq = dequantize_int4_residual(*quantize_int4_residual(w), *w.shape)
                 module.weight.copy_(torch.from_numpy(wq.T.copy()))
         e = model.embed_tokens.weight.numpy()
         eq = dequantize_int8(*quantize_int8(e.T), *e.T.shape).T

@@ -39,10 +39,13 @@ def main():
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="A known model name (smollm2-135m), a local .gguf file, or a Hugging Face "
                    "folder (config.json + safetensors + tokenizer) of a Llama-family model.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-plain"]),
+              default=None,
               help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
-                   "[default: int4]; fp32 / fp16 for trt, which builds strongly typed from the "
-                   "graph's dtypes [default: fp16].")
+                   "[default: int4: 4-bit blocks plus each block's residual, which keeps a Q4_1 "
+                   "GGUF's weights exactly; int4-plain: without the residual, 7% smaller and "
+                   "not the same model]; fp32 / fp16 for trt, which builds strongly typed from "
+                   "the graph's dtypes [default: fp16].")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
               help="Lowering target: ONNX Runtime, or TensorRT (TRT_Attention / "
                    "TRT_KVCacheUpdate / the trt_spec::SpecVerify plugin; build with TensorRT).")
@@ -458,17 +461,19 @@ def check_engine(engine, checksum: str | None) -> None:
 @engine_option
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL prompts [default: the shipped runtime/data/prompts.jsonl].")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None,
+              help="Only the first N prompts of the file.")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=64, show_default=True,
               help="Length of the reference's greedy continuation per prompt.")
 @threads_option
-def fidelity(reference, engine, prompts_file, max_new_tokens, threads):
+def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, threads):
     """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
     from trt_spec.runtime.bench import load_prompts
     from trt_spec.runtime.fidelity import fidelity as measure
     from trt_spec.runtime.generator import Generator
 
     try:
-        prompts = load_prompts(prompts_file)
+        prompts = load_prompts(prompts_file)[:num_prompts]
         max_len = 4096
         ref = Generator(reference, max_len=max_len, threads=threads)
         test = Generator(engine, max_len=max_len, threads=threads)
