@@ -30,7 +30,7 @@ FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 oth
 # stays 8-bit under int4: logits are where int4 error would land directly, and the default
 # GGUF's embedding is Q8_0, which 8-bit symmetric blocks reproduce exactly. (A tied head is
 # handled by tie_embedding_int8.) "int4" keeps a Q4_1 GGUF's weights (the residual form);
-# "int4-plain" is the integer-zero-point form alone, 7% fewer bytes and not the same model
+# "int4-plain" is the integer-zero-point form alone, 4% fewer bytes and not the same model
 # (docs/quantization.md has both measured).
 FORMS = {
     "int8": lambda output, shape: "int8",
@@ -39,7 +39,7 @@ FORMS = {
 }
 BACKENDS = tuple(PRECISIONS)
 # Bumped when a precision's weight forms change, so that `export` redoes folders made before.
-WEIGHTS_FORMAT = 2
+WEIGHTS_FORMAT = 3
 
 # --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
 # "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.

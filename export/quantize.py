@@ -8,7 +8,7 @@ forms (FORMS), each a function quantize_<form> below:
   the block moves by up to half a step (8-9% relative error per matrix on SmolLM2).
 - "int4+residual": the same 4-bit blocks plus the per-block residual that the integer zero
   point leaves, applied to the input's block sums in the same kernel (quantize_int4_residual):
-  a Q4_1 GGUF's weights, at ~7% more bytes.
+  a Q4_1 GGUF's weights, at ~4% more bytes.
 accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (NOTES.md); ORT's
 float zero points (exact for Q4_1 by themselves) run ~35x slower.
 """
@@ -87,7 +87,10 @@ def dequantize_int4(packed, scales, zero_points, k: int, n: int, block: int = BL
     return _unpack_int4(packed, scales, zero_points, n, k // block, block).reshape(n, k).T
 
 
-RESIDUAL_STAGES = 2  # int4 blocks per residual row: each cuts what is left ~15x
+# int4 stages that carry the residual: each cuts what is left ~15x. Measured on SmolLM2's
+# Q4_1 weights (docs/quantization.md): one stage 0.5% relative weight error, held-out KL 0.0037,
+# 103 MB; two 0.03%, KL 0.0028, 106 MB, and ~2% slower decoding.
+RESIDUAL_STAGES = 1
 
 
 def sums_width(k: int, block: int = BLOCK) -> int:
@@ -98,7 +101,7 @@ def sums_width(k: int, block: int = BLOCK) -> int:
 
 def quantize_int4_residual(w: np.ndarray, block: int = BLOCK):
     """w: [K, N] fp32 -> MatMulNBits weights (packed, scales, zero_points) over the augmented
-    input [x, sums, sums] of K + 2*P features, P = sums_width(K): GGUF's Q4_1 form (per
+    input [x, sums, ...] of K + RESIDUAL_STAGES*P features, P = sums_width(K): GGUF's Q4_1 form (per
     32-block w ~ d*q + min, q in 0..15, the minimum kept) in a kernel whose zero point is an
     integer. The block is split as
 
@@ -109,11 +112,12 @@ def quantize_int4_residual(w: np.ndarray, block: int = BLOCK):
     shifted by up to half a step. r multiplies the input's block sums, so it rides in the same
     kernel on extra input columns:
 
-        x @ W = MatMulNBits([x, sums(x), sums(x)]; [q-blocks; r stage 1; r stage 2])
+        x @ W = MatMulNBits([x, sums(x)]; [q-blocks; r])
 
-    Stage 1 is r as int4 blocks along the block-sum axis, stage 2 what stage 1 left (r to
-    ~1/450 of its range). For weights dequantized from a Q4_1 GGUF (min = m, (max - min)/15 =
-    d) this reproduces them; for any other weights it is min/max round-to-nearest."""
+    Each stage is what the earlier ones left of r, as int4 blocks along the block-sum axis
+    (RESIDUAL_STAGES). For weights dequantized from a Q4_1 GGUF (min = m, (max - min)/15 = d)
+    this reproduces them up to the last stage's rounding (1/30 of r's range per row); for any
+    other weights it is min/max round-to-nearest."""
     k, n = w.shape
     assert k % block == 0, (k, block)
     blocks, width = k // block, sums_width(k, block)
@@ -150,11 +154,11 @@ FORMS = tuple(QUANTIZERS)
 
 
 def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> str:
-    """x [.., K] -> [x, sums, sums] [.., K + 2*P], once per input tensor: sums [.., P] holds
-    x's sum over each 32-block (zero-padded to P = sums_width(K)).
+    """x [.., K] -> [x, sums (once per residual stage)] [.., K + stages*P], once per input
+    tensor: sums [.., P] holds x's sum over each 32-block (zero-padded to P = sums_width(K)).
 
         x --MatMul(ones_blocks [K, P])--> sums --+
-        x -----------------------------------Concat(x, sums, sums)--> x_with_sums
+        x ------------------------------------Concat(x, sums, ...)--> x_with_sums
     """
     if x not in done:
         width = sums_width(k)

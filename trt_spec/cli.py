@@ -43,7 +43,7 @@ def main():
               default=None,
               help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
                    "[default: int4: 4-bit blocks plus each block's residual, which keeps a Q4_1 "
-                   "GGUF's weights exactly; int4-plain: without the residual, 7% smaller and "
+                   "GGUF's weights; int4-plain: without the residual, 4% smaller and "
                    "not the same model]; fp32 / fp16 for trt, which builds strongly typed from "
                    "the graph's dtypes [default: fp16].")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
