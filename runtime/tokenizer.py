@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from trt_spec.runtime.manifest import contained
+
 
 def _token_text(value) -> str | None:
     if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
@@ -17,8 +19,9 @@ def _token_text(value) -> str | None:
 class Tokenizer:
     def __init__(self, folder: str | Path):
         folder = Path(folder)
-        self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-        cfg_path = folder / "tokenizer_config.json"
+        # an engine folder reads only its own files (no symlink out: runtime/manifest.py)
+        self._tok = HFTokenizer.from_file(str(contained(folder, "tokenizer.json", str(folder))))
+        cfg_path = contained(folder, "tokenizer_config.json", str(folder))
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         self.chat_template: str | None = cfg.get("chat_template")
         self.bos_token = _token_text(cfg.get("bos_token"))
