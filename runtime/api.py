@@ -68,7 +68,7 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
-        return [prompts]
+        return [prompts]  # one chat (checked when encoded: runtime/validation.py)
     if isinstance(prompts, (list, tuple)):
         return list(prompts)
     raise ValueError(f"prompts {prompts!r}: expected a string, a chat (list of "
@@ -104,6 +104,15 @@ class LLM:
 
     def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
                 chat, on_output=None) -> list[Request]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
+                             f"(got {type(params).__name__}; SamplingParams(**d) makes one "
+                             "from a dict)")
+        if chat is not None and not isinstance(chat, bool):
+            raise ValueError(f"chat={chat!r}: expected True, False or None (the model's "
+                             "default)")
+        if not prompts:
+            raise ValueError("prompts is empty: expected a string, a chat or a list of these")
         ids = [self.generator.encode(p, chat) for p in prompts]
         for p in ids:  # every prompt is checked before any is queued
             self.scheduler.check(p, params)
