@@ -64,7 +64,8 @@ def messages(i: int) -> list[dict]:
 async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args) -> dict:
     """One streaming chat completion; returns its latency, TTFT and token count, or error."""
     body = {"model": model, "messages": messages(i), "max_tokens": args.max_tokens,
-            "temperature": args.temperature, "seed": i, "stream": True}
+            "temperature": args.temperature, "seed": i, "stream": True,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, usage, done = None, None, False
     try:
