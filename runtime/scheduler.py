@@ -38,7 +38,7 @@ log = logging.getLogger("trt_spec.scheduler")
 # Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
 # int4 SmolLM2 engine (README, "Serve"): small enough that streams decoding beside a long
 # prompt keep their pace, large enough that the prompt's first token is not much later.
-DEFAULT_MAX_PREFILL_TOKENS = 128
+DEFAULT_MAX_PREFILL_TOKENS = 16
 _ids = itertools.count()
 
 

@@ -331,7 +331,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=60.0,
               show_default=True, help="On SIGTERM, seconds to let in-flight requests finish; "
                                       "past it each gets an error event (or a 503).")
-@click.option("--max-prefill-tokens", type=click.IntRange(min=1), default=128,
+@click.option("--max-prefill-tokens", type=click.IntRange(min=1), default=16,
               show_default=True, help="Prompt tokens prefilled per step: a longer prompt is "
                                       "read in chunks while other streams keep decoding.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20,
