@@ -1,14 +1,15 @@
 """Hostile requests against `trt-spec serve`, and the server's memory afterwards.
 
-Starts a server on ENGINE, warms it up (good requests, then 3 hostile rounds: the peak batch
-and every KV slot touched once, as the measured rounds will), reads its RSS, then sends
+Starts a server on ENGINE, warms it up (good requests, then --warm-up-rounds hostile rounds:
+the preallocated KV cache's pages and ONNX Runtime's arenas reach the sizes the measured
+rounds need; measured here, RSS stops growing after about 10), reads its RSS, then sends
 ROUNDS rounds of malformed, oversized and abusive requests (bodies at and past the size
 limit, JSON nested past the parser, wrong types, negative seeds, prompts far past the
 context, streams dropped mid-way, bursts past the queue), reads the RSS again and stops it.
 Prints every status seen and the RSS change; exits 1 on any 5xx or an RSS growth past
 --rss-bound-mb.
 
-    python scripts/hostile.py --engine engines/smollm2-135m --rounds 20
+    python scripts/hostile.py --engine engines/smollm2-135m --rounds 50
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ async def one_round(client: httpx.AsyncClient, url: str, model: str, statuses: C
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="engines/smollm2-135m")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--warm-up-rounds", type=int, default=10)
     ap.add_argument("--rss-bound-mb", type=float, default=64)
     ap.add_argument("--json", dest="json_out", default="hostile.json")
     args = ap.parse_args(argv)
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
                     await client.post(f"{url}/v1/completions", json={
                         "model": model, "prompt": "Hello", "max_tokens": 8})
                 if rounds == 0:  # the same peak shapes: every KV slot, ORT's arenas at batch 8
-                    for _ in range(3):
+                    for _ in range(args.warm_up_rounds):
                         await one_round(client, url, model, Counter())
                 for _ in range(rounds):
                     await one_round(client, url, model, statuses)
