@@ -18,8 +18,8 @@ from typing import Iterator
 
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.policy import SpeculationConfig
-from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.scheduler import Output, Request, Scheduler
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS, Output, Request, Scheduler
 
 BACKENDS = ("auto", "ort", "torch-cuda")
 
@@ -30,6 +30,9 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length"
+    # per token when SamplingParams.logprobs is set: its log-probability under the target
+    # and the most likely alternatives (TokenLogprob); None otherwise
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -53,6 +56,10 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self.outputs[0].logprobs
+
 
 def check_backend(backend: str) -> str:
     """'auto' picks ONNX Runtime (the engine folder's graphs); 'torch-cuda' runs the export
@@ -68,7 +75,7 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
-        return [prompts]
+        return [prompts]  # one chat (checked when encoded: runtime/validation.py)
     if isinstance(prompts, (list, tuple)):
         return list(prompts)
     raise ValueError(f"prompts {prompts!r}: expected a string, a chat (list of "
@@ -79,19 +86,22 @@ class LLM:
     def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
                  backend: str = "auto", max_num_seqs: int = 8, max_model_len: int = 2048,
                  threads: int | None = None, speculation: SpeculationConfig | None = None,
-                 device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True):
+                 device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True,
+                 max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
         folder has (see `methods`). speculation: the policy beyond k (batch limit, minimum
         acceptance); num_draft_tokens overrides its k. backend: "auto" / "ort", or
         "torch-cuda" on `device` (default cuda when available; cuda_graphs=False: eager).
         exact_decode=False: faster plain decoding steps on ort, but speculative and plain
-        greedy output can then differ at near-ties (Generator)."""
+        greedy output can then differ at near-ties (Generator). max_prefill_tokens: prompt
+        tokens read per step (a longer prompt is read in chunks; None: whole prompts)."""
         self.backend = check_backend(backend)
         self.generator = Generator(model, max_batch=max_num_seqs, max_len=max_model_len,
                                    threads=threads, backend=self.backend, device=device,
                                    cuda_graphs=cuda_graphs, exact_decode=exact_decode)
         spec = replace(speculation or SpeculationConfig(), num_draft_tokens=num_draft_tokens)
-        self.scheduler = Scheduler(self.generator, method, spec)
+        self.scheduler = Scheduler(self.generator, method, spec,
+                                   max_prefill_tokens=max_prefill_tokens)
 
     @property
     def methods(self) -> list[str]:
@@ -104,6 +114,15 @@ class LLM:
 
     def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
                 chat, on_output=None) -> list[Request]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
+                             f"(got {type(params).__name__}; SamplingParams(**d) makes one "
+                             "from a dict)")
+        if chat is not None and not isinstance(chat, bool):
+            raise ValueError(f"chat={chat!r}: expected True, False or None (the model's "
+                             "default)")
+        if not prompts:
+            raise ValueError("prompts is empty: expected a string, a chat or a list of these")
         ids = [self.generator.encode(p, chat) for p in prompts]
         for p in ids:  # every prompt is checked before any is queued
             self.scheduler.check(p, params)
@@ -163,6 +182,8 @@ class LLM:
     def _output(r: Request, prompt: Prompt) -> RequestOutput:
         s = r.stream
         return RequestOutput(r.id, prompt, s.prompt_ids,
-                             [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason)],
+                             [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason,
+                                               list(s.logprobs) if s.params.logprobs is not None
+                                               else None)],
                              s.finished, {**s.metrics(), "method": r.method,
                                           "num_draft_tokens": r.num_draft_tokens})

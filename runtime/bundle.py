@@ -103,7 +103,7 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
                        | set(data["tokenizer"]["files"]))
         for f in files:
             progress(f"copying {f}")
-            shutil.copy2(manifest.path(f), tmp / f)
+            shutil.copy2(manifest.path(f), tmp / f)  # f: checked inside the folder
         (tmp / REQUIREMENTS).write_text(
             "# The runtime's dependencies, closed and pinned as installed where this bundle was\n"
             "# made: pip install --no-deps -r requirements.txt, then trt-spec itself (its wheel,\n"
@@ -150,7 +150,7 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
                                 "an engine folder, not a bundle (make one with `trt-spec bundle`)")
     report = {"folder": str(manifest.folder), "files": len(manifest.data["files"]),
               "checksums": "ok", "requirements": [], "methods": {}}
-    for line in (manifest.folder / REQUIREMENTS).read_text().splitlines():
+    for line in manifest.path(REQUIREMENTS).read_text().splitlines():
         if not line or line.startswith("#"):
             continue
         name, _, want = line.partition("==")

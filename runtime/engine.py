@@ -5,8 +5,11 @@ tokens, its KV-cache slot, its sampling state, its counters. Engines keep no per
 (a proposer's draft cache is keyed by slot and checked against the stream), so a stream can
 move between NormalEngine and SpeculativeEngine between steps.
 
-    step(streams):                              # both engines
-        prefill new streams (one ragged batch), sample their first token
+    step(streams, max_prefill_tokens):          # both engines
+        prefill new streams (one ragged batch), at most max_prefill_tokens prompt tokens:
+            a long prompt is read in chunks over several steps (chunked prefill), so the
+            streams already decoding keep their pace; its first token is sampled after its
+            last chunk
         decode(the others)
         (stop conditions are checked per appended token; finished streams free their slot)
 
@@ -34,7 +37,7 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import Proposer
 from trt_spec.runtime.sampler import verify_batch
-from trt_spec.runtime.sampling import SamplingParams, next_token
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.step_inputs import Request
 from trt_spec.runtime.tokenizer import Tokenizer
@@ -49,6 +52,7 @@ class Stream:
     id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
+    prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
     finish_reason: str | None = None  # "stop" | "length"
     text: str = ""
     rng: np.random.Generator = None
@@ -69,6 +73,8 @@ class Stream:
     # speculation policy state (see runtime/policy.py)
     spec_window: list[tuple[int, int]] = field(default_factory=list)
     spec_cooldown: int = 0
+    # per output token, when params.logprobs is set: its log-probability under the target
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -174,16 +180,35 @@ class StopChecker:
                 s.text = self.tokenizer.decode(s.output_ids)
 
 
-def append(s: Stream, tokens, stops: "StopChecker") -> int:
-    """Appends tokens one by one until a stop condition holds; returns how many were kept."""
+def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
+    """Appends tokens one by one until a stop condition holds; returns how many were kept.
+    logits: [len(tokens), vocab], the target's logits each token was chosen from (for
+    logprobs: a token accepted from a draft is scored by the target's row that verified it)."""
     for n, token in enumerate(tokens, 1):
         s.output_ids.append(int(token))
+        if s.params.logprobs is not None:
+            s.logprobs.append(token_logprob(logits[n - 1], int(token), s.params.logprobs))
         if s.t_first_token is None:
             s.t_first_token = time.perf_counter()
         stops.update(s)
         if s.finished:
             return n
     return len(tokens)
+
+
+def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:
+    """(stream, prompt tokens to read this step) for the streams not yet prefilled, in order,
+    within `budget` tokens in all (None: no bound)."""
+    chunks = []
+    for s in new:
+        n = len(s.prompt_ids) - s.prefill_pos
+        if budget is not None:
+            n = min(n, budget)
+            budget -= n
+        if n <= 0:
+            break
+        chunks.append((s, n))
+    return chunks
 
 
 class NormalEngine:
@@ -211,32 +236,43 @@ class NormalEngine:
             self.cache.release(s.slot)
             s.slot = None
 
-    def step(self, streams: list[Stream]) -> StepMetrics:
-        """Prefills new streams, then advances the others by `decode`."""
+    def step(self, streams: list[Stream], max_prefill_tokens: int | None = None) -> StepMetrics:
+        """Prefills new streams (at most max_prefill_tokens prompt tokens in all, in stream
+        order; None: every prompt whole), then advances the others by `decode`."""
+        assert max_prefill_tokens is None or max_prefill_tokens >= 0, max_prefill_tokens
         t0 = time.perf_counter()
         active = [s for s in streams if not s.finished]
         new = [s for s in active if not s.prefilled]
         old = [s for s in active if s.prefilled]
-        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old))
-        if new:
-            self.prefill(new)
+        chunks = prefill_chunks(new, max_prefill_tokens)
+        m = StepMetrics(len(chunks), sum(n for _, n in chunks), len(old))
+        if chunks:
+            self.prefill(chunks)
         m.prefill_us = 1e6 * (time.perf_counter() - t0)
         if old:
             self.decode(old, m)
         m.total_us = 1e6 * (time.perf_counter() - t0)
         return m
 
-    def prefill(self, streams: list[Stream]) -> None:
-        """One ragged forward over the prompts of new streams; samples their first token."""
-        requests = [Request(s.slot, s.prompt_ids, [len(s.prompt_ids) - 1]) for s in streams]
+    def prefill(self, chunks: list[tuple[Stream, int]]) -> None:
+        """One ragged forward over the next n prompt tokens of each (stream, n); a stream
+        whose prompt is then all in the cache samples its first token."""
+        requests = []
+        for s, n in chunks:
+            last = s.prefill_pos + n == len(s.prompt_ids)
+            requests.append(Request(s.slot, s.prompt_ids[s.prefill_pos:s.prefill_pos + n],
+                                    [n - 1] if last else []))
         out = self.target.step(self.cache, requests, (self.reads,) if self.reads else ())
-        for i, (s, logits) in enumerate(zip(streams, out.logits)):
+        for i, ((s, n), logits) in enumerate(zip(chunks, out.logits)):
+            start, s.prefill_pos = s.prefill_pos, s.prefill_pos + n
+            if self.reads:
+                self.observe(s, start, out.rows[self.reads][i])
+            if s.prefill_pos < len(s.prompt_ids):
+                continue  # more chunks to come
             s.record(0, 0)
-            append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
+            append(s, [next_token(logits[-1], s.params, s.rng)], self.stops, logits[-1:])
             if s.finished:
                 self.release(s)
-            elif self.reads:
-                self.observe(s, 0, out.rows[self.reads][i])
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """One token per stream: the last token in, one batched forward, sample."""
@@ -246,7 +282,8 @@ class NormalEngine:
         for s, logits in zip(streams, out.logits):
             s.record(0, 0)
             s.score_s += (t1 - t0) / len(streams)
-            m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops)
+            m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops,
+                                       logits[-1:])
             if s.finished:
                 self.release(s)
         m.score_us = 1e6 * (t1 - t0)
@@ -302,7 +339,7 @@ class SpeculativeEngine(NormalEngine):
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted
             count_positions(m.accepted_per_position, accepted)
-            m.emitted_tokens += append(s, emitted, self.stops)
+            m.emitted_tokens += append(s, emitted, self.stops, scores.logits[i])
             if s.finished:
                 self.release(s)
                 continue

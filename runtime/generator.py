@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_spec.runtime import validation
 from trt_spec.runtime.backends.ort import OrtFunction, OrtTarget
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, StopChecker, Stream
@@ -45,9 +46,10 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None
     """Chat messages always use the chat template; plain text uses it when chat=True, or
     when chat is None and the tokenizer has one (an instruct model)."""
     if isinstance(prompt, list):
-        return tokenizer.encode_chat(prompt)
+        return tokenizer.encode_chat(validation.chat(prompt))
     if not isinstance(prompt, str):
-        raise ValueError(f"prompt {prompt!r}: expected a string or a list of chat messages")
+        raise validation.FieldError("prompt", f"prompt {str(prompt)[:80]!r}: expected a "
+                                              "string or a list of chat messages")
     if chat or (chat is None and tokenizer.chat_template):
         return tokenizer.encode_chat([{"role": "user", "content": prompt}])
     return tokenizer.encode(prompt)

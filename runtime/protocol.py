@@ -8,25 +8,29 @@ allowed; the server answers it as OpenAI does: status 4xx and
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime import validation
+from trt_spec.runtime.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP = 4  # stop strings per request, as OpenAI
 MAX_STOP_CHARS = 256
+MAX_DEPTH = 32  # JSON nesting: a request needs 4 ({"messages": [{"content": [{...}]}]})
+STRICT = ConfigDict(extra="forbid", strict=True)  # no coercion: "max_tokens": true is a 400
 
 
 class RequestError(Exception):
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.message, self.param, self.status, self.code = message, param, status, code
+        self.headers = headers
 
     def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        kind = ("rate_limit_exceeded" if self.status == 429 else
+                "invalid_request_error" if self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
 
@@ -34,18 +38,19 @@ class RequestError(Exception):
 class Speculative(BaseModel):
     """The extension field: {"speculative": {"method": "ngram", "num_draft_tokens": 4}}."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     method: str | None = None
     num_draft_tokens: int | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = True  # usage always comes in the final chunk
+    model_config = STRICT
+    # as OpenAI: true adds a last chunk with empty choices carrying usage
+    include_usage: bool | None = None
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str
     # null means the default, as in OpenAI's API (clients send "temperature": null)
     max_tokens: int | None = None
@@ -67,18 +72,14 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: Any  # str | list[int] | [str]
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Any  # str | [{"type": "text", "text": ...}]
-    name: str | None = None
+    logprobs: int | bool | None = None  # alternatives per token, 0..20; false / null: none
 
 
 class ChatRequest(_Request):
-    messages: list[ChatMessage]
+    messages: Any  # checked by runtime/validation.py's chat(), as the Python API's
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0..20, with logprobs: true
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
@@ -93,13 +94,32 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     except json.JSONDecodeError as e:
         raise RequestError(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
                            f"column {e.colno}") from None
+    except RecursionError:
+        raise RequestError(f"the request body nests JSON too deeply; at most {MAX_DEPTH} "
+                           "levels are allowed") from None
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}")
+    depth = json_depth(data)
+    if depth > MAX_DEPTH:
+        raise RequestError(f"the request body nests JSON {depth} levels deep; at most "
+                           f"{MAX_DEPTH} are allowed")
     check_utf8(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e, model) from None
+
+
+def json_depth(value) -> int:
+    """Nesting depth of parsed JSON, without recursion (a scalar is 0)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is not None:
+            deepest = max(deepest, d)
+            todo.extend((c, d + 1) for c in children)
+    return deepest
 
 
 def check_utf8(value, path: str = "") -> None:
@@ -131,23 +151,10 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> RequestError
 
 
 def chat_messages(req: ChatRequest) -> list[dict]:
-    if not req.messages:
-        raise RequestError("messages is empty: at least one message is needed", "messages")
-    out = []
-    for i, m in enumerate(req.messages):
-        content = m.content
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise RequestError(f"messages[{i}].content: only text parts "
-                                   '({"type": "text", "text": ...}) are supported',
-                                   f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content is {content!r}: expected a string or a "
-                               "list of text parts", f"messages[{i}].content")
-        out.append({"role": m.role, "content": content})
-    return out
+    try:
+        return validation.chat(req.messages)
+    except validation.FieldError as e:
+        raise RequestError(str(e), e.field) from None
 
 
 def completion_prompt(req: CompletionRequest) -> str | list[int]:
@@ -182,27 +189,40 @@ def stop_strings(stop) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def logprobs_asked(req: _Request) -> int | None:
+    """Alternatives per token wanted (0..20), or None: no logprobs."""
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise RequestError(f"top_logprobs={req.top_logprobs}: needs logprobs: true",
+                               "top_logprobs")
+        if not req.logprobs:
+            return None
+        return 0 if req.top_logprobs is None else req.top_logprobs
+    if req.logprobs is True:
+        raise RequestError("logprobs=true: on /v1/completions logprobs is the number of "
+                           f"alternatives per token, 0..{MAX_LOGPROBS}", "logprobs")
+    return None if req.logprobs is False else req.logprobs
+
+
 def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: int) \
         -> SamplingParams:
-    """Checks the sampling fields (each error names the field and the allowed range)."""
+    """The request's SamplingParams: the server's own limits here (n, penalties, OpenAI's stop
+    limits), every other check in SamplingParams (runtime/validation.py), shared with the
+    Python API; each error names the field and the allowed values."""
     n = 1 if req.n is None else req.n
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
-    top_k = req.top_k or 0
     if n != 1:
         raise RequestError(f"n={n}: only n=1 is supported", "n")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise RequestError(f"temperature={temperature}: must be >= 0 (0 = greedy)",
-                           "temperature")
-    if not 0 < top_p <= 1:
-        raise RequestError(f"top_p={top_p}: must be in (0, 1]", "top_p")
-    if top_k < 0:
-        raise RequestError(f"top_k={top_k}: must be >= 0 (0 = off)", "top_k")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name):
             raise RequestError(f"{name}={getattr(req, name)}: not supported (only 0)", name)
-    if max_tokens is not None and max_tokens < 1:
-        raise RequestError(f"max_tokens={max_tokens}: must be >= 1", "max_tokens")
-    return SamplingParams(max_tokens=max_tokens or default_max_tokens, temperature=temperature,
-                          top_k=top_k, top_p=top_p, seed=req.seed, stop=stop_strings(req.stop),
-                          ignore_eos=bool(req.ignore_eos))
+    field = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
+    try:
+        return SamplingParams(
+            max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
+            logprobs=logprobs_asked(req))
+    except validation.FieldError as e:
+        param = field if e.field == "logprobs" else e.field
+        raise RequestError(str(e).replace("logprobs=", f"{param}=", 1), param) from None

@@ -40,6 +40,8 @@ import ray
 from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
+from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS
+from trt_spec.runtime.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -64,6 +66,8 @@ class ReplicaConfig:
     threads: int | None = 1  # one ORT thread per replica: replicas, not threads, add cores
     debug_step_delay: float = 0.0
     engine_checksum: str | None = None  # manifest digest every replica must match
+    max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,9 @@ class EngineReplica:
                                  max_batch=config.spec_max_batch,
                                  min_acceptance=config.spec_min_acceptance)
         self.scheduler = Scheduler(gen, config.method, spec, config.ngram, config.max_waiting,
-                                   config.debug_step_delay)
-        self.http_app = create_app(self.scheduler, config.model_name)  # lifespan starts the loop
+                                   config.debug_step_delay, config.max_prefill_tokens)
+        self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
+                                   max_body_bytes=config.max_body_bytes)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
         self._metrics_server, _ = start_http_server(0, addr=host,

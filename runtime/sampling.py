@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trt_spec.runtime import validation as v
+
+MAX_LOGPROBS = 20  # most likely alternatives per token, as OpenAI's top_logprobs
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,22 +27,34 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # None: no logprobs; n >= 0: each emitted token's log-probability under the target and
+    # its n most likely alternatives (vLLM's meaning; OpenAI's top_logprobs)
+    logprobs: int | None = None
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if not self.temperature >= 0:  # also catches NaN
-            raise ValueError(f"temperature={self.temperature!r}: must be >= 0 (0 = greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r}: must be an integer >= 0 (0 = off)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        """Every field checked, types included (runtime/validation.py: the server's checks
+        too); a FieldError (a ValueError) names the field and what is allowed."""
+        set_ = object.__setattr__
+        set_(self, "max_tokens", v.integer("max_tokens", self.max_tokens, 1))
+        set_(self, "temperature", v.real("temperature", self.temperature, ">= 0 (0 = greedy)",
+                                         lo=0))
+        set_(self, "top_k", v.integer("top_k", self.top_k, 0, allowed=" (0 = off)"))
+        set_(self, "top_p", v.real("top_p", self.top_p, "in (0, 1] (1 = off)", lo=0, hi=1,
+                                   lo_open=True))
+        set_(self, "seed", v.seed(self.seed))
+        set_(self, "stop", v.strings("stop", self.stop, "a string or a list of strings "
+                                                        "(() for none)"))
         if any(not s for s in self.stop):
-            raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty")
+            raise v.FieldError("stop", f"stop={self.stop!r}: stop strings must be non-empty")
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)):
+            raise v.FieldError("stop_token_ids", f"stop_token_ids={ids!r}: expected a list of "
+                                                 "token ids")
+        set_(self, "stop_token_ids", tuple(v.integer("stop_token_ids", t, 0) for t in ids))
+        set_(self, "ignore_eos", v.flag("ignore_eos", self.ignore_eos))
+        set_(self, "logprobs", None if self.logprobs is None else
+             v.integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
+                       " (None: none; 0: the chosen token's only)"))
 
     @property
     def greedy(self) -> bool:
@@ -80,3 +96,22 @@ def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
         return int(np.argmax(logits))
     return sample_from_probs(probs_from_logits(logits, params.temperature, params.top_k,
                                                params.top_p), rng)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the target (log-softmax of its raw logits,
+    before temperature, top-k and top-p, as vLLM's default) and the `n` most likely tokens'."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
+    """logits: [vocab] -> the token's TokenLogprob with its n most likely alternatives."""
+    x = logits.astype(np.float64)
+    shifted = x - x.max()
+    logp = shifted - np.log(np.exp(shifted).sum())  # [vocab]
+    top = np.argsort(-logp, kind="stable")[:n] if n else np.zeros(0, dtype=np.int64)
+    return TokenLogprob(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))

@@ -4,7 +4,9 @@
     step():                          # one iteration
         apply cancellations                      (a running stream's KV slot is freed now)
         admit waiting requests while a KV slot is free            (continuous batching)
-        for each (method, k) group of running streams: engine.step(group)
+        for each (method, k) group of running streams: engine.step(group, prefill budget)
+            (the budget, max_prefill_tokens, is shared by the groups: a long prompt is read
+            in chunks over several steps while the other streams keep decoding)
         hand each request its delta: new token ids and text (the result when finished)
 
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
@@ -30,9 +32,13 @@ from trt_spec.runtime.detokenizer import IncrementalDetokenizer
 from trt_spec.runtime.engine import NormalEngine, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, available_methods
 from trt_spec.runtime.policy import SpeculationConfig
-from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 
 log = logging.getLogger("trt_spec.scheduler")
+# Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
+# int4 SmolLM2 engine (README, "Serve"): small enough that streams decoding beside a long
+# prompt keep their pace, large enough that the prompt's first token is not much later.
+DEFAULT_MAX_PREFILL_TOKENS = 16
 _ids = itertools.count()
 
 
@@ -48,6 +54,7 @@ class Output:
     text: str  # new text: whole characters, never past a stop string
     token_ids: list[int]  # new token ids
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when asked
 
     @property
     def finished(self) -> bool:
@@ -85,9 +92,17 @@ class StepReport:
 class Scheduler:
     def __init__(self, gen: Generator, method: str = "none",
                  speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
-                 max_waiting: int | None = None, step_delay: float = 0.0):
+                 max_waiting: int | None = None, step_delay: float = 0.0,
+                 max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS):
+        """max_prefill_tokens: prompt tokens read per step, over all new requests (None: every
+        prompt whole in the step that admits it)."""
         if max_waiting is not None and max_waiting < 0:
             raise ValueError(f"max_waiting={max_waiting}: must be >= 0 (or None for no bound)")
+        if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, int)
+                                               or max_prefill_tokens < 1):
+            raise ValueError(f"max_prefill_tokens={max_prefill_tokens!r}: must be an integer "
+                             ">= 1 (or None: whole prompts)")
+        self.max_prefill_tokens = max_prefill_tokens
         self.gen = gen
         self.methods = available_methods(gen.manifest)
         self.speculation = speculation or SpeculationConfig()
@@ -114,7 +129,7 @@ class Scheduler:
     def resolve(self, method: str | None, num_draft_tokens: int | None) -> tuple[str, int]:
         """(method, k) for a request; None takes the scheduler's default."""
         method = self.default_method if method is None else method
-        if method not in self.methods:
+        if not isinstance(method, str) or method not in self.methods:
             raise ValueError(f"method {method!r} is not available for this engine folder; "
                              f"available: {', '.join(self.methods)}")
         if method == "none":
@@ -123,7 +138,7 @@ class Scheduler:
                                  f"nothing; pick one of {', '.join(self.methods[1:])}")
             return method, 0
         k = self.speculation.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-        if not isinstance(k, int) or not 1 <= k <= 64:
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
             raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..64")
         return method, k
 
@@ -220,10 +235,13 @@ class Scheduler:
         groups: dict[tuple[str, int], list[Request]] = {}
         for r in self._running:
             groups.setdefault(r.key, []).append(r)
+        budget = self.max_prefill_tokens
         for key, group in groups.items():
             try:
-                m = self._engines[key].step([r.stream for r in group])
+                m = self._engines[key].step([r.stream for r in group], budget)
                 report.engine_steps.append((key[0], m))
+                if budget is not None:
+                    budget = max(budget - m.prefill_tokens, 0)
             except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
                 log.exception("engine step (%s, k=%d)", *key)
                 for r in group:
@@ -251,13 +269,14 @@ class Scheduler:
         r.detok.update(s.output_ids)
         text = r.detok.flush(s.text) if s.finished else r.detok.delta()
         ids = s.output_ids[r.sent_tokens:]
+        logprobs = s.logprobs[r.sent_tokens:len(s.output_ids)]
         r.sent_tokens = len(s.output_ids)
         report.new_tokens += len(ids)
         if s.finished:
             r.done = True
             report.finished.append(r)
         if text or ids or s.finished:
-            self._hand(r, Output(r, text, ids, s.finish_reason))
+            self._hand(r, Output(r, text, ids, s.finish_reason, logprobs))
 
     def _end(self, r: Request, reason: str, report: StepReport) -> None:
         s = r.stream

@@ -8,7 +8,13 @@ parses, queues and forwards deltas (`on_output` -> `loop.call_soon_threadsafe` -
 asyncio.Queue per request), so a model step never blocks it. A client that disconnects
 cancels its request, which frees its KV slot at the next step. On SIGTERM uvicorn stops
 accepting connections and waits (up to --shutdown-timeout) for in-flight responses to
-finish; then the scheduler stops, ending whatever is left with "abort".
+finish; past it the scheduler stops, ending whatever is left with "abort": a stream gets a
+last error event and [DONE], a full response a 503.
+
+No single request can stall the others: the body is read up to --max-body-bytes (413 past
+it), prompts are tokenized and chat templates rendered on worker threads (the tokenizer
+releases the GIL), a prompt that cannot fit the context is refused from its size before
+tokenizing, and a long prompt is prefilled in chunks (Scheduler.max_prefill_tokens).
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from trt_spec.runtime.metrics import ServerMetrics
 from trt_spec.runtime.protocol import (ChatRequest, CompletionRequest, RequestError,
                                        chat_messages, completion_prompt, parse_body,
                                        sampling_params)
-from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 
 log = logging.getLogger("trt_spec.server")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions; chat: the rest of the context
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far past any prompt that fits a 2,048-token context
+RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
 
 
 @dataclass
@@ -53,8 +61,12 @@ COMPLETION = Kind("text_completion", "text_completion", "cmpl", chat=False)
 CHAT = Kind("chat.completion", "chat.completion.chunk", "chatcmpl", chat=True)
 
 
-def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -> FastAPI:
+def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
     metrics = ServerMetrics(scheduler, model_name)
+    tokenizer = scheduler.gen.tokenizer
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -69,11 +81,47 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
     def error(e: RequestError) -> JSONResponse:
         if e.status < 500:
             metrics.rejected("queue_full" if e.status == 429 else "invalid")
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, e: RequestError):
         return error(e)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, e: Exception):
+        # a bug, not the client's fault: still OpenAI's JSON, and counted
+        log.error("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
+        metrics.rejected("error")
+        return JSONResponse(RequestError(f"internal error: {type(e).__name__}: {e}",
+                                         status=500, code="internal_error").body(),
+                            status_code=500)
+
+    async def read_body(request: Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to pass max_body_bytes."""
+        too_large = RequestError(f"the request body is larger than {max_body_bytes} bytes "
+                                 "(--max-body-bytes)", status=413, code="request_too_large")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body_bytes:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def check_size(texts: list[str], param: str) -> None:
+        """A prompt whose bytes alone need more tokens than the context holds is refused
+        before it is tokenized (each token stands for at most max_token_bytes bytes)."""
+        if tokenizer.normalizes:
+            return
+        size = sum(len(t.encode("utf-8")) for t in texts)
+        least = size // tokenizer.max_token_bytes
+        if least >= scheduler.max_len:
+            raise RequestError(f"the prompt has at least {least} tokens ({size} bytes, at most "
+                               f"{tokenizer.max_token_bytes} bytes per token); the context "
+                               f"holds {scheduler.max_len} (prompt + output)", param)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException):
@@ -100,21 +148,26 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse_body(await request.body(), CompletionRequest)
+        req = parse_body(await read_body(request), CompletionRequest)
         check_model(req.model, model_name)
         prompt = completion_prompt(req)
-        ids = prompt if isinstance(prompt, list) else scheduler.gen.encode(prompt, chat=False)
+        if isinstance(prompt, list):
+            ids = prompt
+        else:
+            check_size([prompt], "prompt")
+            ids = await asyncio.to_thread(scheduler.gen.encode, prompt, False)
         default = min(COMPLETIONS_DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
         params = sampling_params(req, req.max_tokens, max(default, 1))
         return await run(request, req, ids, params, COMPLETION)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse_body(await request.body(), ChatRequest)
+        req = parse_body(await read_body(request), ChatRequest)
         check_model(req.model, model_name)
         messages = chat_messages(req)
-        try:
-            ids = scheduler.gen.encode(messages)
+        check_size([m["content"] for m in messages], "messages")
+        try:  # the template and the tokenizer, off the event loop
+            ids = await asyncio.to_thread(scheduler.gen.encode, messages)
         except ValueError as e:  # no chat template, or the template refused the messages
             raise RequestError(str(e), "messages") from None
         max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
@@ -132,6 +185,9 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
             except RuntimeError:  # the event loop has closed (shutdown)
                 pass
 
+        if req.stream_options is not None and not req.stream:
+            raise RequestError("stream_options is only allowed with stream: true",
+                               "stream_options")
         method, k = (spec.method, spec.num_draft_tokens) if spec else (None, None)
         try:
             scheduler.resolve(method, k)
@@ -147,28 +203,37 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
             job = scheduler.submit(ids, params, method, k, on_output,
                                    f"{kind.id_prefix}-{uuid.uuid4().hex[:24]}")
         except QueueFull as e:
-            raise RequestError(f"the server is busy: {e}", status=429,
-                               code="queue_full") from None
+            raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         created = int(time.time())
         if req.stream:
-            return EventStream(sse(job, queue, kind, created), lambda: cancel(job))
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventStream(sse(job, queue, kind, created, usage), lambda: cancel(job))
         return await collect(request, job, queue, kind, created)
 
     def sse_event(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    async def sse(job: Job, queue: asyncio.Queue, kind: Kind, created: int):
+    async def sse(job: Job, queue: asyncio.Queue, kind: Kind, created: int,
+                  include_usage: bool):
         head = {"id": job.id, "object": kind.chunk_object, "created": created,
                 "model": model_name}
+        offset = 0  # completions' text_offset
 
-        def chunk(text: str | None, finish_reason=None, role=False):
+        def chunk(text: str | None, finish_reason=None, role=False, logprobs=()):
+            nonlocal offset
+            lp = None
+            if job.stream.params.logprobs is not None:
+                lp = chat_logprobs(tokenizer, logprobs) if kind.chat else \
+                    completion_logprobs(tokenizer, logprobs, offset)
+                offset += sum(len(t) for t in lp["tokens"]) if not kind.chat else 0
             if kind.chat:
                 delta = {"role": "assistant", "content": ""} if role else \
-                    ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None,
+                    ({"content": text} if text or logprobs else {})
+                choice = {"index": 0, "delta": delta, "logprobs": None if role else lp,
                           "finish_reason": finish_reason}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None,
+                choice = {"index": 0, "text": text or "", "logprobs": lp,
                           "finish_reason": finish_reason}
             return {**head, "choices": [choice]}
 
@@ -177,14 +242,20 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
         while True:
             out: Output = await queue.get()
             if out.finish_reason in ("abort", "error"):
-                message = job.error or "the request was cancelled (server shutting down)"
+                message = job.error or ("the request was cancelled: the server is shutting "
+                                        "down and --shutdown-timeout has passed")
                 yield sse_event({"error": {"message": message, "type": "server_error",
                                            "param": None, "code": out.finish_reason}})
+                yield "data: [DONE]\n\n"
                 return
-            if out.text and not out.finished:
-                yield sse_event(chunk(out.text))
+            if (out.text or out.logprobs) and not out.finished:
+                yield sse_event(chunk(out.text, logprobs=out.logprobs))
             if out.finished:
-                yield sse_event({**chunk(out.text, out.finish_reason), **result_extras(job)})
+                usage, metrics = result_extras(job)
+                yield sse_event({**chunk(out.text, out.finish_reason, logprobs=out.logprobs),
+                                 "metrics": metrics})
+                if include_usage:  # as OpenAI: a last chunk, empty choices, with usage
+                    yield sse_event({**head, "choices": [], "usage": usage})
                 yield "data: [DONE]\n\n"
                 return
 
@@ -211,14 +282,19 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True) -
         if out.finish_reason == "abort":
             raise RequestError("the request was cancelled", status=503, code="abort")
         s = job.stream
+        lp = None
+        if s.params.logprobs is not None:
+            lp = chat_logprobs(tokenizer, s.logprobs) if kind.chat else \
+                completion_logprobs(tokenizer, s.logprobs, 0)
         if kind.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": s.text},
-                      "logprobs": None, "finish_reason": s.finish_reason}
+                      "logprobs": lp, "finish_reason": s.finish_reason}
         else:
-            choice = {"index": 0, "text": s.text, "logprobs": None,
+            choice = {"index": 0, "text": s.text, "logprobs": lp,
                       "finish_reason": s.finish_reason}
+        usage, metrics = result_extras(job)
         return {"id": job.id, "object": kind.object, "created": created, "model": model_name,
-                "choices": [choice], **result_extras(job)}
+                "choices": [choice], "usage": usage, "metrics": metrics}
 
     return app
 
@@ -245,7 +321,7 @@ def check_model(name: str, served: str) -> None:
                            "(GET /v1/models)", "model", status=404, code="model_not_found")
 
 
-def result_extras(job: Job) -> dict:
+def result_extras(job: Job) -> tuple[dict, dict]:
     """usage (OpenAI) and metrics (this server's extension: method, k, tau, acceptance)."""
     s = job.stream
     m = s.metrics()
@@ -253,20 +329,61 @@ def result_extras(job: Job) -> dict:
              "total_tokens": len(s.prompt_ids) + len(s.output_ids)}
     keep = ("tau", "proposed_tokens", "accepted_tokens", "acceptance_per_position",
             "time_to_first_token_s", "decode_tokens_per_s")
-    return {"usage": usage, "metrics": {"method": job.method, "num_draft_tokens":
-                                        job.num_draft_tokens, **{k: m[k] for k in keep}}}
+    return usage, {"method": job.method, "num_draft_tokens": job.num_draft_tokens,
+                   **{k: m[k] for k in keep}}
+
+
+def _token(tokenizer, token_id: int) -> tuple[str, list[int]]:
+    raw = tokenizer.token_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(tokenizer, logprobs: list[TokenLogprob]) -> dict:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text, raw = _token(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob),
+                         "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in logprobs], "refusal": None}
+
+
+def completion_logprobs(tokenizer, logprobs: list[TokenLogprob], offset: int) -> dict:
+    """OpenAI's completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [_token(tokenizer, lp.token_id)[0] for lp in logprobs]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{_token(tokenizer, t)[0]: v for t, v in lp.top}
+                             for lp in logprobs],
+            "text_offset": offsets}
 
 
 def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
-          shutdown_timeout: float) -> None:
+          shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown)."""
     import uvicorn
 
-    app = create_app(scheduler, model_name)
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            # Past --shutdown-timeout the scheduler stops: every request left ends with
+            # "abort" (an error event and [DONE], or a 503), and the responses finish by
+            # themselves before uvicorn's own, later, deadline would cancel them mid-write.
+            loop = asyncio.get_running_loop()
+            timer = loop.call_later(shutdown_timeout, scheduler.stop, 0)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=shutdown_timeout)
+                            timeout_graceful_shutdown=shutdown_timeout + 10)
     # uvicorn handles the signal while it runs, then raises it again under the handlers it
     # found; these make that a no-op, so a graceful shutdown exits with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+    Server(config).run()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from trt_spec.runtime.manifest import contained
+
 
 def _token_text(value) -> str | None:
     if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
@@ -14,24 +16,67 @@ def _token_text(value) -> str | None:
     return value
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, char -> byte (the inverse of bytes_to_unicode)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
 class Tokenizer:
     def __init__(self, folder: str | Path):
         folder = Path(folder)
-        self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-        cfg_path = folder / "tokenizer_config.json"
+        # an engine folder reads only its own files (no symlink out: runtime/manifest.py)
+        self._tok = HFTokenizer.from_file(str(contained(folder, "tokenizer.json", str(folder))))
+        cfg_path = contained(folder, "tokenizer_config.json", str(folder))
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         self.chat_template: str | None = cfg.get("chat_template")
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._template = None
+        self._max_token_bytes: int | None = None
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may hold part of a
+        character), special tokens included: OpenAI's logprobs `bytes`."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if type(self._tok.decoder).__name__ == "ByteLevel":
+            table = _byte_decoder()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The most bytes any one token stands for: a prompt of b bytes has at least
+        b / max_token_bytes tokens (the server refuses a huge prompt before tokenizing it)."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(1, max(len(self.token_bytes(i))
+                                               for i in range(self.vocab_size)))
+        return self._max_token_bytes
+
+    @property
+    def normalizes(self) -> bool:
+        """A normalizer may shrink text (then the bound above does not hold)."""
+        return self._tok.normalizer is not None
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode holds it): a long prompt tokenized on a
+        # server thread does not stall the event loop or the scheduler
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of `text` (no special tokens added) and each token's [start, end) characters."""

@@ -8,6 +8,12 @@ errors and the RSS change, and writes the same as JSON. Exits 1 when a request f
 RSS grew past --rss-bound-mb.
 
     python scripts/load.py --engine engines/smollm2-135m --clients 16 --duration 120
+    python scripts/load.py --engine engines/smollm2-135m --clients 4 --long-prompt 2000 \
+        -- --max-prefill-tokens 128
+
+With --long-prompt N, the clients instead keep long streams decoding while one prompt of N
+tokens arrives: it reports the gaps between the tokens of those streams while the prompt is
+read (longest, p99, median) and the long prompt's time to first token (chunked prefill).
     python scripts/load.py --engine engines/smollm2-135m -- --ray --replicas 2 --threads 1
 
 With `--ray` among the server options the server is `trt-spec serve --ray` (Ray Serve
@@ -64,7 +70,8 @@ def messages(i: int) -> list[dict]:
 async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args) -> dict:
     """One streaming chat completion; returns its latency, TTFT and token count, or error."""
     body = {"model": model, "messages": messages(i), "max_tokens": args.max_tokens,
-            "temperature": args.temperature, "seed": i, "stream": True}
+            "temperature": args.temperature, "seed": i, "stream": True,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, usage, done = None, None, False
     try:
@@ -107,6 +114,61 @@ async def run_clients(url: str, model: str, args, duration: float) -> list[dict]
     return results
 
 
+async def long_prompt_run(url: str, model: str, args) -> dict:
+    """`clients` streams decoding (ignore_eos, long max_tokens); after they run 3 s, one
+    prompt of args.long_prompt tokens (ids, so the count is exact) arrives. Returns the gaps
+    between content chunks of the decoding streams and the long prompt's TTFT."""
+    arrivals: list[list[float]] = [[] for _ in range(args.clients)]
+    stop = asyncio.Event()
+
+    async def decoding(c: int, client: httpx.AsyncClient):
+        body = {"model": model, "messages": messages(c), "max_tokens": 1500, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        while not stop.is_set():
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if stop.is_set():
+                        return
+                    if line.startswith("data: {") and '"content"' in line:
+                        arrivals[c].append(time.perf_counter())
+
+    async with httpx.AsyncClient(timeout=args.request_timeout) as client:
+        tasks = [asyncio.create_task(decoding(c, client)) for c in range(args.clients)]
+        await asyncio.sleep(3)
+        ids = [(i * 7919) % 20000 + 100 for i in range(args.long_prompt)]
+        body = {"model": model, "prompt": ids, "max_tokens": 8, "temperature": 0,
+                "stream": True}
+        t_sent = time.perf_counter()
+        t_first = None
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"the long prompt got HTTP {r.status_code}: "
+                                   f"{(await r.aread())[:300]!r}")
+            async for line in r.aiter_lines():
+                if t_first is None and line.startswith("data: {"):
+                    t_first = time.perf_counter()
+        await asyncio.sleep(2)
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    gaps_all, gaps_window = [], []
+    for times in arrivals:
+        for a, b in zip(times, times[1:]):
+            gaps_all.append(b - a)
+            if t_sent <= b <= t_first + 0.5:  # gaps that end while the prompt is read
+                gaps_window.append(b - a)
+    median = percentile(gaps_all, 50)
+    p99 = percentile(gaps_window, 99)
+    return {"long_prompt_tokens": args.long_prompt, "decoding_streams": args.clients,
+            "long_prompt_ttft_s": t_first - t_sent,
+            "gaps_while_reading_s": {"count": len(gaps_window), "max": max(gaps_window),
+                                     "p99": p99, "p50": percentile(gaps_window, 50)},
+            "gaps_all_s": {"count": len(gaps_all), "max": max(gaps_all), "p50": median,
+                           "p99": percentile(gaps_all, 99)},
+            "p99_over_median": p99 / median}
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -131,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--rss-bound-mb", type=float, default=64,
                     help="largest allowed RSS growth from after warm-up to the end")
+    ap.add_argument("--long-prompt", type=int, default=None, metavar="TOKENS",
+                    help="measure the decoding streams' pace while a prompt of TOKENS arrives")
     ap.add_argument("--json", dest="json_out", default="load.json")
     ap.add_argument("server_args", nargs="*", help="extra `trt-spec serve` options (after --)")
     args = ap.parse_args(argv)
@@ -158,6 +222,30 @@ def main(argv=None) -> int:
             time.sleep(0.2)
         return sum(rss_mb(int(t["labels"]["pid"])) for t in json.loads(targets.read_text()))
 
+    if args.long_prompt:
+        try:
+            wait_healthy(url, proc)
+            asyncio.run(run_clients(url, model, args, 0))  # warm-up
+            report = asyncio.run(long_prompt_run(url, model, args))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        report["server_args"] = args.server_args
+        report["load_average_1min"] = {"before": load_before, "after": os.getloadavg()[0]}
+        g, w = report["gaps_all_s"], report["gaps_while_reading_s"]
+        report["passed"] = w["max"] < 1.0 and report["p99_over_median"] <= 5
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"{args.clients} streams decoding, a {args.long_prompt}-token prompt arrives "
+              f"({' '.join(args.server_args) or 'default options'})\n"
+              f"gaps while it is read: {w['count']}, longest {w['max']:.3f} s, p99 "
+              f"{w['p99']:.3f} s, p50 {w['p50']:.3f} s\n"
+              f"gaps over the run:     median {g['p50']:.3f} s; p99 while read / median "
+              f"{report['p99_over_median']:.1f}\n"
+              f"long prompt's time to first token {report['long_prompt_ttft_s']:.2f} s\n"
+              f"machine load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
+              f"{'PASS' if report['passed'] else 'FAIL'} (longest < 1 s, p99 <= 5x median); "
+              f"report: {args.json_out}")
+        return 0 if report["passed"] else 1
     try:
         wait_healthy(url, proc)
         warm = asyncio.run(run_clients(url, model, args, 0))

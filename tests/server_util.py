@@ -48,12 +48,14 @@ class Server:
 
 
 def start_server(engine, *args: str, model: str = "tiny", timeout: float = 60,
-                 cli: list[str] | None = None, env: dict | None = None) -> Server:
-    """cli: the command that runs trt-spec [default: this interpreter's module]."""
+                 cli: list[str] | None = None, env: dict | None = None, stderr=None) -> Server:
+    """cli: the command that runs trt-spec [default: this interpreter's module]; stderr: a
+    file for the server's log [default: the test's]."""
     port = free_port()
     cli = cli or [sys.executable, "-m", "trt_spec.cli"]
     proc = subprocess.Popen([*cli, "serve", "--engine", str(engine), "--port", str(port),
-                             "--served-model-name", model, "--threads", "1", *args], env=env)
+                             "--served-model-name", model, "--threads", "1", *args], env=env,
+                            stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
     while time.time() - t0 < timeout:

@@ -43,7 +43,7 @@ def test_seeded_sampling_is_reproducible_and_matches_distribution():
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"temperature": -1.0}, "temperature=-1.0"),
     ({"temperature": float("nan")}, "temperature=nan"),
-    ({"top_p": 0.0}, r"top_p=0.0: must be in \(0, 1\]"),
+    ({"top_p": 0.0}, r"top_p=0.0: must be a finite number in \(0, 1\]"),
     ({"top_p": 1.5}, "top_p=1.5"),
     ({"top_k": -1}, "top_k=-1"),
     ({"stop": ("",)}, "stop strings must be non-empty"),

@@ -48,18 +48,24 @@ def test_chat_streamed_equals_non_streamed(client):
     assert len(chunks) > 3  # it did come in pieces
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert chunks[-1].usage.model_dump() == full.usage.model_dump()  # usage in the final chunk
-    assert all(c.usage is None for c in chunks[:-1])
+    assert all(c.usage is None for c in chunks)  # usage only when asked, as OpenAI
+    # stream_options.include_usage: one more chunk, with empty choices, carrying usage
+    asked = list(client.chat.completions.create(**kw, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage.model_dump() == full.usage.model_dump()
+    assert all(c.usage is None for c in asked[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in asked[:-1]) == streamed
 
 
 def test_text_streamed_equals_non_streamed(client):
     kw = dict(model="tiny", prompt="d e f g", max_tokens=12, temperature=0, extra_body=EXTRA)
     full = client.completions.create(**kw)
     assert full.object == "text_completion" and full.usage.prompt_tokens == 4
-    chunks = list(client.completions.create(**kw, stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text != ""
-    assert chunks[-1].choices[0].finish_reason == "length"
-    assert chunks[-1].usage.completion_tokens == 12
+    chunks = list(client.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == full.choices[0].text != ""
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     # token ids as the prompt
     ids = client.completions.create(**{**kw, "prompt": [5, 6, 7, 8]})
     assert ids.usage.prompt_tokens == 4
@@ -103,12 +109,15 @@ def test_8_concurrent_streams_equal_their_sequential_outputs(server, client):
     async def one(aclient, p, n, spec):
         extra = {**EXTRA, **({"speculative": spec} if spec else {})}
         stream = await aclient.completions.create(model="tiny", prompt=p, max_tokens=n,
-                                                  temperature=0, stream=True, extra_body=extra)
-        text, last = "", None
+                                                  temperature=0, stream=True, extra_body=extra,
+                                                  stream_options={"include_usage": True})
+        text, last, usage = "", None, None
         async for chunk in stream:
-            text += chunk.choices[0].text
-            last = chunk
-        return text, last
+            if chunk.choices:
+                text += chunk.choices[0].text
+                last = chunk
+            usage = chunk.usage
+        return text, (last, usage)
 
     async def main():
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused",
@@ -118,9 +127,9 @@ def test_8_concurrent_streams_equal_their_sequential_outputs(server, client):
 
     results = asyncio.run(main())
     assert [text for text, _ in results] == sequential
-    for (_, last), n, spec in zip(results, lengths, METHODS):
+    for (_, (last, usage)), n, spec in zip(results, lengths, METHODS):
         assert last.choices[0].finish_reason == "length"
-        assert last.usage.completion_tokens == n
+        assert usage.completion_tokens == n
         assert last.model_extra["metrics"]["method"] == (spec or {}).get("method", "none")
     assert server.metric("trt_spec:spec_decode_num_draft_tokens_total") > drafts_before
     assert server.metric("trt_spec:kv_cache_slots_used") == 0
@@ -171,15 +180,15 @@ BAD = [  # (path, body, status, message)
     ("completions", {"prompt": "a"}, 400, "missing required field 'model'"),
     ("completions", {**GOOD, "model": "gpt-4"}, 404,
      "model 'gpt-4' does not exist; this server serves 'tiny'"),
-    ("completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens=0: must be >= 1"),
-    ("chat/completions", {**CHAT, "max_tokens": -5}, 400, "max_tokens=-5: must be >= 1"),
+    ("completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens=0: must be an integer >= 1"),
+    ("chat/completions", {**CHAT, "max_tokens": -5}, 400, "max_tokens=-5: must be an integer >= 1"),
     ("completions", {**GOOD, "max_tokens": 1000}, 400,
      "max_tokens=1000: the prompt has 2 tokens and the context holds 256, so at most 254"),
-    ("completions", {**GOOD, "temperature": -0.5}, 400, "temperature=-0.5: must be >= 0"),
+    ("completions", {**GOOD, "temperature": -0.5}, 400, "temperature=-0.5: must be a finite number >= 0"),
     ("completions", {**GOOD, "temperature": "hot"}, 400,
      "temperature: Input should be a valid number"),
-    ("completions", {**GOOD, "top_p": 0}, 400, "top_p=0.0: must be in (0, 1]"),
-    ("chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p=1.5: must be in (0, 1]"),
+    ("completions", {**GOOD, "top_p": 0}, 400, "top_p=0.0: must be a finite number in (0, 1]"),
+    ("chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p=1.5: must be a finite number in (0, 1]"),
     ("completions", {**GOOD, "n": 2}, 400, "n=2: only n=1 is supported"),
     ("completions", {**GOOD, "prompt": LONG}, 400,
      "the prompt has 300 tokens; the context holds 256"),
@@ -190,9 +199,10 @@ BAD = [  # (path, body, status, message)
     ("completions", {**GOOD, "stop": [""]}, 400, "each must have 1..256"),
     ("completions", {**GOOD, "prompt": [5, 999]}, 400, "prompt token ids [999] are outside 0..127"),
     ("completions", {**GOOD, "prompt": ""}, 400, "prompt is empty"),
-    ("chat/completions", {**CHAT, "messages": []}, 400, "messages is empty"),
+    ("chat/completions", {**CHAT, "messages": []}, 400,
+     "messages=[]: expected a non-empty list of {'role', 'content'} messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400,
-     "messages.0.role: Input should be 'system', 'developer', 'user' or 'assistant'"),
+     "messages[0].role='robot': must be one of system, developer, user, assistant"),
     ("completions", {**GOOD, "best_of": 2}, 400, "unknown field 'best_of'; accepted fields: model"),
     ("completions", {**GOOD, "frequency_penalty": 0.5}, 400,
      "frequency_penalty=0.5: not supported (only 0)"),
@@ -236,7 +246,7 @@ def test_bad_routes(server):
 
 
 def test_openai_client_sees_the_error(server, client):
-    with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be >= 0"):
+    with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be a finite number >= 0"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
                                        temperature=-1)
     with pytest.raises(openai.NotFoundError, match="model 'nope' does not exist"):

@@ -84,9 +84,10 @@ def test_queue_bound_answers_429_then_recovers(server):
                 assert next(readers[-1])["choices"][0]["delta"]["role"] == "assistant"
             assert wait_for(lambda: server.metric(f"trt_spec:{gauge}") == 2)
         r = c.post(f"{server.url}/v1/chat/completions", json=chat(5, stream=False))
-        assert r.status_code == 429
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["message"] == ("the server is busy: 2 requests are already "
                                                 "waiting (the bound is 2); retry later")
+        assert r.json()["error"]["type"] == "rate_limit_exceeded"
         with pytest.raises(openai.RateLimitError, match="the server is busy"):
             client.completions.create(model="tiny", prompt="a", max_tokens=2)
         assert server.metric("trt_spec:request_rejected_total", reason="queue_full") >= 2
@@ -103,7 +104,8 @@ def test_sigterm_lets_in_flight_requests_finish(tiny_engine):
     s = start_server(tiny_engine, "--debug-step-delay", DELAY)
     try:
         with httpx.Client(timeout=30) as c:
-            with c.stream("POST", f"{s.url}/v1/chat/completions", json=chat(30)) as r:
+            body = {**chat(30), "stream_options": {"include_usage": True}}
+            with c.stream("POST", f"{s.url}/v1/chat/completions", json=body) as r:
                 it = events(r)
                 assert next(it)["choices"][0]["delta"]["role"] == "assistant"
                 s.proc.send_signal(signal.SIGTERM)
@@ -112,11 +114,36 @@ def test_sigterm_lets_in_flight_requests_finish(tiny_engine):
                 # ... while the request in flight runs to its end
                 rest = list(it)
         assert rest[-1] == "[DONE]"
-        assert rest[-2]["choices"][0]["finish_reason"] == "length"
-        assert rest[-2]["usage"]["completion_tokens"] == 30
+        assert rest[-3]["choices"][0]["finish_reason"] == "length"
+        assert rest[-2]["choices"] == [] and rest[-2]["usage"]["completion_tokens"] == 30
         assert s.proc.wait(20) == 0
     finally:
         s.stop()
+
+
+def test_streams_cut_past_the_shutdown_timeout_end_cleanly(tiny_engine, tmp_path):
+    """Past --shutdown-timeout each stream still open gets an error event and [DONE], a
+    full response a 503, and the log holds no traceback."""
+    log = open(tmp_path / "server.log", "w")
+    s = start_server(tiny_engine, "--debug-step-delay", "0.1", "--shutdown-timeout", "1",
+                     stderr=log)
+    try:
+        with httpx.Client(timeout=30) as c:
+            with c.stream("POST", f"{s.url}/v1/chat/completions", json=chat(200)) as r:
+                it = events(r)
+                assert next(it)["choices"][0]["delta"]["role"] == "assistant"
+                s.proc.send_signal(signal.SIGTERM)
+                rest = list(it)
+        assert rest[-1] == "[DONE]"
+        error = rest[-2]["error"]
+        assert error["code"] == "abort" and "--shutdown-timeout" in error["message"]
+        assert all("choices" in e for e in rest[:-2])  # tokens came until the cut
+        assert s.proc.wait(20) == 0
+    finally:
+        s.stop()
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in text and "CancelledError" not in text, text
 
 
 def refused(url: str) -> bool:

@@ -332,7 +332,13 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
 @click.option("--max-waiting", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests queued for a slot; past this, 429.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=60.0,
-              show_default=True, help="On SIGTERM, seconds to let in-flight requests finish.")
+              show_default=True, help="On SIGTERM, seconds to let in-flight requests finish; "
+                                      "past it each gets an error event (or a 503).")
+@click.option("--max-prefill-tokens", type=click.IntRange(min=1), default=16,
+              show_default=True, help="Prompt tokens prefilled per step: a longer prompt is "
+                                      "read in chunks while other streams keep decoding.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20,
+              show_default=True, help="Largest request body; past it, 413.")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
 @threads_option
@@ -368,7 +374,8 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
           spec_max_batch, spec_min_acceptance, max_num_seqs, max_model_len, max_waiting,
-          shutdown_timeout, debug_step_delay, threads, use_ray, replicas, ray_address,
+          shutdown_timeout, max_prefill_tokens, max_body_bytes, debug_step_delay, threads,
+          use_ray, replicas, ray_address,
           min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
           replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
     """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
@@ -382,7 +389,8 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
                  spec_max_batch=spec_max_batch, spec_min_acceptance=spec_min_acceptance,
                  max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                  max_waiting=max_waiting, threads=threads or 1,
-                 debug_step_delay=debug_step_delay, engine_checksum=engine_checksum),
+                 debug_step_delay=debug_step_delay, engine_checksum=engine_checksum,
+                 max_prefill_tokens=max_prefill_tokens, max_body_bytes=max_body_bytes),
             dict(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
                  target_ongoing_requests=target_ongoing_requests,
                  max_ongoing_requests=max_ongoing_requests or max_num_seqs,
@@ -398,13 +406,14 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
         scheduler = Scheduler(gen, method,
                               speculation_config(num_draft_tokens, spec_max_batch,
                                                  spec_min_acceptance),
-                              (ngram_min, ngram_max), max_waiting, debug_step_delay)
+                              (ngram_min, ngram_max), max_waiting, debug_step_delay,
+                              max_prefill_tokens)
     except ValueError as e:
         fail(e)
     name = served_model_name or Path(engine).resolve().name
     click.echo(f"serving {name} ({engine}; methods: {', '.join(scheduler.methods)}) on "
                f"http://{host}:{port}", err=True)
-    run_server(scheduler, name, host, port, shutdown_timeout)
+    run_server(scheduler, name, host, port, shutdown_timeout, max_body_bytes)
 
 
 def serve_on_ray(engine, host, port, name, replica_options, scaling_options, ray_address,

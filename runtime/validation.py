@@ -1,0 +1,107 @@
+"""Checks on user input shared by the Python API and the HTTP server.
+
+`SamplingParams`, chats and the speculative options are checked here once; the server maps a
+`FieldError` onto OpenAI's error JSON (400, `param` = the field) and the Python API raises it
+as is. Every message quotes the bad value and says what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_SEED = 2**64 - 1
+
+
+class FieldError(ValueError):
+    """Bad user input in one named field (`param` in OpenAI's error JSON)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def integer(field: str, value, lo: int, hi: int | None = None, allowed: str = "") -> int:
+    """An int (not a bool) in lo..hi."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or \
+            (hi is not None and value > hi):
+        span = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise FieldError(field, f"{field}={_show(value)}: must be an integer {span}{allowed}")
+    return value
+
+
+def real(field: str, value, allowed: str, lo: float = -math.inf, hi: float = math.inf,
+         lo_open: bool = False) -> float:
+    """A finite real number (int or float, not a bool) in [lo, hi] ((lo, hi] when lo_open)."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        raise FieldError(field, f"{field}={_show(value)}: must be a finite number {allowed}")
+    return float(value)
+
+
+def strings(field: str, value, allowed: str) -> tuple[str, ...]:
+    """A string or a list / tuple of strings -> a tuple."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise FieldError(field, f"{field}={_show(value)}: expected {allowed}")
+    return tuple(items)
+
+
+def seed(value) -> int | None:
+    if value is None:
+        return None
+    return integer("seed", value, 0, MAX_SEED, " (or None: a fresh seed)")
+
+
+def flag(field: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise FieldError(field, f"{field}={_show(value)}: must be true or false")
+    return value
+
+
+def chat(messages, field: str = "messages") -> list[dict]:
+    """A chat: a non-empty list of {"role", "content"} with a known role and text content (a
+    string, or OpenAI's list of {"type": "text", "text"} parts, joined). Returns plain
+    {"role", "content": str} dicts (a "name" is kept)."""
+    if not isinstance(messages, list) or not messages:
+        raise FieldError(field, f"{field}={_show(messages)}: expected a non-empty list of "
+                                "{'role', 'content'} messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"{field}[{i}]"
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise FieldError(where, f"{where}={_show(m)}: expected {{'role': ..., "
+                                    "'content': ...}")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise FieldError(f"{where}.{extra[0]}", f"{where} has unknown keys {extra}; a "
+                                                    "message has role, content and name")
+        if m["role"] not in ROLES:
+            raise FieldError(f"{where}.role", f"{where}.role={_show(m['role'])}: must be one "
+                                              f"of {', '.join(ROLES)}")
+        content = m["content"]
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise FieldError(f"{where}.content", f"{where}.content: only text parts "
+                                 '({"type": "text", "text": ...}) are supported')
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise FieldError(f"{where}.content", f"{where}.content={_show(content)}: expected "
+                                                 "a string or a list of text parts")
+        message = {"role": m["role"], "content": content}
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise FieldError(f"{where}.name", f"{where}.name={_show(name)}: expected a "
+                                                  "string")
+            message["name"] = name
+        out.append(message)
+    return out
