@@ -31,9 +31,13 @@ def score(gen, ids: list[int], start: int) -> np.ndarray:
     return out.logits[0]
 
 
-def fidelity(reference, test, prompts_ids: list[list[int]], new_tokens: int = 64) -> dict:
+def fidelity(reference, test, prompts_ids: list[list[int]], new_tokens: int = 64,
+             top_n: int = 100) -> dict:
+    """Greedy agreement and KL of `test` to `reference`; `mean_kl_top` is the KL over the
+    test's top `top_n` tokens and the rest as one bucket (coarse_kl), the figure a runtime
+    that returns only its top-N (llama.cpp) can be given too."""
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    agree, kls = [], []
+    agree, kls, coarse = [], [], []
     for ids in prompts_ids:
         cont = reference.generate_ids([ids], params)[0].output_ids
         full = ids + cont
@@ -41,6 +45,52 @@ def fidelity(reference, test, prompts_ids: list[list[int]], new_tokens: int = 64
         lp_test = log_softmax(score(test, full, len(ids)))
         agree.append(lp_ref.argmax(-1) == lp_test.argmax(-1))
         kls.append((np.exp(lp_ref) * (lp_ref - lp_test)).sum(-1))
+        for ref_row, test_row in zip(lp_ref, lp_test):
+            top = np.argsort(-test_row)[:top_n]
+            coarse.append(coarse_kl(ref_row, top, test_row[top]))
     agree, kls = np.concatenate(agree), np.concatenate(kls)
     return {"positions": int(agree.size), "greedy_agreement": float(agree.mean()),
-            "mean_kl": float(kls.mean()), "max_kl": float(kls.max())}
+            "mean_kl": float(kls.mean()), "max_kl": float(kls.max()),
+            "mean_kl_top": float(np.mean(coarse)), "top_n": top_n}
+
+
+def coarse_kl(lp_ref: np.ndarray, ids: list[int], logprobs: list[float]) -> float:
+    """KL(p_ref || p_test) over the buckets {each of `ids`, everything else}, where the test
+    distribution is known only on `ids` (its top-N, as `logprobs`). Merging tokens into one
+    bucket never raises a KL, so this is a lower bound of the full KL (equal when the rest
+    holds no mass); lp_ref: [vocab] log-probabilities."""
+    ids = np.asarray(ids, dtype=np.int64)
+    p_ref = np.exp(lp_ref)
+    p_test = np.exp(np.asarray(logprobs, dtype=np.float64))
+    ref_top, test_top = p_ref[ids], p_test
+    ref_rest, test_rest = max(1.0 - ref_top.sum(), 0.0), max(1.0 - test_top.sum(), 1e-12)
+    kl = float((ref_top * (np.log(np.maximum(ref_top, 1e-30)) - np.log(test_top))).sum())
+    if ref_rest > 0:
+        kl += ref_rest * (np.log(ref_rest) - np.log(test_rest))
+    return kl
+
+
+def fidelity_llamacpp(reference, server, prompts_ids: list[list[int]], new_tokens: int = 64,
+                      top_n: int = 100) -> dict:
+    """fidelity() of llama.cpp (a running runtime.peers.llamacpp.LlamaServer) to `reference`:
+    the same teacher-forced positions, llama.cpp's next-token log-probabilities read one
+    position at a time (its prompt cache makes each request one new token). llama.cpp returns
+    its top `top_n` only, so the KL is coarse_kl's (`mean_kl_top`); fidelity() reports the
+    same figure for our engines, side by side."""
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    agree, kls = [], []
+    for ids in prompts_ids:
+        cont = reference.generate_ids([ids], params)[0].output_ids
+        full = ids + cont
+        lp_ref = log_softmax(score(reference, full, len(ids)))
+        for j in range(len(cont)):
+            out = server.post("/completion", {
+                "prompt": full[:len(ids) + j], "n_predict": 1, "n_probs": top_n,
+                "temperature": 0, "top_k": 1, "cache_prompt": True, "stream": False})
+            top = out["completion_probabilities"][0]["top_logprobs"]
+            got = [t["id"] for t in top]
+            agree.append(got[0] == int(lp_ref[j].argmax()))
+            kls.append(coarse_kl(lp_ref[j], got, [t["logprob"] for t in top]))
+    return {"positions": len(agree), "greedy_agreement": float(np.mean(agree)),
+            "mean_kl_top": float(np.mean(kls)), "max_kl_top": float(np.max(kls)),
+            "top_n": top_n}

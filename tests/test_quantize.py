@@ -4,13 +4,18 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from trt_spec.export.quantize import (BLOCK, FORMS, RESIDUAL_STAGES,  # noqa: E402
-                                      dequantize_int4,
-                                      dequantize_int4_residual, matmuls_to_nbits,
-                                      quantize_int4, quantize_int4_residual)
+from onnx import TensorProto, helper, numpy_helper
+from trt_spec.export.quantize import (
+    BLOCK,
+    FORMS,
+    RESIDUAL_STAGES,
+    dequantize_int4,
+    dequantize_int4_residual,
+    matmuls_to_nbits,
+    quantize_int4,
+    quantize_int4_residual,
+)
+from trt_spec.runtime.backends.ort import make_session
 
 
 def q4_1_weights(k: int, n: int, seed: int = 0) -> np.ndarray:
@@ -57,23 +62,22 @@ def matmul_model(w: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+def run(model: onnx.ModelProto, x: np.ndarray, tmp_path) -> list[np.ndarray]:
+    """Opened as the runtime opens graphs (its process-wide thread pool, once one exists)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    return make_session(path).run(None, {"x": x})
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_forms_through_onnx_runtime(form):
+def test_forms_through_onnx_runtime(form, tmp_path):
     """Each form's graph computes x @ W for Q4_1 weights: the residual form as closely as
     ORT's int8 activation rounding allows, the plain int4 form off by its block shifts."""
     w = q4_1_weights(192, 96, seed=2)
     x = np.random.default_rng(3).standard_normal((2, 3, 192)).astype(np.float32)
     model = matmul_model(w)
     assert matmuls_to_nbits(model, lambda output, shape: form) == 1
-    got = run(model, x)
+    got = run(model, x, tmp_path)[0]
     want = x @ w
     err = np.abs(got - want).mean() / np.abs(want).mean()
     # measured: int8 0.006, int4+residual 0.005, int4 0.048
@@ -83,7 +87,7 @@ def test_forms_through_onnx_runtime(form):
         assert err > 0.025  # the shift the residual removes is real on this data
 
 
-def test_block_sums_are_shared_by_the_weights_that_read_one_input():
+def test_block_sums_are_shared_by_the_weights_that_read_one_input(tmp_path):
     w1, w2 = q4_1_weights(128, 64, seed=4), q4_1_weights(128, 96, seed=5)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["y1"]),
@@ -100,7 +104,6 @@ def test_block_sums_are_shared_by_the_weights_that_read_one_input():
         "x/with_block_sums"}
     assert {n.input[0] for n in model.graph.node if n.op_type == "MatMul"} == {"x"}
     x = np.random.default_rng(6).standard_normal((1, 2, 128)).astype(np.float32)
-    y1, y2 = ort.InferenceSession(model.SerializeToString(),
-                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    y1, y2 = run(model, x, tmp_path)
     for got, w in ((y1, w1), (y2, w2)):
         assert np.abs(got - x @ w).mean() < 0.02 * np.abs(x @ w).mean()

