@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_spec.export.attention_rows import SPEC as ATTENTION_ROWS_SPEC
+from trt_spec.export.attention_rows import pad_attention_rows
 from trt_spec.export.checkpoint import load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import KINDS, Drafter, head_vocab, restrict_head
@@ -38,8 +40,9 @@ FORMS = {
     "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
 }
 BACKENDS = tuple(PRECISIONS)
-# Bumped when a precision's weight forms change, so that `export` redoes folders made before.
-WEIGHTS_FORMAT = 3
+# Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
+# redoes folders made before.
+LOWERING_VERSION = 4
 
 # --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
 # "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.
@@ -141,10 +144,12 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         log(f"  {n} MatMuls quantized"
             + (", embedding and lm_head share one int8 table" if aliases else "")
             + (", embedding to int8" if tables else ""))
+    inputs, outputs = io
+    if backend == "ort" and pad_attention_rows(proto):  # exact decoding inside the graph
+        inputs = inputs + [ATTENTION_ROWS_SPEC]
     others = save_with_external_data(proto, graph, aliases, shared)
     if others:
         log(f"  {name} reads tensors it shares with earlier graphs from {', '.join(others)}")
-    inputs, outputs = io
     entry = {
         "files": [graph.name, graph.name + ".data", *others],
         "backend": backend,
@@ -276,7 +281,7 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
     source = {"model": model, "precision": precision, "backend": backend,
-              "weights_format": WEIGHTS_FORMAT,
+              "lowering": LOWERING_VERSION,
               "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads,
               "draft_vocab": draft_vocab}
     if not force and (out / MANIFEST).exists():

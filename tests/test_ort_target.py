@@ -200,3 +200,51 @@ def test_exact_decode_one_token_row_of_a_ragged_step(tiny_hf_dir, tiny_engine_in
     np.testing.assert_array_equal(ragged.logits[0], alone.logits[0])
     verified = target.step(cache, [Request(b, IDS[7:9], [0, 1])])  # b goes on normally
     assert verified.logits[0].shape == (2, config.vocab_size) and cache.lengths.tolist() == [7, 9]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_attention_rows_in_graph_equal_runtime_padding(tiny_hf_dir, tiny_engine_int4, exact):
+    """Exact decoding inside the graph (only attention runs a second row) gives bitwise the
+    logits of padding the request in the runtime (every op runs two rows), plain, ragged and
+    into the scratch row; with attention_min_rows 1 the graph is the one-row graph."""
+    from trt_spec.runtime.backends.ort import ATTENTION_MIN_ROWS
+    from trt_spec.runtime.manifest import load_manifest
+
+    inputs = [i["name"] for i in load_manifest(tiny_engine_int4).graph("target")["inputs"]]
+    assert ATTENTION_MIN_ROWS in inputs
+    _, config = reference(tiny_hf_dir, IDS[:2])
+    in_graph, in_runtime = (OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
+                                      config.max_position_embeddings, exact_decode=exact)
+                            for _ in range(2))
+    assert in_graph.rows_in_graph
+    in_runtime.rows_in_graph = False  # _padded pads every op's rows; the graph is fed 1 row
+    in_runtime.step = _feeding_one_row(in_runtime)
+    outs = []
+    for target in (in_graph, in_runtime):
+        cache = KVCache(config, slots=2, max_len=12)
+        a, b = cache.allocate(), cache.allocate()
+        steps = [target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:4], [3])])]
+        steps.append(target.step(cache, [Request(a, IDS[6:7], [0]),
+                                         Request(b, IDS[4:7], [0, 1, 2])]))
+        for token in IDS[7:12]:  # up to the cache's last row: the junk row goes to scratch
+            steps.append(target.step(cache, [Request(a, [token], [0])]))
+        assert cache.lengths.tolist() == [12, 7]
+        outs.append([x for s in steps for x in s.logits])
+    for got, want in zip(*outs):
+        np.testing.assert_array_equal(got, want)
+
+
+def _feeding_one_row(target):
+    """target.step with attention_min_rows = 1 fed (runtime padding does the exact part)."""
+    import onnxruntime as ort
+
+    from trt_spec.runtime.backends.ort import ATTENTION_MIN_ROWS
+
+    run = target.session.run_with_iobinding
+
+    def run_with_one_row(io: ort.IOBinding, *args):
+        io.bind_cpu_input(ATTENTION_MIN_ROWS, np.array(1, np.int32))
+        return run(io, *args)
+
+    target.session.run_with_iobinding = run_with_one_row
+    return target.step

@@ -33,13 +33,16 @@ def test_greedy_32_tokens_identical_to_transformers_generate(smollm2_hf_dir, smo
 def test_int4_fidelity_to_fp32(smollm2_engine, tmp_path_factory):
     """int4 (MatMulNBits with the block residual, 4-bit body, int8 tied head) against the
     fp32 graph by teacher forcing: the goal, greedy agreement >= 95% and mean next-token KL
-    <= 0.03 nats (measured here: 0.977 / 0.0035; the plain int4 form: ~0.74 / ~0.28)."""
+    <= 0.03 nats, on the 8 shipped prompts x 48 tokens (measured: 0.974 / 0.0040; the plain
+    int4 form: 0.711 / 0.338)."""
     from trt_spec.export.pipeline import export_engine
+    from trt_spec.runtime.bench import load_prompts
     from trt_spec.runtime.fidelity import fidelity
 
     int4 = export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "int4", "int4")
     ref, test = Generator(smollm2_engine, max_len=512), Generator(int4, max_len=512)
-    report = fidelity(ref, test, [ref.encode(p) for p in PROMPTS[:4]], 32)
+    report = fidelity(ref, test, [ref.encode(p) for p in load_prompts(None)], 48)
+    assert report["positions"] == 8 * 48
     assert report["greedy_agreement"] >= 0.95, report
     assert report["mean_kl"] <= 0.03, report
 

@@ -18,6 +18,11 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
 
 
+# A graph input ([] int32) of targets exported with export/attention_rows.py: the fewest query
+# rows each request's attention runs with (2: exact decoding inside the graph).
+ATTENTION_MIN_ROWS = "attention_min_rows"
+
+
 @dataclass
 class StepOutput:
     """Per request, in request order."""
@@ -76,7 +81,10 @@ class OrtTarget:
 
     def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None,
                  exact_decode: bool = False):
-        """exact_decode: run 1-token steps as 2-token steps (see `_padded`)."""
+        """exact_decode: every request's attention runs at least two query rows, so that a
+        token's logits do not depend on whether it was decoded alone or verified among drafts:
+        inside the graph where it takes ATTENTION_MIN_ROWS (export/attention_rows.py), else by
+        running 1-token steps as 2-token steps (`_padded`, engines exported before)."""
         self.session = make_session(path, threads)
         self.exact_decode = exact_decode
         self.num_layers = num_layers
@@ -88,6 +96,8 @@ class OrtTarget:
         if missing:
             raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
         self.takes_hidden = "hidden_states" in names
+        # exact decoding inside the graph (only its attention runs 2 rows), else by _padded
+        self.rows_in_graph = ATTENTION_MIN_ROWS in names
         shapes = {o.name: o.shape for o in self.session.get_outputs()}
         # per-token outputs besides logits, in graph order
         self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
@@ -143,8 +153,12 @@ class OrtTarget:
         unknown = [w for w in want if w not in self.outputs]
         if unknown:
             raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
-        run = self._padded(cache, requests) if self.exact_decode else requests
+        padded = self.exact_decode and not self.rows_in_graph
+        run = self._padded(cache, requests) if padded else requests
         step = build_step_inputs(cache, run, self.max_positions, scratch=int(run is not requests))
+        if self.rows_in_graph:
+            rows = 2 if self.exact_decode else 1
+            step.feeds[ATTENTION_MIN_ROWS] = np.array(rows, np.int32)
         if self.takes_hidden != ("hidden_states" in step.feeds):
             raise ValueError("a drafter graph needs hidden states with every request; a "
                              "target graph takes none")
