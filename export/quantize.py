@@ -89,7 +89,7 @@ def dequantize_int4(packed, scales, zero_points, k: int, n: int, block: int = BL
 
 # int4 stages that carry the residual: each cuts what is left ~15x. Measured on SmolLM2's
 # Q4_1 weights (docs/quantization.md): one stage 0.5% relative weight error, held-out KL 0.0037,
-# 103 MB; two 0.03%, KL 0.0028, 106 MB, and ~2% slower decoding.
+# 107.8 MB; two 0.03%, KL 0.0028, 111 MB, and ~2% slower decoding.
 RESIDUAL_STAGES = 1
 
 
@@ -101,9 +101,9 @@ def sums_width(k: int, block: int = BLOCK) -> int:
 
 def quantize_int4_residual(w: np.ndarray, block: int = BLOCK):
     """w: [K, N] fp32 -> MatMulNBits weights (packed, scales, zero_points) over the augmented
-    input [x, sums, ...] of K + RESIDUAL_STAGES*P features, P = sums_width(K): GGUF's Q4_1 form (per
-    32-block w ~ d*q + min, q in 0..15, the minimum kept) in a kernel whose zero point is an
-    integer. The block is split as
+    input [x, sums, ...] of K + RESIDUAL_STAGES*P features, P = sums_width(K): GGUF's Q4_1
+    form (per 32-block w ~ d*q + min, q in 0..15, the minimum kept) in a kernel whose zero
+    point is an integer. The block is split as
 
         w = d * (q - zp) + r,   zp = round(-min / d) in 0..15,  r = min + d * zp
 

@@ -89,8 +89,9 @@ def test_int4_layout_roundtrip():
 
 def test_int4_graph_computes_its_dequantized_weights(tiny_hf_dir, tiny_engine_int4):
     """The int4 lowering is exact up to ORT's int8 activation rounding (accuracy level 4): the
-    graph matches the torch module whose weights were replaced by their int4+residual (body) / int8
-    (tied embedding and head) dequantized values five times more closely (or better) than it matches fp32."""
+    graph matches the torch module whose weights were replaced by their int4+residual (body) /
+    int8 (tied embedding and head) dequantized values five times more closely (or better) than
+    it matches fp32."""
     from trt_spec.export.quantize import dequantize_int8, quantize_int8
 
     model, config = load_target(tiny_hf_dir)
