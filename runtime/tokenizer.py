@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ def _token_text(value) -> str | None:
     return value
 
 
+@functools.cache
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, char -> byte (the inverse of bytes_to_unicode)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
