@@ -53,7 +53,8 @@ def pad_attention_rows(model: onnx.ModelProto) -> bool:
         return f"{p}/{name}"
 
     zero, one = const("zero", np.array(0, np.int32)), const("one", np.array(1, np.int32))
-    zeros = const("zeros", np.zeros(4, np.int64))
+    zeros4 = const("zeros4", np.zeros(4, np.int64))
+    zeros3 = const("zeros3", np.zeros(3, np.int64))
     start, axis = const("start", np.array([0], np.int64)), const("axis", np.array([1], np.int64))
     shared = [
         # junk rows to append: attention_min_rows - T when positive (a 1-token step), else 0
@@ -62,11 +63,9 @@ def pad_attention_rows(model: onnx.ModelProto) -> bool:
         helper.make_node("Sub", [f"{p}/min_rows", f"{p}/T"], [f"{p}/short"]),
         helper.make_node("Max", [f"{p}/short", const("zero64", np.array([0], np.int64))],
                          [f"{p}/junk"]),
-        helper.make_node("Slice", [zeros, start, const("two", np.array([2], np.int64))],
-                         [f"{p}/zeros2"]),
-        helper.make_node("Concat", [zeros, f"{p}/junk", start], [f"{p}/pads_qkv"], axis=0),
-        helper.make_node("Concat", [f"{p}/zeros2", start, f"{p}/junk"], [f"{p}/pads_pos"],
-                         axis=0),
+        # Pad's pads: [begins..., ends...]; junk rows at the end of axis 1 (new_tokens)
+        helper.make_node("Concat", [zeros4, f"{p}/junk", start], [f"{p}/pads_qkv"], axis=0),
+        helper.make_node("Concat", [zeros3, f"{p}/junk"], [f"{p}/pads_pos"], axis=0),
         helper.make_node("Pad", ["position_ids", f"{p}/pads_pos"], [f"{p}/position_ids"],
                          mode="constant"),  # a junk row sits at position 0: any in-range one
         # per active request (query_seqlens > 0): at least attention_min_rows query rows
