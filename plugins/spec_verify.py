@@ -1,6 +1,6 @@
 """SpecVerify: the speculative verifier as one op, so a score graph returns tokens, not logits.
 
-Same semantics and vocabulary as runtime/sampler.py (accepted, recovered, bonus; p = target,
+Same semantics and vocabulary as runtime/verify.py (accepted, recovered, bonus; p = target,
 q = draft; Leviathan et al. 2023, Algorithm 1), written as a pure function: the random
 numbers are an input. Per row b with n = draft_lens[b] valid drafts x_0..x_{n-1}:
 
@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from trt_spec.plugins import lowering
-from trt_spec.runtime.sampler import PLACEHOLDER, Q_FLOOR
+from trt_spec.runtime.verify import PLACEHOLDER, Q_FLOOR
 from trt_spec.runtime.sampling import probs_from_logits
 
 PLUGIN = "trt_spec::SpecVerify"

@@ -36,10 +36,10 @@ from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import Proposer
-from trt_spec.runtime.sampler import verify_batch
+from trt_spec.runtime.verify import verify_batch
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
 from trt_spec.runtime.scorer import Scorer
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -260,7 +260,7 @@ class NormalEngine:
         requests = []
         for s, n in chunks:
             last = s.prefill_pos + n == len(s.prompt_ids)
-            requests.append(Request(s.slot, s.prompt_ids[s.prefill_pos:s.prefill_pos + n],
+            requests.append(SlotTokens(s.slot, s.prompt_ids[s.prefill_pos:s.prefill_pos + n],
                                     [n - 1] if last else []))
         out = self.target.step(self.cache, requests, (self.reads,) if self.reads else ())
         for i, ((s, n), logits) in enumerate(zip(chunks, out.logits)):
@@ -277,7 +277,7 @@ class NormalEngine:
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """One token per stream: the last token in, one batched forward, sample."""
         t0 = time.perf_counter()
-        out = self.target.step(self.cache, [Request(s.slot, [s.output_ids[-1]], [0]) for s in streams])
+        out = self.target.step(self.cache, [SlotTokens(s.slot, [s.output_ids[-1]], [0]) for s in streams])
         t1 = time.perf_counter()
         for s, logits in zip(streams, out.logits):
             s.record(0, 0)

@@ -11,7 +11,7 @@ import numpy as np
 
 from trt_spec.runtime.backends.ort import OrtTarget, StepOutput
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 
 class Scorer:
@@ -25,7 +25,7 @@ class Scorer:
         requests = []
         for s, d in zip(streams, drafts):
             tokens = [s.output_ids[-1]] + [int(t) for t in d]
-            requests.append(Request(s.slot, tokens, list(range(len(tokens)))))
+            requests.append(SlotTokens(s.slot, tokens, list(range(len(tokens)))))
         return self.target.step(self.cache, requests, (reads,) if reads else ())
 
     def rewind(self, s) -> None:

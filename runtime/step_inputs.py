@@ -14,7 +14,7 @@ from trt_spec.runtime.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
-class Request:
+class SlotTokens:
     slot: int
     tokens: list[int]  # new tokens, appended at the slot's current length
     logits_at: list[int]  # indices into `tokens` whose logits are wanted
@@ -29,7 +29,7 @@ class StepInputs:
     feeds: dict[str, np.ndarray]
 
 
-def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: int,
+def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions: int,
                       scratch: int = 0) -> StepInputs:
     """scratch: rows a request may write past the cache's max_len (at most cache.scratch_rows;
     a throwaway row that no later step reads)."""
@@ -89,6 +89,6 @@ def build_step_inputs(cache: KVCache, requests: list[Request], max_positions: in
     return StepInputs(lo, hi, [r.slot - lo for r in requests], feeds)
 
 
-def commit_lengths(cache: KVCache, requests: list[Request]) -> None:
+def commit_lengths(cache: KVCache, requests: list[SlotTokens]) -> None:
     for r in requests:
         cache.lengths[r.slot] += len(r.tokens)

@@ -16,7 +16,7 @@ section; one failing section never stops the others):
                   GPU target (each emitted token within tie_tol of the argmax); tokens/s
     speed         tokens/s with and without CUDA graphs, batch 1 and 8 (none, and the best
                   drafter)
-    plugins       trt_spec.plugins.gpu_check.run(results), when that module exists
+    plugins       trt_spec.plugins.kernel_check.run(results), when that module exists
     tensorrt      when `tensorrt` imports: build the engines and run the trt backend
 
 MODEL and the drafter folders go to export/checkpoint.py resolve_model / load_target and
@@ -154,7 +154,7 @@ def teacher_forced(gen, prompt_ids: list[int], output_ids: list[int], tol: float
     """Is each output token the target's argmax given its prefix, up to a near-tie?"""
     import numpy as np
 
-    from trt_spec.runtime.fidelity import score
+    from trt_spec.tools.fidelity import score
 
     logits = score(gen, prompt_ids + output_ids, len(prompt_ids))  # [n, vocab]
     n = len(output_ids)
@@ -290,7 +290,7 @@ def plugins(check: Check) -> dict:
     try:
         from trt_spec.plugins import gpu_check as plugin_check
     except ImportError as e:
-        return {"skipped": f"trt_spec.plugins.gpu_check is not there ({e})"}
+        return {"skipped": f"trt_spec.plugins.kernel_check is not there ({e})"}
     results: dict = {}
     try:
         plugin_check.run(results)

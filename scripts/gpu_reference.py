@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
 
-    from trt_spec.runtime.bench import load_prompts
+    from trt_spec.tools.bench import load_prompts
 
     prompts = load_prompts(args.prompts_file)[:args.prompts]
     t0 = time.perf_counter()

@@ -114,7 +114,7 @@ def test_api_and_server_import_without_torch(tiny_engine):
     """The runtime-only install can use the API and build the server (no torch)."""
     run_without_torch(f"""
         from trt_spec import LLM, SamplingParams
-        from trt_spec.runtime.server import create_app
+        from trt_spec.serve.server import create_app
         llm = LLM({str(tiny_engine)!r})
         out = llm.generate("a b", SamplingParams(max_tokens=3, ignore_eos=True))[0]
         assert len(out.token_ids) == 3

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from trt_spec.cli import main
-from trt_spec.runtime import peers as peer_registry
-from trt_spec.runtime.peers import PeerContext, parse_peers
+from trt_spec.tools import peers as peer_registry
+from trt_spec.tools.peers import PeerContext, parse_peers
 
 N = 6  # new tokens per run
 
@@ -288,7 +288,7 @@ def test_ortgenai_peer_on_tiny(tiny_hf_dir, tmp_path):
 def test_llamacpp_peer_on_smollm2(tmp_path):
     """The real GGUF through llama-server: N tokens, ids returned, the server gone after."""
     from trt_spec.export.checkpoint import KNOWN_MODELS, cache_dir
-    from trt_spec.runtime.peers.llamacpp import LlamaCppPeer
+    from trt_spec.tools.peers.llamacpp import LlamaCppPeer
 
     peer = LlamaCppPeer()
     ok, reason = peer.available()
@@ -313,9 +313,9 @@ def test_llamacpp_peer_on_smollm2(tmp_path):
 
 
 def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch):
-    """`python -m trt_spec.runtime.peers`: the tiny engine has no vanilla draft; the
+    """`python -m trt_spec.tools.peers`: the tiny engine has no vanilla draft; the
     onnxruntime-genai model is built (or the reason it is not) into the cache."""
-    from trt_spec.runtime.peers.__main__ import prepare
+    from trt_spec.tools.peers.__main__ import prepare
 
     monkeypatch.setenv("TRT_SPEC_CACHE", str(tmp_path))
     done = prepare(str(tiny_engine))

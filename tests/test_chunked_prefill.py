@@ -11,7 +11,7 @@ from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 RNG = np.random.default_rng(0)
 PROMPTS = [RNG.integers(3, 128, n).tolist() for n in (61, 5, 33)]
@@ -78,7 +78,7 @@ def target_logprobs(gen: Generator, ids: list[int]) -> np.ndarray:
     """The target scoring prompt + output in one forward: log-softmax at every position."""
     slot = gen.cache.allocate()
     try:
-        out = gen.target.step(gen.cache, [Request(slot, ids, list(range(len(ids))))])
+        out = gen.target.step(gen.cache, [SlotTokens(slot, ids, list(range(len(ids))))])
     finally:
         gen.cache.release(slot)
     x = out.logits[0].astype(np.float64)

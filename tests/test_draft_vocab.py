@@ -28,7 +28,7 @@ from trt_spec.runtime.manifest import load_manifest  # noqa: E402
 from trt_spec.runtime.policy import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.proposers.base import DraftVocab, pick_draft  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
-from trt_spec.runtime.step_inputs import Request  # noqa: E402
+from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -77,7 +77,7 @@ def target_logits(model) -> torch.Tensor:
 def ort_logits(path, config, num_layers: int, hidden: np.ndarray | None) -> np.ndarray:
     graph = OrtTarget(path, num_layers, config.max_position_embeddings)
     cache = KVCache(config, slots=1, max_len=16, num_layers=num_layers)
-    request = Request(cache.allocate(), TOKENS, list(range(len(TOKENS))), hidden)
+    request = SlotTokens(cache.allocate(), TOKENS, list(range(len(TOKENS))), hidden)
     out = graph.step(cache, [request], ("next_hidden_states",) if hidden is not None else ())
     return out.logits[0]
 

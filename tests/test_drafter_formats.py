@@ -14,7 +14,7 @@ from trt_spec.export.model import empty_cache  # noqa: E402
 from trt_spec.export.onnx_export import export_drafter, export_fc  # noqa: E402
 from trt_spec.runtime.backends.ort import OrtFunction, OrtTarget  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
-from trt_spec.runtime.step_inputs import Request  # noqa: E402
+from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
 
 EPS = 1e-5
 
@@ -101,7 +101,7 @@ def run_ort(module, head_vocab, folder, steps):
     slot = cache.allocate()
     out = []
     for tokens, hidden in steps:
-        r = graph.step(cache, [Request(slot, tokens, list(range(len(tokens))),
+        r = graph.step(cache, [SlotTokens(slot, tokens, list(range(len(tokens))),
                                        hidden.numpy())], ("next_hidden_states",))
         out.append((r.logits[0], r.rows["next_hidden_states"][0]))
     return out
@@ -291,7 +291,7 @@ def test_untied_embedding_to_int8(target, tmp_path):
     save_with_external_data(proto, tmp_path / "q.onnx")
     graph = OrtTarget(tmp_path / "q.onnx", 1, step.config.max_position_embeddings)
     cache = KVCache(step.config, slots=1, max_len=32)
-    got = graph.step(cache, [Request(cache.allocate(), TOKENS, list(range(len(TOKENS))),
+    got = graph.step(cache, [SlotTokens(cache.allocate(), TOKENS, list(range(len(TOKENS))),
                                      steps[0][1].numpy())]).logits[0]
     e = step.embed_tokens.weight.detach().numpy()
     with torch.no_grad():

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tests.server_util import start_server
 from trt_spec.cli import main
-from trt_spec.runtime.bundle import bundle, verify
+from trt_spec.tools.bundle import bundle, verify
 from trt_spec.runtime.manifest import EngineFolderError, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from trt_spec.cli import main
-from trt_spec.runtime.bundle import bundle, verify
+from trt_spec.tools.bundle import bundle, verify
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.manifest import EngineFolderError, file_entries, load_manifest
 

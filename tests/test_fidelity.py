@@ -1,7 +1,7 @@
-"""runtime/fidelity.py's coarse KL: the figure given to runtimes that return only a top-N."""
+"""tools/fidelity.py's coarse KL: the figure given to runtimes that return only a top-N."""
 
 import numpy as np
-from trt_spec.runtime.fidelity import coarse_kl, log_softmax
+from trt_spec.tools.fidelity import coarse_kl, log_softmax
 
 
 def test_coarse_kl_is_a_lower_bound_and_exact_without_a_rest():

@@ -19,7 +19,7 @@ from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -34,7 +34,7 @@ class Oracle:
         self.i, self.truth, self.target_rows, self.vocab = i, truth, target_rows, vocab
         self.checked = {"real token": 0, "target row": 0, "previous module": 0, "loop": 0}
 
-    def step(self, cache: KVCache, requests: list[Request], want=()) -> StepOutput:
+    def step(self, cache: KVCache, requests: list[SlotTokens], want=()) -> StepOutput:
         build_step_inputs(cache, requests, cache.max_len)  # the real checks: slots, room
         logits, rows = [], []
         for r in requests:
@@ -89,7 +89,7 @@ def truth(gen):
         rows[reads] = []
         for seq in seqs:
             cache.lengths[0] = 0
-            out = gen.target.step(cache, [Request(0, seq, [0])], (reads,))
+            out = gen.target.step(cache, [SlotTokens(0, seq, [0])], (reads,))
             rows[reads].append(out.rows[reads][0])
     return seqs, rows
 

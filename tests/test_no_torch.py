@@ -6,7 +6,7 @@ from tests.no_torch import run_without_torch
 def test_runtime_works_without_torch(tiny_engine):
     run_without_torch(f"""
         import trt_spec, trt_spec.runtime, trt_spec.cli
-        import trt_spec.runtime.engine, trt_spec.runtime.generator, trt_spec.runtime.bench
+        import trt_spec.runtime.engine, trt_spec.runtime.generator, trt_spec.tools.bench
         from trt_spec.runtime.generator import Generator
         from trt_spec.runtime.sampling import SamplingParams
         gen = Generator({str(tiny_engine)!r})

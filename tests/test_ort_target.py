@@ -11,7 +11,7 @@ from trt_spec.export.quantize import (dequantize_int4, dequantize_int4_residual,
                                       quantize_int4, quantize_int4_residual)
 from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
-from trt_spec.runtime.step_inputs import Request  # noqa: E402
+from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
 
 
 def reference(tiny_hf_dir, ids):
@@ -41,7 +41,7 @@ def test_prefill_decode_verify_rewind(tiny_hf_dir, tiny_engine):
     got = []
 
     def step(tokens, want=()):
-        out = target.step(cache, [Request(slot, tokens, list(range(len(tokens))))], want)
+        out = target.step(cache, [SlotTokens(slot, tokens, list(range(len(tokens))))], want)
         got.append(out.logits[0])
         return out
 
@@ -51,7 +51,7 @@ def test_prefill_decode_verify_rewind(tiny_hf_dir, tiny_engine):
     step(IDS[6:7])  # decode
     step(IDS[7:10])  # 3-token verification after a past
     before = cache.lengths[slot]
-    target.step(cache, [Request(slot, [1, 2, 3], [0])])  # rejected tokens ...
+    target.step(cache, [SlotTokens(slot, [1, 2, 3], [0])])  # rejected tokens ...
     cache.rewind(slot, before)  # ... discarded by lowering the length
     step(IDS[10:14])
     np.testing.assert_allclose(np.concatenate(got), logits, atol=1e-4)
@@ -63,8 +63,8 @@ def test_batched_ragged_step_equals_single(tiny_hf_dir, tiny_engine):
     target = open_target(tiny_engine, config)
     cache = KVCache(config, slots=3, max_len=64)
     a, idle, b = cache.allocate(), cache.allocate(), cache.allocate()
-    target.step(cache, [Request(a, IDS[:4], [3]), Request(b, IDS[:7], [6])])
-    out = target.step(cache, [Request(a, IDS[4:7], [0, 1, 2]), Request(b, IDS[7:8], [0])])
+    target.step(cache, [SlotTokens(a, IDS[:4], [3]), SlotTokens(b, IDS[:7], [6])])
+    out = target.step(cache, [SlotTokens(a, IDS[4:7], [0, 1, 2]), SlotTokens(b, IDS[7:8], [0])])
     np.testing.assert_allclose(out.logits[0], logits[4:7], atol=1e-4)
     np.testing.assert_allclose(out.logits[1], logits[7:8], atol=1e-4)
     assert cache.lengths.tolist() == [7, 0, 8]
@@ -76,7 +76,7 @@ def test_step_rejects_overflow(tiny_hf_dir, tiny_engine):
     cache = KVCache(config, slots=1, max_len=8)
     slot = cache.allocate()
     with pytest.raises(ValueError, match="exceed the cache length 8"):
-        target.step(cache, [Request(slot, list(range(3, 12)), [0])])
+        target.step(cache, [SlotTokens(slot, list(range(3, 12)), [0])])
 
 
 def test_int4_layout_roundtrip():
@@ -113,7 +113,7 @@ def test_int4_graph_computes_its_dequantized_weights(tiny_hf_dir, tiny_engine_in
     cache = KVCache(config, slots=1, max_len=64)
     slot = cache.allocate()
     got = open_target(tiny_engine_int4, config).step(
-        cache, [Request(slot, IDS, list(range(len(IDS))))]).logits[0]
+        cache, [SlotTokens(slot, IDS, list(range(len(IDS))))]).logits[0]
     lowering_error = np.abs(got - want).mean()
     quantization_error = np.abs(want - fp32).mean()
     # measured: ~0.065 against ~0.64
@@ -134,7 +134,7 @@ def test_cache_is_written_in_place(tiny_hf_dir, tiny_engine):
     cache = KVCache(config, slots=2, max_len=16)
     slot = cache.allocate()
     buffers_before = [b.__array_interface__["data"][0] for b in cache.buffers]
-    open_target(tiny_engine, config).step(cache, [Request(slot, IDS[:5], [4])])
+    open_target(tiny_engine, config).step(cache, [SlotTokens(slot, IDS[:5], [4])])
     assert [b.__array_interface__["data"][0] for b in cache.buffers] == buffers_before
     for buffer, present in zip(cache.buffers, presents):
         np.testing.assert_allclose(buffer[slot, :, :5], present, atol=1e-5)
@@ -149,11 +149,11 @@ def test_long_prefill_then_decode(tiny_hf_dir, tiny_engine):
     target = open_target(tiny_engine, config)
     cache = KVCache(config, slots=1, max_len=256)
     slot = cache.allocate()
-    out = target.step(cache, [Request(slot, ids[:200], [199])])
+    out = target.step(cache, [SlotTokens(slot, ids[:200], [199])])
     np.testing.assert_allclose(out.logits[0], logits[199:200], atol=1e-4)
-    out = target.step(cache, [Request(slot, ids[200:201], [0])])
+    out = target.step(cache, [SlotTokens(slot, ids[200:201], [0])])
     np.testing.assert_allclose(out.logits[0], logits[200:201], atol=1e-4)
-    out = target.step(cache, [Request(slot, ids[201:206], list(range(5)))])
+    out = target.step(cache, [SlotTokens(slot, ids[201:206], list(range(5)))])
     np.testing.assert_allclose(out.logits[0], logits[201:206], atol=1e-4)
 
 
@@ -169,12 +169,12 @@ def test_exact_decode_one_token_steps_equal_verification_rows(tiny_hf_dir, tiny_
                        config.max_position_embeddings, exact_decode=exact)
     cache = KVCache(config, slots=2, max_len=len(IDS))
     a, b = cache.allocate(), cache.allocate()
-    target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:6], [5])])
-    multi = target.step(cache, [Request(a, IDS[6:], list(range(len(IDS) - 6)))]).logits[0]
+    target.step(cache, [SlotTokens(a, IDS[:6], [5]), SlotTokens(b, IDS[:6], [5])])
+    multi = target.step(cache, [SlotTokens(a, IDS[6:], list(range(len(IDS) - 6)))]).logits[0]
     cache.rewind(a, 6)
     one_by_one = []
     for token in IDS[6:]:  # stream a alone, then a and b together: the same bits for a
-        out = target.step(cache, [Request(a, [token], [0]), Request(b, [token], [0])])
+        out = target.step(cache, [SlotTokens(a, [token], [0]), SlotTokens(b, [token], [0])])
         one_by_one.append(out.logits[0][0])
         assert cache.lengths[a] == cache.lengths[b]
     assert cache.lengths[a] == cache.max_len  # the last step wrote its spare row to scratch
@@ -193,13 +193,13 @@ def test_exact_decode_one_token_row_of_a_ragged_step(tiny_hf_dir, tiny_engine_in
                        config.max_position_embeddings, exact_decode=True)
     cache = KVCache(config, slots=2, max_len=32)
     a, b = cache.allocate(), cache.allocate()
-    target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:4], [3])])
-    ragged = target.step(cache, [Request(a, IDS[6:7], [0]), Request(b, IDS[4:7], [0, 1, 2])])
+    target.step(cache, [SlotTokens(a, IDS[:6], [5]), SlotTokens(b, IDS[:4], [3])])
+    ragged = target.step(cache, [SlotTokens(a, IDS[6:7], [0]), SlotTokens(b, IDS[4:7], [0, 1, 2])])
     assert cache.lengths.tolist() == [7, 7]
     cache.rewind(a, 6)
-    alone = target.step(cache, [Request(a, IDS[6:7], [0])])
+    alone = target.step(cache, [SlotTokens(a, IDS[6:7], [0])])
     np.testing.assert_array_equal(ragged.logits[0], alone.logits[0])
-    verified = target.step(cache, [Request(b, IDS[7:9], [0, 1])])  # b goes on normally
+    verified = target.step(cache, [SlotTokens(b, IDS[7:9], [0, 1])])  # b goes on normally
     assert verified.logits[0].shape == (2, config.vocab_size) and cache.lengths.tolist() == [7, 9]
 
 
@@ -224,11 +224,11 @@ def test_attention_rows_in_graph_equal_runtime_padding(tiny_hf_dir, tiny_engine_
     for target in (in_graph, in_runtime):
         cache = KVCache(config, slots=2, max_len=12)
         a, b = cache.allocate(), cache.allocate()
-        steps = [target.step(cache, [Request(a, IDS[:6], [5]), Request(b, IDS[:4], [3])])]
-        steps.append(target.step(cache, [Request(a, IDS[6:7], [0]),
-                                         Request(b, IDS[4:7], [0, 1, 2])]))
+        steps = [target.step(cache, [SlotTokens(a, IDS[:6], [5]), SlotTokens(b, IDS[:4], [3])])]
+        steps.append(target.step(cache, [SlotTokens(a, IDS[6:7], [0]),
+                                         SlotTokens(b, IDS[4:7], [0, 1, 2])]))
         for token in IDS[7:12]:  # up to the cache's last row: the junk row goes to scratch
-            steps.append(target.step(cache, [Request(a, [token], [0])]))
+            steps.append(target.step(cache, [SlotTokens(a, [token], [0])]))
         assert cache.lengths.tolist() == [12, 7]
         outs.append([x for s in steps for x in s.logits])
     for got, want in zip(*outs):

@@ -1,4 +1,4 @@
-"""SpecVerify: NumPy reference = runtime/sampler.py's decisions = torch op = ORT lowering
+"""SpecVerify: NumPy reference = runtime/verify.py's decisions = torch op = ORT lowering
 (= Triton kernel where CUDA and triton exist)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec.plugins.spec_verify import (spec_verify_reference, spec_verify_torch)  # noqa: E402
-from trt_spec.runtime.sampler import verify_batch  # noqa: E402
+from trt_spec.runtime.verify import verify_batch  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 40

@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai")
 
 from tests.server_util import Server, free_port, start_server  # noqa: E402
 from trt_spec.runtime.manifest import manifest_digest  # noqa: E402
-from trt_spec.runtime.ray_serve import ScalingConfig  # noqa: E402
+from trt_spec.serve.ray_serve import ScalingConfig  # noqa: E402
 
 EXTRA = {"ignore_eos": True}
 SERVE_ARGS = ("--max-num-seqs", "2", "--debug-step-delay", "0.02")

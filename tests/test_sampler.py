@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trt_spec.runtime.sampler import PLACEHOLDER, residual, stochastic_verify, verify_batch
+from trt_spec.runtime.verify import PLACEHOLDER, residual, stochastic_verify, verify_batch
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
 
 V = 8

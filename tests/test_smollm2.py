@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trt_spec.runtime.bench import PROMPTS  # noqa: E402
+from trt_spec.tools.bench import PROMPTS  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
@@ -36,8 +36,8 @@ def test_int4_fidelity_to_fp32(smollm2_engine, tmp_path_factory):
     <= 0.03 nats, on the 8 shipped prompts x 48 tokens (measured: 0.974 / 0.0040; the plain
     int4 form: 0.711 / 0.338)."""
     from trt_spec.export.pipeline import export_engine
-    from trt_spec.runtime.bench import load_prompts
-    from trt_spec.runtime.fidelity import fidelity
+    from trt_spec.tools.bench import load_prompts
+    from trt_spec.tools.fidelity import fidelity
 
     int4 = export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "int4", "int4")
     ref, test = Generator(smollm2_engine, max_len=512), Generator(int4, max_len=512)

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from trt_spec.cli import main
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.step_costs import step_costs
+from trt_spec.tools.step_costs import step_costs
 
 
 def test_step_costs_cover_every_t_and_past(tiny_engine):

@@ -110,7 +110,7 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
     from trt_spec.export.pipeline import export_engine
     from trt_spec.runtime.backends.ort import OrtTarget
     from trt_spec.runtime.kv_cache import KVCache
-    from trt_spec.runtime.step_inputs import Request
+    from trt_spec.runtime.step_inputs import SlotTokens
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.policy import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
@@ -129,8 +129,8 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
                       draft.config.max_position_embeddings)
     cache = KVCache(draft.config, slots=1, max_len=32)
     slot = cache.allocate()
-    got = [graph.step(cache, [Request(slot, ids[:4], list(range(4)))]).logits[0],
-           graph.step(cache, [Request(slot, ids[4:], list(range(3)))]).logits[0]]
+    got = [graph.step(cache, [SlotTokens(slot, ids[:4], list(range(4)))]).logits[0],
+           graph.step(cache, [SlotTokens(slot, ids[4:], list(range(3)))]).logits[0]]
     np.testing.assert_allclose(np.concatenate(got), want, atol=1e-4)
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)

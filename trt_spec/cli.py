@@ -270,13 +270,13 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
           temperature, past, repeats, batch, json_out, peers, plot_out, step_costs,
           fast_decode, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
-    from trt_spec.runtime.bench import parse_ints, parse_past, run_bench, write_plot
+    from trt_spec.tools.bench import parse_ints, parse_past, run_bench, write_plot
     from trt_spec.runtime.generator import check_method
-    from trt_spec.runtime.peers import parse_peers
+    from trt_spec.tools.peers import parse_peers
 
     if step_costs:
         from trt_spec.runtime.generator import Generator
-        from trt_spec.runtime.step_costs import step_costs as measure, table
+        from trt_spec.tools.step_costs import step_costs as measure, table
 
         try:
             pasts = [p for p in parse_past(past)] or [64]
@@ -399,7 +399,7 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
 
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.scheduler import Scheduler
-    from trt_spec.runtime.server import serve as run_server
+    from trt_spec.serve.server import serve as run_server
 
     try:
         gen = Generator(engine, max_batch=max_num_seqs, max_len=max_model_len, threads=threads)
@@ -423,7 +423,7 @@ def serve_on_ray(engine, host, port, name, replica_options, scaling_options, ray
     import threading
 
     try:
-        from trt_spec.runtime import ray_serve
+        from trt_spec.serve import ray_serve
     except ImportError as e:
         raise click.ClickException(f"--ray needs Ray Serve ({e}); install it with "
                                    "pip install 'trt-spec[ray]'") from None
@@ -481,9 +481,9 @@ def check_engine(engine, checksum: str | None) -> None:
 @threads_option
 def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama_cpp, threads):
     """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
-    from trt_spec.runtime.bench import load_prompts
-    from trt_spec.runtime.fidelity import fidelity as measure
-    from trt_spec.runtime.fidelity import teacher_forced
+    from trt_spec.tools.bench import load_prompts
+    from trt_spec.tools.fidelity import fidelity as measure
+    from trt_spec.tools.fidelity import teacher_forced
     from trt_spec.runtime.generator import Generator
 
     try:
@@ -504,8 +504,8 @@ def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama
 def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:
     """fidelity --llama-cpp: llama-server on the reference's source GGUF, or why it cannot."""
     from trt_spec.runtime.backends.ort import default_threads
-    from trt_spec.runtime.fidelity import fidelity_llamacpp
-    from trt_spec.runtime.peers.llamacpp import LlamaServer, gguf_file, server_binary
+    from trt_spec.tools.fidelity import fidelity_llamacpp
+    from trt_spec.tools.peers.llamacpp import LlamaServer, gguf_file, server_binary
 
     binary = server_binary()
     if binary is None:
@@ -526,7 +526,7 @@ def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:
 def bundle(engine_dir, out, methods, tar):
     """Cut ENGINE_DIR down to a deployable folder OUT: the chosen methods' graphs, tokenizer,
     pinned requirements.txt, checksums and an expected greedy output for `verify`."""
-    from trt_spec.runtime.bundle import bundle as make_bundle
+    from trt_spec.tools.bundle import bundle as make_bundle
 
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
@@ -587,7 +587,7 @@ def build(engine_dir, max_batch, max_draft_tokens, max_prefill, max_len, graphs,
 def verify(folder, threads):
     """Check a bundle: files and checksums, pinned requirements against this environment,
     and its stored greedy output reproduced. Exit status 1 when it does not hold."""
-    from trt_spec.runtime.bundle import verify as check
+    from trt_spec.tools.bundle import verify as check
 
     try:
         report = check(folder, threads)
@@ -611,7 +611,7 @@ def verify(folder, threads):
 def doctor(engine, as_json):
     """What this machine can run: backends, CPU features, GPU, TensorRT, threads; and whether
     an engine folder fits it."""
-    from trt_spec.runtime.doctor import engine_report, machine_report
+    from trt_spec.tools.doctor import engine_report, machine_report
 
     report = {"machine": machine_report()}
     if engine:

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
 
 
 # A graph input ([] int32) of targets exported with export/attention_rows.py: the fewest query
@@ -127,7 +127,7 @@ class OrtTarget:
         io.bind_output(name, "cpu", 0, np.float32, list(shape), out.ctypes.data)
         return out
 
-    def _padded(self, cache: KVCache, requests: list[Request]) -> list[Request]:
+    def _padded(self, cache: KVCache, requests: list[SlotTokens]) -> list[SlotTokens]:
         """Every request of one new token runs as two: the token, then a copy of it whose
         row (cache row and outputs) is thrown away. ONNX Runtime's attention multiplies a
         single query row (a 1-token step, or a 1-token row of a ragged step: each row runs
@@ -143,11 +143,11 @@ class OrtTarget:
                for r in requests):
             return requests  # the throwaway row would need a position the model lacks
         return [r if len(r.tokens) != 1 else
-                Request(r.slot, r.tokens * 2, r.logits_at,
+                SlotTokens(r.slot, r.tokens * 2, r.logits_at,
                         None if r.hidden is None else np.concatenate([r.hidden, r.hidden]))
                 for r in requests]
 
-    def step(self, cache: KVCache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
+    def step(self, cache: KVCache, requests: list[SlotTokens], want: tuple[str, ...] = ()) -> StepOutput:
         """Runs the new tokens of every request in one forward and advances their lengths.
         `want`: per-token outputs to return (e.g. "hidden_states", "eagle3_features")."""
         unknown = [w for w in want if w not in self.outputs]

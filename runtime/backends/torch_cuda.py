@@ -34,7 +34,7 @@ from trt_spec.runtime.backends.ort import StepOutput
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, Manifest
-from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
 
 STEP_INPUTS = ("input_ids", "position_ids", "seqlens_k", "query_seqlens",
                "total_sequence_length", "logits_index")
@@ -196,7 +196,7 @@ class TorchTarget:
 
     # --- the step contract ------------------------------------------------------------------
 
-    def step(self, cache: TorchKVCache, requests: list[Request],
+    def step(self, cache: TorchKVCache, requests: list[SlotTokens],
              want: tuple[str, ...] = ()) -> StepOutput:
         """As OrtTarget.step: runs the new tokens of every request in one forward and
         advances their lengths."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trt_spec.runtime.backends.buckets import Bucket, pad_feeds, plan_bucket
 from trt_spec.runtime.backends.ort import StepOutput
-from trt_spec.runtime.step_inputs import Request, build_step_inputs, commit_lengths
+from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
 
 SYMBOLS = ("batch", "new_tokens", "num_logits", "max_len")
 
@@ -131,7 +131,7 @@ class TrtTarget:
         if not ctx.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
 
-    def step(self, cache, requests: list[Request], want: tuple[str, ...] = ()) -> StepOutput:
+    def step(self, cache, requests: list[SlotTokens], want: tuple[str, ...] = ()) -> StepOutput:
         torch = self.torch
         unknown = [w for w in want if w not in self.outputs]
         if unknown:

@@ -32,7 +32,7 @@ import numpy as np
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 
 @dataclass
@@ -115,10 +115,10 @@ class MtpProposer(Proposer):
                 requests = []
                 for i in active:
                     ids = seqs[i][starts[i] + j + 1:anchors[i] + j + 2]
-                    requests.append(Request(streams[i].slot, ids, [len(ids) - 1], hidden[i]))
+                    requests.append(SlotTokens(streams[i].slot, ids, [len(ids) - 1], hidden[i]))
                 module, cache = self.modules[j], self.caches[j]
             else:  # the last module, one more row
-                requests = [Request(streams[i].slot, [seqs[i][-1]], [0], hidden[i][-1:])
+                requests = [SlotTokens(streams[i].slot, [seqs[i][-1]], [0], hidden[i][-1:])
                             for i in active]
                 module, cache = self.modules[-1], self.caches[-1]
             out = module.step(cache, requests, ("next_hidden_states",))

@@ -17,7 +17,7 @@ import numpy as np
 from trt_spec.runtime.backends.ort import OrtTarget
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -67,11 +67,11 @@ class VanillaProposer(Proposer):
             self.cache.lengths[s.slot] = keep
             feeds[i] = seq[keep:]
             self.held[s.slot] = (s.id, seq[:keep])
-            requests.append(Request(s.slot, feeds[i], [len(feeds[i]) - 1]))
+            requests.append(SlotTokens(s.slot, feeds[i], [len(feeds[i]) - 1]))
         for j in range(max(ks, default=0)):
             if j > 0:
                 active = [i for i in active if ks[i] > j]
-                requests = [Request(streams[i].slot, [tokens[i][-1]], [0]) for i in active]
+                requests = [SlotTokens(streams[i].slot, [tokens[i][-1]], [0]) for i in active]
                 feeds = {i: [tokens[i][-1]] for i in active}
             if not active:
                 break

@@ -33,8 +33,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trt_spec.runtime.metrics import ServerMetrics
-from trt_spec.runtime.protocol import (ChatRequest, CompletionRequest, RequestError,
+from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.protocol import (ChatRequest, CompletionRequest, RequestError,
                                        chat_messages, completion_prompt, parse_body,
                                        sampling_params)
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob

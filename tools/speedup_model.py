@@ -2,7 +2,7 @@
 
     predicted = tau / (E[c(k_i + 1)] / c(1) + drafting / c(1))
 
-c(T) is one target forward of T new tokens (runtime/step_costs.py), measured in the same
+c(T) is one target forward of T new tokens (tools/step_costs.py), measured in the same
 process at the workload's typical context (median prompt + half the new tokens); k_i is what
 a step actually drafted (n-gram lookup drafts fewer than k, or none, when nothing matches), so
 E[c(k_i + 1)] weighs c(1) .. c(k + 1) by how many steps drafted 0 .. k tokens; drafting is the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-from trt_spec.runtime.step_costs import step_costs
+from trt_spec.tools.step_costs import step_costs
 
 
 def typical_past(prompt_lengths: list[int], max_new_tokens: int) -> int:

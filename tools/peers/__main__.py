@@ -1,4 +1,4 @@
-"""`python -m trt_spec.runtime.peers --engine DIR`: builds, once, what the peers derive from the
+"""`python -m trt_spec.tools.peers --engine DIR`: builds, once, what the peers derive from the
 engine's model (the HF draft for transformers-assisted, the onnxruntime-genai int4 model), so
 that `trt-spec bench --peers` only loads them. A peer that cannot be prepared is reported and
 skipped, as bench would."""
@@ -9,12 +9,12 @@ import argparse
 import sys
 
 from trt_spec.runtime.manifest import load_manifest
-from trt_spec.runtime.peers import PEERS, peer_context
+from trt_spec.tools.peers import PEERS, peer_context
 
 
 def build_hf_draft(ctx) -> str:
     from trt_spec.export.hf_draft import draft_to_hf
-    from trt_spec.runtime.peers.hf import hf_dir
+    from trt_spec.tools.peers.hf import hf_dir
 
     if not ctx.draft:
         raise ValueError("the engine has no vanilla draft")
@@ -22,8 +22,8 @@ def build_hf_draft(ctx) -> str:
 
 
 def build_ortgenai(ctx) -> str:
-    from trt_spec.runtime.peers.hf import hf_dir
-    from trt_spec.runtime.peers.ortgenai import build_model
+    from trt_spec.tools.peers.hf import hf_dir
+    from trt_spec.tools.peers.ortgenai import build_model
 
     return str(build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4",
                            ctx.cache / "ortgenai-int4.log"))
@@ -47,7 +47,7 @@ def prepare(engine: str) -> dict[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m trt_spec.runtime.peers",
+    parser = argparse.ArgumentParser(prog="python -m trt_spec.tools.peers",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, help="engine folder (its manifest names "
                                                         "the model and the vanilla draft)")

@@ -41,7 +41,7 @@ from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
 from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS
-from trt_spec.runtime.server import DEFAULT_MAX_BODY_BYTES
+from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -186,7 +186,7 @@ class EngineReplica:
         from trt_spec.runtime.generator import Generator
         from trt_spec.runtime.policy import SpeculationConfig
         from trt_spec.runtime.scheduler import Scheduler
-        from trt_spec.runtime.server import create_app
+        from trt_spec.serve.server import create_app
 
         folder = source.materialize()
         digest = manifest_digest(folder)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from trt_spec.runtime.sampling import SamplingParams, log_softmax
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 
 def score(gen, ids: list[int], start: int) -> np.ndarray:
     """Logits for positions start-1 .. len(ids)-2 (each predicts ids[i + 1]): [n, vocab]."""
     slot = gen.cache.allocate()
     try:
-        out = gen.target.step(gen.cache, [Request(slot, ids, list(range(start - 1, len(ids) - 1)))])
+        out = gen.target.step(gen.cache, [SlotTokens(slot, ids, list(range(start - 1, len(ids) - 1)))])
     finally:
         gen.cache.release(slot)
     return out.logits[0]
@@ -75,7 +75,7 @@ def coarse_kl(lp_ref: np.ndarray, ids: list[int], logprobs: list[float]) -> floa
 
 
 def fidelity_llamacpp(server, forced, top_n: int = 100) -> dict:
-    """fidelity() of llama.cpp (a running runtime.peers.llamacpp.LlamaServer) on the
+    """fidelity() of llama.cpp (a running tools.peers.llamacpp.LlamaServer) on the
     reference's teacher_forced() positions, its next-token log-probabilities read one position
     at a time (its prompt cache makes each request one new token). llama.cpp returns its top
     `top_n` only, so the KL is coarse_kl's (`mean_kl_top`); fidelity() reports the same figure

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.step_inputs import Request
+from trt_spec.runtime.step_inputs import SlotTokens
 
 # Filler for synthetic long pasts: plain prose, tokenized once and cut to length.
 FILLER = (
@@ -44,14 +44,14 @@ def step_costs(gen: Generator, pasts: list[int], ts: list[int], repeats: int = 1
                 raise ValueError(f"past {past}: with T up to {max(ts)} it needs 1.."
                                  f"{cache.max_len - max(ts)} (the cache holds {cache.max_len})")
             cache.lengths[slot] = 0
-            gen.target.step(cache, [Request(slot, synthetic_prompt(gen, past), [past - 1])])
+            gen.target.step(cache, [SlotTokens(slot, synthetic_prompt(gen, past), [past - 1])])
             tokens = synthetic_prompt(gen, max(ts))
             times = {t: [] for t in ts}
             for r in range(warmup + repeats):
                 for t in ts:
                     for _ in range(block):
                         t0 = time.perf_counter()
-                        gen.target.step(cache, [Request(slot, tokens[:t], list(range(t)))])
+                        gen.target.step(cache, [SlotTokens(slot, tokens[:t], list(range(t)))])
                         elapsed = time.perf_counter() - t0
                         cache.rewind(slot, past)
                     if r >= warmup:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trt_spec.runtime.files import atomic_folder
-from trt_spec.runtime.peers import PeerContext, decode_rate
+from trt_spec.tools.peers import PeerContext, decode_rate
 
 
 def build_model(hf_dir: Path, out: Path, log: Path) -> Path:
@@ -57,7 +57,7 @@ class OrtGenaiPeer:
     def load(self, ctx: PeerContext) -> None:
         import onnxruntime_genai as og
 
-        from trt_spec.runtime.peers.hf import hf_dir
+        from trt_spec.tools.peers.hf import hf_dir
 
         folder = build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4",
                              ctx.cache / "ortgenai-int4.log")

@@ -12,7 +12,7 @@ import copy
 import importlib.util
 import time
 
-from trt_spec.runtime.peers import PeerContext, decode_rate
+from trt_spec.tools.peers import PeerContext, decode_rate
 
 
 def hf_dir(ctx: PeerContext):

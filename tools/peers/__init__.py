@@ -99,9 +99,9 @@ def decode_rate(stamps: list[float]) -> float | None:
 
 
 def _registry() -> dict:
-    from trt_spec.runtime.peers.hf import AssistedPeer, TransformersPeer
-    from trt_spec.runtime.peers.llamacpp import LlamaCppPeer
-    from trt_spec.runtime.peers.ortgenai import OrtGenaiPeer
+    from trt_spec.tools.peers.hf import AssistedPeer, TransformersPeer
+    from trt_spec.tools.peers.llamacpp import LlamaCppPeer
+    from trt_spec.tools.peers.ortgenai import OrtGenaiPeer
 
     return {"transformers": TransformersPeer, "transformers-assisted": AssistedPeer,
             "onnxruntime-genai": OrtGenaiPeer, "llama.cpp": LlamaCppPeer}

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trt_spec.runtime.peers import PeerContext
+from trt_spec.tools.peers import PeerContext
 
 
 def server_binary() -> Path | None:

@@ -5,7 +5,7 @@ after a warm-up, so a comparison holds while the machine's speed drifts; the eng
 folder share one loaded target and KV cache. Batch 1 by default; with --batch B, groups of B
 prompts decode together (throughput is then the figure to read).
 
-With --peers, other runtimes on the same model (runtime/peers/) run inside the same loop: each
+With --peers, other runtimes on the same model (tools/peers/) run inside the same loop: each
 workload runs every configuration, then every peer, on the same prompt token ids. A peer that
 cannot be installed or loaded, or fails while running, is reported under skipped_peers.
 """
@@ -23,11 +23,11 @@ from importlib import resources
 from pathlib import Path
 
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime import peers as peer_registry
+from trt_spec.tools import peers as peer_registry
 from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.speedup_model import measure_costs, predict, prediction_table, typical_past
-from trt_spec.runtime.step_costs import synthetic_prompt
+from trt_spec.tools.speedup_model import measure_costs, predict, prediction_table, typical_past
+from trt_spec.tools.step_costs import synthetic_prompt
 
 def default_prompts_path() -> Path:
     return Path(str(resources.files("trt_spec.runtime") / "data" / "prompts.jsonl"))
