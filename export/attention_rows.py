@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trt_spec.runtime.backends.ort import ATTENTION_MIN_ROWS as INPUT
+from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS as INPUT
 
 SPEC = {"name": INPUT, "dtype": "int32", "shape": []}  # its manifest input entry
 

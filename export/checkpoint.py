@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.runtime.files import atomic_folder, cache_dir
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.files import atomic_folder, cache_dir
+from trt_spec.runtime.methods import TRAIN_NAMES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
@@ -28,7 +29,7 @@ KNOWN_MODELS = {
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "drafters"  # <repo>/drafters/<model>/<kind>/
-SHIPPED_KINDS = ("eagle3", "mtp", "eagle", "draft")
+SHIPPED_KINDS = TRAIN_NAMES  # drafters/<model>/<train name>/ (runtime/methods.py)
 
 
 def shipped_drafters(model: str) -> dict[str, Path]:

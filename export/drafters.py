@@ -38,8 +38,9 @@ from torch import nn
 from trt_spec.export.model import DecoderLayer, add_rope_buffers, apply_head
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.methods import HEAD_METHODS
 
-KINDS = ("mtp", "eagle", "eagle3")
+KINDS = HEAD_METHODS  # runtime/methods.py: the methods whose drafter is a head
 
 
 def head_vocab(module: nn.Module) -> int:

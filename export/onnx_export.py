@@ -15,13 +15,14 @@ from onnx.external_data_helper import set_external_data
 from trt_spec.export.drafters import head_vocab
 from trt_spec.export.model import TargetModel, empty_cache
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.graph_io import kv_names as layer_kv_names
 
 # The same symbols as the shape comments, the manifest and the runtime.
 BATCH, NEW_TOKENS, NUM_LOGITS, MAX_LEN = "batch", "new_tokens", "num_logits", "max_len"
 
 
 def kv_names(config: ModelConfig, prefix: str) -> list[str]:
-    return [f"{prefix}.{i}.{kind}" for i in range(config.num_layers) for kind in ("key", "value")]
+    return layer_kv_names(config.num_layers, prefix)
 
 
 def target_io(config: ModelConfig, dtype: str = "float32",

@@ -24,6 +24,7 @@ from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, 
 from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
 from trt_spec.plugins.lowering import lowering
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
+from trt_spec.runtime.methods import METHODS
 
 PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-plain"), "trt": ("fp32", "fp16")}
 FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
@@ -196,7 +197,7 @@ def vocab_map_entry(d2t, folder: Path, kind: str) -> dict:
     what the drafter's manifest entry records of it; {} for a full-vocabulary head."""
     if d2t is None:
         return {}
-    name = f"{kind}_d2t.npy"
+    name = METHODS[kind].d2t_file()
     np.save(folder / name, d2t.numpy().astype(np.int64))
     return {"d2t": name, "files": [name], "draft_vocab_size": len(d2t)}
 
@@ -206,7 +207,8 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
     """A drafter's graphs (+ its vocabulary map) -> (graph entries, drafters entry)."""
     graphs = {}
     kind = drafter.kind
-    names = [f"mtp_{i}" for i in range(len(drafter.modules))] if kind == "mtp" else [kind]
+    method = METHODS[kind]
+    names = method.graphs(len(drafter.modules))
     for name, module in zip(names, drafter.modules):
         vocab = head_vocab(module)
         assert vocab == (module.config.vocab_size if drafter.d2t is None else len(drafter.d2t))
@@ -217,13 +219,13 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
     entry = {"graphs": names, "num_modules": len(names), "source": source,
              "layer_config": drafter.config.to_dict(),
              **vocab_map_entry(drafter.d2t, folder, kind)}
-    if kind == "eagle3":
+    if method.fc_graph:
         fc = drafter.fc.fc
-        graphs["eagle3_fc"] = export_graph(lambda: export_fc(drafter.fc), folder,
-                                           "eagle3_fc", precision, backend,
-                                           fc_io(fc.in_features, fc.out_features,
-                                                 FLOAT.get(precision, "float32")), shared)
-        entry.update(fc_graph="eagle3_fc", feature_layers=list(drafter.feature_layers))
+        graphs[method.fc_graph] = export_graph(lambda: export_fc(drafter.fc), folder,
+                                               method.fc_graph, precision, backend,
+                                               fc_io(fc.in_features, fc.out_features,
+                                                     FLOAT.get(precision, "float32")), shared)
+        entry.update(fc_graph=method.fc_graph, feature_layers=list(drafter.feature_layers))
     return graphs, entry
 
 
@@ -318,11 +320,12 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
             graphs["score"] = export_graph(lambda: export_score(target), tmp, "score", precision,
                                            backend, score_io(config, dtype), shared)
         if draft is not None:
-            graphs["draft"] = export_graph(lambda: export_target(draft), tmp, "draft",
-                                           precision, backend,
-                                           target_io(draft.config, dtype, head_vocab(draft)),
-                                           shared)
-            drafters["vanilla"] = {"graph": "draft", "kind": kind,
+            name = METHODS["vanilla"].graphs()[0]
+            graphs[name] = export_graph(lambda: export_target(draft), tmp, name,
+                                        precision, backend,
+                                        target_io(draft.config, dtype, head_vocab(draft)),
+                                        shared)
+            drafters["vanilla"] = {"graph": name, "kind": kind,
                                    "model_config": draft.config.to_dict(),
                                    **vocab_map_entry(d2t, tmp, "vanilla")}
         for head_kind, drafter in loaded.items():

@@ -12,16 +12,15 @@ batched continuously up to `max_num_seqs` KV slots.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trt_spec.runtime.engine import RequestMetrics
 from trt_spec.runtime.generator import Generator, Prompt
-from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
-from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS, Output, Request, Scheduler
-
-BACKENDS = ("auto", "ort", "torch-cuda")
+from trt_spec.runtime.scheduler import Output, Request, Scheduler
+from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig
 
 
 @dataclass
@@ -42,7 +41,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]  # one (n = 1)
     finished: bool
-    metrics: dict  # tau, acceptance per position, timings: see Stream.metrics
+    metrics: RequestMetrics  # method, k, tau, acceptance per position, timings (seconds)
 
     @property
     def text(self) -> str:
@@ -62,11 +61,9 @@ class RequestOutput:
 
 
 def check_backend(backend: str) -> str:
-    """'auto' picks ONNX Runtime (the engine folder's graphs); 'torch-cuda' runs the export
-    modules with torch and CUDA graphs (runtime/backends/torch_cuda.py)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)} "
-                         "(TensorRT engines: `trt-spec build`, runtime/backends/trt.py)")
+    """'auto' picks ONNX Runtime (the engine folder's graphs); else one of the BACKENDS."""
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected auto or one of {', '.join(BACKENDS)}")
     return "ort" if backend == "auto" else backend
 
 
@@ -84,24 +81,22 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
 
 class LLM:
     def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
-                 backend: str = "auto", max_num_seqs: int = 8, max_model_len: int = 2048,
-                 threads: int | None = None, speculation: SpeculationConfig | None = None,
-                 device: str | None = None, cuda_graphs: bool = True, exact_decode: bool = True,
-                 max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS):
+                 backend: str = "auto", max_num_seqs: int = SERVE_MAX_BATCH,
+                 max_model_len: int = 2048, **options):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
-        folder has (see `methods`). speculation: the policy beyond k (batch limit, minimum
-        acceptance); num_draft_tokens overrides its k. backend: "auto" / "ort", or
-        "torch-cuda" on `device` (default cuda when available; cuda_graphs=False: eager).
-        exact_decode=False: faster plain decoding steps on ort, but speculative and plain
-        greedy output can then differ at near-ties (Generator). max_prefill_tokens: prompt
-        tokens read per step (a longer prompt is read in chunks; None: whole prompts)."""
-        self.backend = check_backend(backend)
-        self.generator = Generator(model, max_batch=max_num_seqs, max_len=max_model_len,
-                                   threads=threads, backend=self.backend, device=device,
-                                   cuda_graphs=cuda_graphs, exact_decode=exact_decode)
-        spec = replace(speculation or SpeculationConfig(), num_draft_tokens=num_draft_tokens)
-        self.scheduler = Scheduler(self.generator, method, spec,
-                                   max_prefill_tokens=max_prefill_tokens)
+        folder has (see `methods`); num_draft_tokens: its k. backend: "auto" / "ort",
+        "torch-cuda" or "trt". max_num_seqs: KV slots (streams batched together);
+        max_model_len: context per stream. options: any other RuntimeConfig setting
+        (runtime/settings.py), flat: threads, device, cuda_graphs, exact_decode,
+        max_prefill_tokens, speculation=SpeculationConfig(...) or its fields
+        (spec_max_batch, min_acceptance, ngram_min, ...)."""
+        config = RuntimeConfig.from_options(
+            method=method, num_draft_tokens=num_draft_tokens, backend=check_backend(backend),
+            max_batch=max_num_seqs, max_len=max_model_len, **options)
+        self.config = config
+        self.backend = config.backend
+        self.generator = Generator(model, config)
+        self.scheduler = Scheduler(self.generator)
 
     @property
     def methods(self) -> list[str]:
@@ -126,7 +121,7 @@ class LLM:
         ids = [self.generator.encode(p, chat) for p in prompts]
         for p in ids:  # every prompt is checked before any is queued
             self.scheduler.check(p, params)
-        self.scheduler.resolve(method, num_draft_tokens)
+        self.scheduler.resolve(method, num_draft_tokens)  # before any is queued
         return [self.scheduler.submit(p, params, method, num_draft_tokens, on_output)
                 for p in ids]
 
@@ -185,5 +180,4 @@ class LLM:
                              [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason,
                                                list(s.logprobs) if s.params.logprobs is not None
                                                else None)],
-                             s.finished, {**s.metrics(), "method": r.method,
-                                          "num_draft_tokens": r.num_draft_tokens})
+                             s.finished, s.metrics())

@@ -1,67 +1,85 @@
-"""Streams and the engines that advance them.
+"""Streams and the engine that advances them.
 
-A Stream carries everything about one generation that must survive between steps: its
-tokens, its KV-cache slot, its sampling state, its counters. Engines keep no per-stream state
-(a proposer's draft cache is keyed by slot and checked against the stream), so a stream can
-move between NormalEngine and SpeculativeEngine between steps.
+A Stream is one request's state: its tokens, KV-cache slot, sampling state and method; its
+statistics are a StreamStats beside it. The engine keeps no per-stream state of its own (the
+policy keeps its window, a proposer its draft cache, each keyed by the stream).
 
-    step(streams, max_prefill_tokens):          # both engines
-        prefill new streams (one ragged batch), at most max_prefill_tokens prompt tokens:
-            a long prompt is read in chunks over several steps (chunked prefill), so the
-            streams already decoding keep their pace; its first token is sampled after its
-            last chunk
-        decode(the others)
-        (stop conditions are checked per appended token; finished streams free their slot)
+    step(streams, max_prefill_tokens):
+        prefill(new streams)          one ragged target forward, at most max_prefill_tokens
+                                      prompt tokens (a long prompt is read in chunks over
+                                      several steps; its first token is sampled after its last)
+        decode(the others)            one target forward for every stream, whatever its method
 
-    decode(streams):                            # NormalEngine
-        last token of each, one batched forward, sample
+    decode(streams):
+        ks     = policy.plan(streams)                       # 0 = a plain decode row
+        drafts = proposer(method).propose(group, ks)        # per method group
+        scores = scorer.score(streams, drafts)              # ONE target forward: [last, d1..dk]
+        result = verify_batch(drafts, scores)               # accepted prefix + 1 token
+        commit(streams, result)                             # append, stop, rewind caches
 
-    decode(streams):                            # SpeculativeEngine
-        ks     = policy.draft_tokens(stream)                 # 0 = plain decode this step
-        drafts = proposer.propose(streams, ks)               # [k_i] tokens (+ q when sampling)
-        scores = scorer.score(streams, drafts)               # target over [last, d1..dk]
-        result = verify_batch(drafts, scores)                # accepted prefix + 1 token
-        commit(streams, result)                              # append, stop, rewind caches
+Every step therefore runs at most two target forwards (prefill, then decode/verify), however
+many methods and draft lengths its streams use.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
-from trt_spec.runtime.proposers.base import Proposer
-from trt_spec.runtime.verify import verify_batch
+from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.verify import verify_batch
 
 _ids = itertools.count()
 
 
+@dataclass(frozen=True)
+class RequestMetrics:
+    """One request's statistics, as data (times in seconds)."""
+
+    method: str
+    num_draft_tokens: int  # the k asked for (0: method none)
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token_s: float | None
+    decode_s: float
+    decode_tokens_per_s: float | None
+    target_forwards: int  # prefill included
+    tau: float | None  # tokens per target forward, bonus/recovered token included (1.0 = no gain)
+    proposed_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    acceptance_per_position: tuple[float, ...]
+    proposed_per_position: tuple[int, ...]
+    accepted_per_position: tuple[int, ...]
+    propose_s: float
+    score_s: float
+    sample_s: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_per_position", "proposed_per_position", "accepted_per_position"):
+            d[name] = list(d[name])
+        return d
+
+
 @dataclass
-class Stream:
-    prompt_ids: list[int]
-    params: SamplingParams
-    id: int = field(default_factory=lambda: next(_ids))
-    output_ids: list[int] = field(default_factory=list)
-    slot: int | None = None
-    prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
-    finish_reason: str | None = None  # "stop" | "length"
-    text: str = ""
-    rng: np.random.Generator = None
-    speculate: bool = True  # the request allows speculation (RTP-LLM's force_disable_sp_run)
-    # timings (time.perf_counter())
+class StreamStats:
+    """What happened to one stream: times (time.perf_counter(), seconds) and counters."""
+
     t_added: float = 0.0
     t_first_token: float | None = None
     t_finished: float | None = None
-    # counters: target forwards (prefill included) and speculative totals
     target_forwards: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -70,15 +88,38 @@ class Stream:
     propose_s: float = 0.0
     score_s: float = 0.0
     sample_s: float = 0.0
-    # speculation policy state (see runtime/policy.py)
-    spec_window: list[tuple[int, int]] = field(default_factory=list)
-    spec_cooldown: int = 0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """One target forward that verified `proposed` drafts and kept `accepted`."""
+        self.target_forwards += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        count_positions(self.proposed_per_position, proposed)
+        count_positions(self.accepted_per_position, accepted)
+
+
+@dataclass
+class Stream:
+    prompt_ids: list[int]
+    params: SamplingParams
+    method: str = "none"
+    num_draft_tokens: int = 0  # k drafted per step (0: plain decoding)
+    id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    text: str = ""
+    rng: np.random.Generator = None
     # per output token, when params.logprobs is set: its log-probability under the target
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stats: StreamStats = field(default_factory=StreamStats)
 
     def __post_init__(self):
         if not self.prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
+        if self.method == "none":
+            self.num_draft_tokens = 0
         if self.rng is None:
             self.rng = np.random.default_rng(self.params.seed)
 
@@ -90,36 +131,25 @@ class Stream:
     def prefilled(self) -> bool:
         return bool(self.output_ids)
 
-    def metrics(self) -> dict:
-        n = len(self.output_ids)
-        end = self.t_finished or time.perf_counter()
-        ttft = (self.t_first_token - self.t_added) if self.t_first_token else None
-        decode_s = (end - self.t_first_token) if self.t_first_token else 0.0
-        return {
-            "prompt_tokens": len(self.prompt_ids),
-            "completion_tokens": n,
-            "time_to_first_token_s": ttft,
-            "decode_s": decode_s,
-            "decode_tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            "target_forwards": self.target_forwards,
-            # tau: tokens per target forward, bonus/recovered token included (1.0 = no gain)
-            "tau": n / self.target_forwards if self.target_forwards else None,
-            "proposed_tokens": self.proposed,
-            "accepted_tokens": self.accepted,
-            "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
-            "acceptance_per_position": [a / p for a, p in zip(self.accepted_per_position,
-                                                              self.proposed_per_position)],
-            "propose_s": self.propose_s,
-            "score_s": self.score_s,
-            "sample_s": self.sample_s,
-        }
-
-    def record(self, proposed: int, accepted: int) -> None:
-        self.target_forwards += 1
-        self.proposed += proposed
-        self.accepted += accepted
-        count_positions(self.proposed_per_position, proposed)
-        count_positions(self.accepted_per_position, accepted)
+    def metrics(self) -> RequestMetrics:
+        st, n = self.stats, len(self.output_ids)
+        end = st.t_finished or time.perf_counter()
+        ttft = (st.t_first_token - st.t_added) if st.t_first_token else None
+        decode_s = (end - st.t_first_token) if st.t_first_token else 0.0
+        return RequestMetrics(
+            method=self.method, num_draft_tokens=self.num_draft_tokens,
+            prompt_tokens=len(self.prompt_ids), completion_tokens=n,
+            time_to_first_token_s=ttft, decode_s=decode_s,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            target_forwards=st.target_forwards,
+            tau=n / st.target_forwards if st.target_forwards else None,
+            proposed_tokens=st.proposed, accepted_tokens=st.accepted,
+            acceptance_rate=st.accepted / st.proposed if st.proposed else None,
+            acceptance_per_position=tuple(a / p for a, p in zip(st.accepted_per_position,
+                                                                st.proposed_per_position)),
+            proposed_per_position=tuple(st.proposed_per_position),
+            accepted_per_position=tuple(st.accepted_per_position),
+            propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s)
 
 
 def count_positions(counts: list[int], n: int) -> None:
@@ -133,7 +163,7 @@ def count_positions(counts: list[int], n: int) -> None:
 @dataclass
 class StepMetrics:
     """What one engine step did, returned as data (as RTP-LLM's
-    SpeculativeEngineStepMetrics; times in microseconds)."""
+    SpeculativeEngineStepMetrics; times in seconds)."""
 
     prefill_streams: int = 0
     prefill_tokens: int = 0
@@ -142,12 +172,13 @@ class StepMetrics:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     emitted_tokens: int = 0
+    target_forwards: int = 0  # 0, 1 or 2: prefill, then decode/verify
     accepted_per_position: list[int] = field(default_factory=list)
-    prefill_us: float = 0.0
-    propose_us: float = 0.0
-    score_us: float = 0.0
-    sample_us: float = 0.0
-    total_us: float = 0.0
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sample_s: float = 0.0
+    total_s: float = 0.0
 
 
 class StopChecker:
@@ -175,7 +206,7 @@ class StopChecker:
         if s.finish_reason is None and len(s.prompt_ids) + len(s.output_ids) > self.max_len:
             s.finish_reason = "length"
         if s.finished:
-            s.t_finished = time.perf_counter()
+            s.stats.t_finished = time.perf_counter()
             if not p.stop:
                 s.text = self.tokenizer.decode(s.output_ids)
 
@@ -188,8 +219,8 @@ def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
         s.output_ids.append(int(token))
         if s.params.logprobs is not None:
             s.logprobs.append(token_logprob(logits[n - 1], int(token), s.params.logprobs))
-        if s.t_first_token is None:
-            s.t_first_token = time.perf_counter()
+        if s.stats.t_first_token is None:
+            s.stats.t_first_token = time.perf_counter()
         stops.update(s)
         if s.finished:
             return n
@@ -211,30 +242,54 @@ def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, 
     return chunks
 
 
-class NormalEngine:
-    """One target forward per generated token, every active stream batched."""
+ProposerSource = Callable[[str], "Proposer | None"]  # method -> its proposer (None: none)
 
-    reads: str | None = None  # a target output the engine hands to `observe` (see proposers)
 
-    def __init__(self, target: OrtTarget, cache: KVCache, stops: StopChecker):
+class Engine:
+    """Propose -> score -> sample -> commit for a batch of streams of any methods."""
+
+    def __init__(self, target: StepGraph, cache: KVCache, stops: StopChecker,
+                 policy: SpeculationPolicy, proposers: ProposerSource):
+        """proposers: the proposer of a method, loaded once (the Generator's)."""
         self.target = target
         self.cache = cache
         self.stops = stops
+        self.policy = policy
+        self.proposers = proposers
+        self.scorer = Scorer(target, cache)
 
-    def observe(self, s: Stream, start: int, rows) -> None:
-        """Rows of the target's `reads` output for positions [start, start + len(rows))."""
+    def proposer(self, s: Stream) -> Proposer | None:
+        return self.proposers(s.method)
+
+    def reads(self, streams: list[Stream]) -> tuple[str, ...]:
+        """The target outputs the streams' proposers draft from, each once."""
+        names = {p.reads for p in map(self.proposer, streams) if p is not None and p.reads}
+        return tuple(sorted(names))
 
     def admit(self, s: Stream) -> None:
         if len(s.prompt_ids) >= self.cache.max_len:
             raise ValueError(f"the prompt has {len(s.prompt_ids)} tokens; this engine's context "
                              f"holds {self.cache.max_len} (prompt + output)")
+        self.proposer(s)  # a drafter that fails to load fails this request, now
         s.slot = self.cache.allocate()
-        s.t_added = time.perf_counter()
+        s.stats.t_added = time.perf_counter()
 
     def release(self, s: Stream) -> None:
         if s.slot is not None:
+            p = self.proposer(s)
+            if p is not None:
+                p.release(s)
+            self.policy.release(s)
             self.cache.release(s.slot)
             s.slot = None
+
+    def observe(self, s: Stream, start: int, rows: dict[str, list[np.ndarray]], i: int,
+                n: int | None = None) -> None:
+        """Hands s's proposer its rows (request i of a step, the first n) of the output it
+        reads, for positions from `start`."""
+        p = self.proposer(s)
+        if p is not None and p.reads:
+            p.observe(s, start, rows[p.reads][i][:n])
 
     def step(self, streams: list[Stream], max_prefill_tokens: int | None = None) -> StepMetrics:
         """Prefills new streams (at most max_prefill_tokens prompt tokens in all, in stream
@@ -248,10 +303,12 @@ class NormalEngine:
         m = StepMetrics(len(chunks), sum(n for _, n in chunks), len(old))
         if chunks:
             self.prefill(chunks)
-        m.prefill_us = 1e6 * (time.perf_counter() - t0)
+            m.target_forwards += 1
+        m.prefill_s = time.perf_counter() - t0
         if old:
             self.decode(old, m)
-        m.total_us = 1e6 * (time.perf_counter() - t0)
+            m.target_forwards += 1
+        m.total_s = time.perf_counter() - t0
         return m
 
     def prefill(self, chunks: list[tuple[Stream, int]]) -> None:
@@ -261,90 +318,82 @@ class NormalEngine:
         for s, n in chunks:
             last = s.prefill_pos + n == len(s.prompt_ids)
             requests.append(SlotTokens(s.slot, s.prompt_ids[s.prefill_pos:s.prefill_pos + n],
-                                    [n - 1] if last else []))
-        out = self.target.step(self.cache, requests, (self.reads,) if self.reads else ())
+                                       [n - 1] if last else []))
+        out = self.target.step(self.cache, requests, self.reads([s for s, _ in chunks]))
         for i, ((s, n), logits) in enumerate(zip(chunks, out.logits)):
             start, s.prefill_pos = s.prefill_pos, s.prefill_pos + n
-            if self.reads:
-                self.observe(s, start, out.rows[self.reads][i])
+            self.observe(s, start, out.rows, i)
             if s.prefill_pos < len(s.prompt_ids):
                 continue  # more chunks to come
-            s.record(0, 0)
+            s.stats.record(0, 0)
             append(s, [next_token(logits[-1], s.params, s.rng)], self.stops, logits[-1:])
             if s.finished:
                 self.release(s)
 
-    def decode(self, streams: list[Stream], m: StepMetrics) -> None:
-        """One token per stream: the last token in, one batched forward, sample."""
-        t0 = time.perf_counter()
-        out = self.target.step(self.cache, [SlotTokens(s.slot, [s.output_ids[-1]], [0]) for s in streams])
-        t1 = time.perf_counter()
-        for s, logits in zip(streams, out.logits):
-            s.record(0, 0)
-            s.score_s += (t1 - t0) / len(streams)
-            m.emitted_tokens += append(s, [next_token(logits[-1], s.params, s.rng)], self.stops,
-                                       logits[-1:])
-            if s.finished:
-                self.release(s)
-        m.score_us = 1e6 * (t1 - t0)
-
-
-class SpeculativeEngine(NormalEngine):
-    """Propose -> score -> sample -> commit; the proposer is chosen once, at construction."""
-
-    def __init__(self, target: OrtTarget, cache: KVCache, stops: StopChecker,
-                 proposer: Proposer, policy: SpeculationPolicy):
-        super().__init__(target, cache, stops)
-        self.proposer = proposer
-        self.policy = policy
-        self.scorer = Scorer(target, cache)
-        self.reads = proposer.reads
-
-    def observe(self, s: Stream, start: int, rows) -> None:
-        self.proposer.observe(s, start, rows)
-
-    def release(self, s: Stream) -> None:
-        if s.slot is not None:
-            self.proposer.release(s)
-        super().release(s)
+    def propose(self, streams: list[Stream], ks: list[int]) -> Drafts:
+        """Drafts for every stream, each method's proposer called once on its group."""
+        tokens = [np.zeros(0, dtype=np.int64) for _ in streams]
+        probs: list[np.ndarray | None] = [None] * len(streams)
+        groups: dict[str, list[int]] = {}
+        for i, s in enumerate(streams):
+            if self.proposer(s) is not None:
+                groups.setdefault(s.method, []).append(i)
+        for method, idx in groups.items():
+            d = self.proposers(method).propose([streams[i] for i in idx], [ks[i] for i in idx])
+            for j, i in enumerate(idx):
+                tokens[i], probs[i] = d.tokens[j], d.probs[j]
+        return Drafts(tokens, probs)
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
         t0 = time.perf_counter()
-        ks = [self.policy.draft_tokens(s, len(streams)) for s in streams]
-        drafts = self.proposer.propose(streams, ks)
+        ks = self.policy.plan(streams)
+        drafts = self.propose(streams, ks)
         t1 = time.perf_counter()
-        scores = self.scorer.score(streams, drafts.tokens, self.reads)
+        scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()
-        result = verify_batch(drafts.tokens, drafts.probs, scores.logits,
-                              [s.params for s in streams], [s.rng for s in streams])
-        self.commit(streams, drafts, result, scores, m)
+        spec = [i for i, s in enumerate(streams) if self.proposer(s) is not None]
+        result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
+                              [scores.logits[i] for i in spec],
+                              [streams[i].params for i in spec], [streams[i].rng for i in spec])
+        emitted: list[tuple[int, np.ndarray]] = []  # per stream: (accepted, tokens)
+        row = dict(zip(spec, range(len(spec))))
+        for i, s in enumerate(streams):
+            if i in row:
+                r = row[i]
+                emitted.append((int(result.num_accepted[r]),
+                                result.tokens[r, :result.num_emitted[r]]))
+            else:  # method none: the target's next token, as plain decoding samples it
+                emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
+        self.commit(streams, drafts, emitted, scores, m)
         t3 = time.perf_counter()
         n = len(streams)
         for s in streams:  # the step's time, shared out per stream
-            s.propose_s += (t1 - t0) / n
-            s.score_s += (t2 - t1) / n
-            s.sample_s += (t3 - t2) / n
-        m.propose_us, m.score_us, m.sample_us = 1e6 * (t1 - t0), 1e6 * (t2 - t1), 1e6 * (t3 - t2)
+            s.stats.propose_s += (t1 - t0) / n
+            s.stats.score_s += (t2 - t1) / n
+            s.stats.sample_s += (t3 - t2) / n
+        m.propose_s, m.score_s, m.sample_s = t1 - t0, t2 - t1, t3 - t2
 
-    def commit(self, streams: list[Stream], drafts, result, scores, m: StepMetrics) -> None:
+    def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores,
+               m: StepMetrics) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
-        hands the proposer the target's rows for the accepted positions."""
-        for i, s in enumerate(streams):
-            proposed, accepted = len(drafts.tokens[i]), int(result.num_accepted[i])
-            emitted = result.tokens[i, :result.num_emitted[i]]
-            s.record(proposed, accepted)
+        hands each proposer the target's rows for the accepted positions."""
+        for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
+            proposed = len(drafts.tokens[i])
+            s.stats.record(proposed, accepted)
             self.policy.observe(s, proposed, accepted)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted
             count_positions(m.accepted_per_position, accepted)
-            m.emitted_tokens += append(s, emitted, self.stops, scores.logits[i])
+            m.emitted_tokens += append(s, tokens, self.stops, scores.logits[i])
             if s.finished:
                 self.release(s)
                 continue
-            if self.reads:  # rows of [last, d1..d_accepted]: positions n-1 .. n-1+accepted
-                start = len(s.prompt_ids) + len(s.output_ids) - len(emitted) - 1
-                self.observe(s, start, scores.rows[self.reads][i][:accepted + 1])
+            # rows of [last, d1..d_accepted]: positions n-1 .. n-1+accepted
+            start = len(s.prompt_ids) + len(s.output_ids) - len(tokens) - 1
+            self.observe(s, start, scores.rows, i, accepted + 1)
             self.scorer.rewind(s)
-            self.proposer.commit(s)
+            p = self.proposer(s)
+            if p is not None:
+                p.commit(s)

@@ -1,71 +1,75 @@
 """When to speculate: RTP-LLM's force_disable_sp_run, generalised into configurable rules.
 
-Per step and stream, `draft_tokens` returns how many tokens to draft (0 = a plain decode
-step for that stream, in the same target forward as the others):
-    - the request asked for no speculation                       -> 0
-    - more streams are decoding than `max_batch`                  -> 0 for all (the batch
-      already keeps the CPU busy; verifying k+1 tokens per stream costs more than it saves)
+`plan(streams)` decides, for one step, how many tokens each stream drafts (0 = a plain
+decode step for that stream, in the same target forward as the others):
+    - the stream's method is none (or its request asked for no speculation)  -> 0
+    - more streams are decoding than `spec_max_batch`                         -> 0 for all
+      (the batch already keeps the CPU busy; verifying k+1 tokens per stream costs more
+      than it saves)
     - the stream's acceptance rate over its last `window` speculative steps fell below
-      `min_acceptance`                                             -> 0 for `cooldown` steps,
-      then it tries again (the condition clears when acceptance recovers)
-    - else k, capped by the tokens still allowed and the room left in the cache.
+      `min_acceptance`                                   -> 0 for `cooldown` steps, then it
+      tries again (the condition clears when acceptance recovers)
+    - else its k, capped by the tokens still allowed and the room left in the cache.
+The policy keeps its own per-stream state (the window and the cooldown), by stream id.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from trt_spec.runtime.settings import SpeculationConfig
 
 
-@dataclass(frozen=True)
-class SpeculationConfig:
-    num_draft_tokens: int = 4
-    max_batch: int | None = None  # None: no limit
-    min_acceptance: float = 0.0  # 0: never turned off for low acceptance
-    window: int = 8  # speculative steps in the rolling acceptance window
-    cooldown: int = 16  # plain steps before speculating again
-
-    def __post_init__(self):
-        if not 1 <= self.num_draft_tokens <= 64:
-            raise ValueError(f"num_draft_tokens={self.num_draft_tokens}: must be in 1..64")
-        if self.max_batch is not None and self.max_batch < 1:
-            raise ValueError(f"max_batch={self.max_batch}: must be >= 1 (or None for no limit)")
-        if not 0 <= self.min_acceptance <= 1:
-            raise ValueError(f"min_acceptance={self.min_acceptance}: must be in [0, 1]")
-        if self.window < 1 or self.cooldown < 0:
-            raise ValueError(f"window={self.window}, cooldown={self.cooldown}: need window >= 1, "
-                             "cooldown >= 0")
+@dataclass
+class _StreamState:
+    window: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted)
+    cooldown: int = 0  # plain steps left before drafting again
 
 
 class SpeculationPolicy:
     def __init__(self, config: SpeculationConfig, max_len: int):
         self.config = config
         self.max_len = max_len
+        self._state: dict[int, _StreamState] = {}
 
-    def draft_tokens(self, s, batch: int) -> int:
-        c = self.config
-        if not s.speculate:
-            return 0
-        if c.max_batch is not None and batch > c.max_batch:
-            return 0
-        if s.spec_cooldown > 0:
-            s.spec_cooldown -= 1
-            return 0
+    def room(self, s) -> int:
+        """The most tokens `s` may draft now: below its remaining max_tokens and cache rows."""
         remaining = s.params.max_tokens - len(s.output_ids)  # tokens still allowed
         cached = len(s.prompt_ids) + len(s.output_ids) - 1  # rows the target cache holds
         room = self.max_len - cached - 1  # rows left after the last token's
-        return max(0, min(c.num_draft_tokens, remaining - 1, room))
+        return max(0, min(remaining - 1, room))
+
+    def plan(self, streams: list) -> list[int]:
+        """Tokens to draft per stream this step; counts down the cooldowns it passes."""
+        c = self.config
+        over = c.spec_max_batch is not None and len(streams) > c.spec_max_batch
+        ks = []
+        for s in streams:
+            st = self._state.get(s.id)
+            if s.num_draft_tokens == 0 or over:
+                ks.append(0)
+            elif st is not None and st.cooldown > 0:
+                st.cooldown -= 1
+                ks.append(0)
+            else:
+                ks.append(min(s.num_draft_tokens, self.room(s)))
+        return ks
 
     def observe(self, s, proposed: int, accepted: int) -> None:
         """Records a speculative step; may start a cooldown."""
         c = self.config
         if proposed == 0 or c.min_acceptance == 0:
             return
-        s.spec_window.append((proposed, accepted))
-        if len(s.spec_window) > c.window:
-            s.spec_window.pop(0)
-        if len(s.spec_window) == c.window:
-            p = sum(x for x, _ in s.spec_window)
-            a = sum(y for _, y in s.spec_window)
+        st = self._state.setdefault(s.id, _StreamState())
+        st.window.append((proposed, accepted))
+        if len(st.window) > c.window:
+            st.window.pop(0)
+        if len(st.window) == c.window:
+            p = sum(x for x, _ in st.window)
+            a = sum(y for _, y in st.window)
             if a / p < c.min_acceptance:
-                s.spec_cooldown = c.cooldown
-                s.spec_window.clear()
+                st.cooldown = c.cooldown
+                st.window.clear()
+
+    def release(self, s) -> None:
+        self._state.pop(s.id, None)

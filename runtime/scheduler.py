@@ -4,18 +4,17 @@
     step():                          # one iteration
         apply cancellations                      (a running stream's KV slot is freed now)
         admit waiting requests while a KV slot is free            (continuous batching)
-        for each (method, k) group of running streams: engine.step(group, prefill budget)
-            (the budget, max_prefill_tokens, is shared by the groups: a long prompt is read
-            in chunks over several steps while the other streams keep decoding)
+        engine.step(running streams, max_prefill_tokens)          (one engine, every method:
+            prefill, then one target forward for every decode/verify row; a long prompt is
+            read in chunks over several steps while the other streams keep decoding)
         hand each request its delta: new token ids and text (the result when finished)
 
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
 talks to it only through `submit` / `cancel` (thread-safe) and the `on_output` callbacks,
 which run on that thread (the server forwards them with `loop.call_soon_threadsafe`).
 
-Engines built by `Generator.make_engine` share the target, the KV cache and the tokenizer, so
-requests with different methods run side by side: one engine per (method, k), each stepping
-its own group of streams; a stream's KV slot is its row in every engine.
+Requests with different methods and draft lengths run side by side in the Generator's one
+engine: each stream carries its method and k.
 """
 
 from __future__ import annotations
@@ -25,20 +24,15 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
-from trt_spec.runtime.engine import NormalEngine, StepMetrics, Stream
-from trt_spec.runtime.generator import Generator, available_methods
-from trt_spec.runtime.policy import SpeculationConfig
+from trt_spec.runtime.engine import StepMetrics, Stream
+from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 
 log = logging.getLogger("trt_spec.scheduler")
-# Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
-# int4 SmolLM2 engine (README, "Serve"): small enough that streams decoding beside a long
-# prompt keep their pace, large enough that the prompt's first token is not much later.
-DEFAULT_MAX_PREFILL_TOKENS = 16
 _ids = itertools.count()
 
 
@@ -64,9 +58,7 @@ class Output:
 @dataclass(eq=False)
 class Request:
     id: str
-    stream: Stream
-    method: str
-    num_draft_tokens: int  # 0 for method "none"
+    stream: Stream  # its method and k, tokens, slot
     detok: IncrementalDetokenizer
     on_output: Callable[[Output], None] | None = None
     t_submitted: float = field(default_factory=time.perf_counter)
@@ -75,72 +67,60 @@ class Request:
     error: str | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.method, self.num_draft_tokens
+    def method(self) -> str:
+        return self.stream.method
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.stream.num_draft_tokens
 
 
 @dataclass
 class StepReport:
     """What one scheduler step did, returned as data (the server's metrics read it)."""
 
-    engine_steps: list[tuple[str, StepMetrics]] = field(default_factory=list)  # (method, m)
+    engine: StepMetrics | None = None  # None: no stream ran
     admitted: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     new_tokens: int = 0
 
 
 class Scheduler:
-    def __init__(self, gen: Generator, method: str = "none",
-                 speculation: SpeculationConfig | None = None, ngram: tuple[int, int] = (1, 4),
-                 max_waiting: int | None = None, step_delay: float = 0.0,
-                 max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS):
-        """max_prefill_tokens: prompt tokens read per step, over all new requests (None: every
-        prompt whole in the step that admits it)."""
-        if max_waiting is not None and max_waiting < 0:
-            raise ValueError(f"max_waiting={max_waiting}: must be >= 0 (or None for no bound)")
-        if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, int)
-                                               or max_prefill_tokens < 1):
-            raise ValueError(f"max_prefill_tokens={max_prefill_tokens!r}: must be an integer "
-                             ">= 1 (or None: whole prompts)")
-        self.max_prefill_tokens = max_prefill_tokens
+    def __init__(self, gen: Generator, step_delay: float = 0.0):
+        """The generator's settings (gen.settings) give the default method and k, the prefill
+        budget per step (max_prefill_tokens) and the waiting queue's bound (max_waiting).
+        step_delay: seconds slept after each step (tests: a slower model)."""
         self.gen = gen
-        self.methods = available_methods(gen.manifest)
-        self.speculation = speculation or SpeculationConfig()
-        self.ngram = ngram
-        self.max_waiting = max_waiting
-        self.step_delay = step_delay  # seconds slept after each step (tests: a slower model)
-        self.default_method, self.default_k = self.resolve(method, None)
+        self.max_prefill_tokens = gen.settings.max_prefill_tokens
+        self.max_waiting = gen.settings.max_waiting
+        self.step_delay = step_delay
         self.on_step: Callable[[StepReport], None] | None = None
-        self._engines: dict[tuple[str, int], NormalEngine] = {}
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()  # guarded by _cond
         self._cancelled: set[str] = set()  # guarded by _cond
         self._running: list[Request] = []  # the loop's own
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._engine(self.default_method, self.default_k)  # a broken drafter fails now
 
     # -- requests (any thread) -------------------------------------------------------------
+
+    @property
+    def methods(self) -> list[str]:
+        return self.gen.methods
+
+    @property
+    def default_method(self) -> str:
+        return self.gen.method
 
     @property
     def max_len(self) -> int:
         return self.gen.cache.max_len
 
     def resolve(self, method: str | None, num_draft_tokens: int | None) -> tuple[str, int]:
-        """(method, k) for a request; None takes the scheduler's default."""
-        method = self.default_method if method is None else method
-        if not isinstance(method, str) or method not in self.methods:
-            raise ValueError(f"method {method!r} is not available for this engine folder; "
-                             f"available: {', '.join(self.methods)}")
-        if method == "none":
-            if num_draft_tokens is not None:
-                raise ValueError(f"num_draft_tokens={num_draft_tokens}: method 'none' drafts "
-                                 f"nothing; pick one of {', '.join(self.methods[1:])}")
-            return method, 0
-        k = self.speculation.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
-            raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..64")
-        return method, k
+        """(method, k) for a request; None takes the configured default. Raises ValueError
+        quoting a bad value."""
+        s = self.gen.stream([0], SamplingParams(), method, num_draft_tokens)
+        return s.method, s.num_draft_tokens
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError unless the prompt and max_tokens fit the context."""
@@ -163,10 +143,9 @@ class Scheduler:
                num_draft_tokens: int | None = None,
                on_output: Callable[[Output], None] | None = None,
                request_id: str | None = None) -> Request:
-        method, k = self.resolve(method, num_draft_tokens)
+        stream = self.gen.stream(prompt_ids, params, method, num_draft_tokens)
         self.check(prompt_ids, params)
-        stream = Stream(list(prompt_ids), params, speculate=method != "none")
-        r = Request(request_id or f"req-{next(_ids)}", stream, method, k,
+        r = Request(request_id or f"req-{next(_ids)}", stream,
                     IncrementalDetokenizer(self.gen.tokenizer, params.stop), on_output)
         with self._cond:
             if self._stopping:
@@ -199,12 +178,6 @@ class Scheduler:
 
     # -- the loop (one thread) -------------------------------------------------------------
 
-    def _engine(self, method: str, k: int) -> NormalEngine:
-        if (method, k) not in self._engines:
-            spec = replace(self.speculation, num_draft_tokens=k or 1)  # k = 0: method "none"
-            self._engines[method, k] = self.gen.make_engine(method, spec, self.ngram)
-        return self._engines[method, k]
-
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._cancelled)
 
@@ -223,28 +196,23 @@ class Scheduler:
             free = self.gen.cache.slots - len(self._running)
             while self._waiting and len(report.admitted) < free:
                 report.admitted.append(self._waiting.popleft())
+        engine = self.gen.engine
         for r in report.admitted:
             try:
-                self._engine(*r.key).admit(r.stream)
+                engine.admit(r.stream)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 log.exception("admitting %s", r.id)
                 r.error = f"{type(e).__name__}: {e}"
                 self._release(r)
                 self._end(r, "error", report)
-        groups: dict[tuple[str, int], list[Request]] = {}
-        for r in self._running:
-            groups.setdefault(r.key, []).append(r)
-        budget = self.max_prefill_tokens
-        for key, group in groups.items():
+        if self._running:
             try:
-                m = self._engines[key].step([r.stream for r in group], budget)
-                report.engine_steps.append((key[0], m))
-                if budget is not None:
-                    budget = max(budget - m.prefill_tokens, 0)
+                report.engine = engine.step([r.stream for r in self._running],
+                                            self.max_prefill_tokens)
             except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
-                log.exception("engine step (%s, k=%d)", *key)
-                for r in group:
+                log.exception("engine step")
+                for r in self._running:
                     r.error = f"{type(e).__name__}: {e}"
                     self._release(r)
                     r.stream.finish_reason = "error"
@@ -256,8 +224,7 @@ class Scheduler:
         return report
 
     def _release(self, r: Request) -> None:
-        if r.stream.slot is not None:
-            self._engines[r.key].release(r.stream)
+        self.gen.engine.release(r.stream)
 
     def _emit(self, r: Request, report: StepReport) -> None:
         s = r.stream
@@ -281,7 +248,7 @@ class Scheduler:
     def _end(self, r: Request, reason: str, report: StepReport) -> None:
         s = r.stream
         s.finish_reason = reason
-        s.t_finished = s.t_finished or time.perf_counter()
+        s.stats.t_finished = s.stats.t_finished or time.perf_counter()
         r.done = True
         report.finished.append(r)
         self._hand(r, Output(r, "", [], reason))

@@ -9,24 +9,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtTarget, StepOutput
+from trt_spec.runtime.backends.base import StepGraph, StepOutput
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import SlotTokens
 
 
 class Scorer:
-    def __init__(self, target: OrtTarget, cache: KVCache):
+    def __init__(self, target: StepGraph, cache: KVCache):
         self.target = target
         self.cache = cache
 
-    def score(self, streams, drafts: list[np.ndarray], reads: str | None = None) -> StepOutput:
-        """Per stream target logits [k_i + 1, vocab] (and the `reads` output's rows). The
+    def score(self, streams, drafts: list[np.ndarray], reads: tuple[str, ...] = ()) -> StepOutput:
+        """Per stream target logits [k_i + 1, vocab] (and the rows of each `reads` output). The
         target cache grows by k_i + 1 rows; `rewind` after sampling keeps the accepted ones."""
         requests = []
         for s, d in zip(streams, drafts):
             tokens = [s.output_ids[-1]] + [int(t) for t in d]
             requests.append(SlotTokens(s.slot, tokens, list(range(len(tokens)))))
-        return self.target.step(self.cache, requests, (reads,) if reads else ())
+        return self.target.step(self.cache, requests, reads)
 
     def rewind(self, s) -> None:
         """The cache holds everything but the stream's last (not yet scored) token."""

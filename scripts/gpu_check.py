@@ -189,15 +189,13 @@ def generate(gen, method: str, prompts: list[list[int]], new_tokens: int, k: int
     """-> (streams, seconds); every stream decodes exactly new_tokens tokens."""
     import torch
 
-    from trt_spec.runtime.policy import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
-    gen.engine = gen.make_engine(method, SpeculationConfig(num_draft_tokens=k))
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t = time.perf_counter()
-    streams = gen.generate_ids(prompts, params)
+    streams = gen.generate_ids(prompts, params, method, None if method == "none" else k)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return streams, time.perf_counter() - t
@@ -205,12 +203,12 @@ def generate(gen, method: str, prompts: list[list[int]], new_tokens: int, k: int
 
 def summary(streams, seconds: float) -> dict:
     tokens = sum(len(s.output_ids) for s in streams)
-    forwards = sum(s.target_forwards for s in streams)
-    proposed = sum(s.proposed for s in streams)
+    forwards = sum(s.stats.target_forwards for s in streams)
+    proposed = sum(s.stats.proposed for s in streams)
     return {"tokens": tokens, "seconds": round(seconds, 4),
             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
             "tau": round(tokens / forwards, 3) if forwards else None,
-            "acceptance": round(sum(s.accepted for s in streams) / proposed, 3) if proposed
+            "acceptance": round(sum(s.stats.accepted for s in streams) / proposed, 3) if proposed
             else None}
 
 

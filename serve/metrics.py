@@ -64,7 +64,8 @@ class ServerMetrics:
             self._prompt.labels(**lb).inc(len(r.stream.prompt_ids))
         if report.new_tokens:
             self._generation.labels(**lb).inc(report.new_tokens)
-        for _, m in report.engine_steps:
+        m = report.engine
+        if m is not None:
             if m.proposed_tokens:
                 self._drafts.labels(**lb).inc(m.speculating_streams)
                 self._draft_tokens.labels(**lb).inc(m.proposed_tokens)
@@ -75,9 +76,9 @@ class ServerMetrics:
             s = r.stream
             self._finished.labels(**lb, finished_reason=s.finish_reason).inc()
             if s.finish_reason in ("stop", "length"):
-                self._e2e.labels(**lb).observe(s.t_finished - r.t_submitted)
-                if s.t_first_token is not None:
-                    self._ttft.labels(**lb).observe(s.t_first_token - r.t_submitted)
+                self._e2e.labels(**lb).observe(s.stats.t_finished - r.t_submitted)
+                if s.stats.t_first_token is not None:
+                    self._ttft.labels(**lb).observe(s.stats.t_first_token - r.t_submitted)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(**self.labels, reason=reason).inc()

@@ -40,7 +40,7 @@ import ray
 from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
-from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS
+from trt_spec.runtime.settings import DEFAULT_MAX_PREFILL_TOKENS, RuntimeConfig
 from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("trt_spec.ray_serve")
@@ -68,6 +68,17 @@ class ReplicaConfig:
     engine_checksum: str | None = None  # manifest digest every replica must match
     max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def runtime_config(self) -> RuntimeConfig:
+        """The replica's runtime settings (every file's checksum verified on load)."""
+        spec = {k: v for k, v in (("num_draft_tokens", self.num_draft_tokens),
+                                  ("spec_max_batch", self.spec_max_batch),
+                                  ("min_acceptance", self.spec_min_acceptance)) if v is not None}
+        return RuntimeConfig.from_options(
+            method=self.method, max_batch=self.max_num_seqs, max_len=self.max_model_len,
+            threads=self.threads, verify="sha256", max_waiting=self.max_waiting,
+            max_prefill_tokens=self.max_prefill_tokens, ngram_min=self.ngram[0],
+            ngram_max=self.ngram[1], **spec)
 
 
 @dataclass(frozen=True)
@@ -184,7 +195,6 @@ class EngineReplica:
         from prometheus_client import start_http_server
 
         from trt_spec.runtime.generator import Generator
-        from trt_spec.runtime.policy import SpeculationConfig
         from trt_spec.runtime.scheduler import Scheduler
         from trt_spec.serve.server import create_app
 
@@ -194,13 +204,8 @@ class EngineReplica:
         if digest != want:
             raise ValueError(f"{folder / MANIFEST}: sha256 {digest}, expected {want}: this node "
                              "has another export of the engine folder")
-        gen = Generator(folder, max_batch=config.max_num_seqs, max_len=config.max_model_len,
-                        threads=config.threads, verify="sha256")  # every file's checksum
-        spec = SpeculationConfig(num_draft_tokens=config.num_draft_tokens,
-                                 max_batch=config.spec_max_batch,
-                                 min_acceptance=config.spec_min_acceptance)
-        self.scheduler = Scheduler(gen, config.method, spec, config.ngram, config.max_waiting,
-                                   config.debug_step_delay, config.max_prefill_tokens)
+        gen = Generator(folder, config.runtime_config())
+        self.scheduler = Scheduler(gen, config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
                                    max_body_bytes=config.max_body_bytes)
         self.replica_id = serve.get_replica_context().replica_id.unique_id

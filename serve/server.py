@@ -327,10 +327,10 @@ def result_extras(job: Job) -> tuple[dict, dict]:
     m = s.metrics()
     usage = {"prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.output_ids),
              "total_tokens": len(s.prompt_ids) + len(s.output_ids)}
-    keep = ("tau", "proposed_tokens", "accepted_tokens", "acceptance_per_position",
-            "time_to_first_token_s", "decode_tokens_per_s")
-    return usage, {"method": job.method, "num_draft_tokens": job.num_draft_tokens,
-                   **{k: m[k] for k in keep}}
+    keep = ("method", "num_draft_tokens", "tau", "proposed_tokens", "accepted_tokens",
+            "acceptance_per_position", "time_to_first_token_s", "decode_tokens_per_s")
+    d = m.to_dict()
+    return usage, {k: d[k] for k in keep}
 
 
 def _token(tokenizer, token_id: int) -> tuple[str, list[int]]:

@@ -50,9 +50,9 @@ def test_generate_equals_the_generator(llm, tiny_spec_engine):
         assert o.outputs[0].text == o.text and o.outputs[0].index == 0
         assert o.prompt_token_ids == gen.encode(p, chat=False)
         m = o.metrics
-        assert m["method"] == "ngram" and m["num_draft_tokens"] == 3
-        assert m["tau"] >= 1.0 and m["completion_tokens"] == 16
-        assert len(m["acceptance_per_position"]) <= 3
+        assert m.method == "ngram" and m.num_draft_tokens == 3
+        assert m.tau >= 1.0 and m.completion_tokens == 16
+        assert len(m.acceptance_per_position) <= 3
 
 
 def test_prompt_forms(llm):
@@ -70,8 +70,8 @@ def test_per_call_method_is_lossless(llm):
     for method, k in [("vanilla", 2), ("ngram", None), ("vanilla", None)]:
         outs = llm.generate(prompts, GREEDY, method=method, num_draft_tokens=k)
         assert [o.token_ids for o in outs] == base
-        assert outs[0].metrics["method"] == method
-    assert llm.generate(prompts, GREEDY, method="vanilla")[0].metrics["proposed_tokens"] > 0
+        assert outs[0].metrics.method == method
+    assert llm.generate(prompts, GREEDY, method="vanilla")[0].metrics.proposed_tokens > 0
 
 
 def test_stream_equals_generate(llm):
@@ -94,9 +94,10 @@ def test_leaving_a_stream_early_frees_its_slot(llm):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(backend="trt"), "backend='trt': expected one of auto, ort"),
-    (dict(method="eagle3"), "method 'eagle3' is not available for this engine folder; "
-                            "available: none, vanilla, ngram"),
+    (dict(backend="tpu"), "backend='tpu': expected auto or one of ort, torch-cuda, trt"),
+    (dict(backend="trt"), "backend 'trt' needs TensorRT"),
+    (dict(method="eagle3"), "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); "
+                            "methods here: none, vanilla, ngram"),
     (dict(num_draft_tokens=0, method="ngram"), "num_draft_tokens=0"),
 ])
 def test_bad_arguments(tiny_spec_engine, kwargs, message):

@@ -50,10 +50,10 @@ def fake_peers(monkeypatch, tiny_engine):
     events = []
     real_generate_ids = Generator.generate_ids
 
-    def generate_ids(self, prompts_ids, params, speculate=True):
-        proposer = getattr(self.engine, "proposer", None)  # the plain engine has none
+    def generate_ids(self, prompts_ids, params, method=None, num_draft_tokens=None):
+        proposer = self.proposer(method or self.method)  # method none has none
         events.append(("ours", type(proposer).__name__, tuple(prompts_ids[0])))
-        return real_generate_ids(self, prompts_ids, params, speculate)
+        return real_generate_ids(self, prompts_ids, params, method, num_draft_tokens)
 
     monkeypatch.setattr(Generator, "generate_ids", generate_ids)
 

@@ -8,7 +8,7 @@ import pytest
 
 from trt_spec.runtime.engine import Stream
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.policy import SpeculationConfig
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler
 from trt_spec.runtime.step_inputs import SlotTokens
@@ -19,8 +19,8 @@ GREEDY = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
 
 
 def run(gen: Generator, method: str, budget: int | None, prompts=PROMPTS, params=GREEDY):
-    sched = Scheduler(gen, method, SpeculationConfig(num_draft_tokens=3),
-                      max_prefill_tokens=budget)
+    sched = Scheduler(gen.configure(method=method, num_draft_tokens=3,
+                                    max_prefill_tokens=budget))
     reqs = [sched.submit(p, params) for p in prompts]
     steps = []
     while not all(r.done for r in reqs):
@@ -49,7 +49,7 @@ def test_chunked_prefill_equals_unchunked(engine, methods, request):
             logprobs = [r.stream.logprobs for r in chunked]
             assert first is None or logprobs == first, (method, budget)
             first = logprobs
-            prefilled = [sum(m.prefill_tokens for _, m in s.engine_steps) for s in steps]
+            prefilled = [s.engine.prefill_tokens if s.engine else 0 for s in steps]
             assert max(prefilled) <= budget
             assert sum(prefilled) == sum(len(p) for p in PROMPTS)
         assert gen.cache.free_slots == 3
@@ -57,7 +57,7 @@ def test_chunked_prefill_equals_unchunked(engine, methods, request):
 
 def test_decoding_streams_keep_their_pace_while_a_long_prompt_is_read(tiny_engine):
     gen = Generator(tiny_engine, max_batch=2, max_len=200)
-    sched = Scheduler(gen, max_prefill_tokens=8)
+    sched = Scheduler(gen.configure(max_prefill_tokens=8))
     params = SamplingParams(max_tokens=60, ignore_eos=True)
     short = sched.submit([5, 6, 7], params)
     sched.step()
@@ -69,9 +69,9 @@ def test_decoding_streams_keep_their_pace_while_a_long_prompt_is_read(tiny_engin
         report = sched.step()
         steps += 1
         assert len(short.stream.output_ids) == before + 1  # a token every step
-        assert sum(m.prefill_tokens for _, m in report.engine_steps) <= 8
+        assert report.engine.prefill_tokens <= 8
     assert steps == 13  # ceil(100 / 8)
-    assert long.stream.metrics()["time_to_first_token_s"] > 0
+    assert long.stream.metrics().time_to_first_token_s > 0
 
 
 def target_logprobs(gen: Generator, ids: list[int]) -> np.ndarray:
@@ -108,7 +108,7 @@ def test_logprobs_are_the_targets_with_and_without_speculation(engine, methods, 
     for method in methods:
         spec, _ = run(gen, method, 16)
         if engine == "tiny_self_engine":
-            assert sum(r.stream.accepted for r in spec) > 20  # tokens taken from the draft
+            assert sum(r.stream.stats.accepted for r in spec) > 20  # tokens taken from the draft
         for a, b in zip(plain, spec):
             assert b.stream.output_ids == a.stream.output_ids
             assert b.stream.logprobs == a.stream.logprobs, method  # bitwise the same

@@ -36,7 +36,7 @@ def test_generate_plain_prints_answer_and_rate(tiny_engine):
     (["--top-p", "0"], "Invalid value for '--top-p'"),
     (["--temperature", "-1"], "Invalid value for '--temperature'"),
     (["--max-tokens", "0"], "Invalid value for '--max-tokens'"),
-    (["--method", "eagle9"], "method 'eagle9' is not available"),
+    (["--method", "eagle9"], "method 'eagle9' is not known"),
     (["--method", "vanilla"], "has no vanilla draft"),
     (["--method", "eagle3"], "has no eagle3 drafter (export it with --eagle3 CHECKPOINT)"),
     (["--num-draft-tokens", "0"], "Invalid value for '--num-draft-tokens'"),
@@ -114,7 +114,7 @@ def test_bench_batch_throughput(tiny_spec_engine, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--methods", "medusa"], "method 'medusa' is not available"),
+    (["--methods", "medusa"], "method 'medusa' is not known"),
     (["--num-draft-tokens", "0"], "values must be >= 1"),
     (["--prompts", "/no/file.jsonl"], "no such file"),
 ])

@@ -25,7 +25,7 @@ from trt_spec.runtime.engine import Stream  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
-from trt_spec.runtime.policy import SpeculationConfig  # noqa: E402
+from trt_spec.runtime.settings import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.proposers.base import DraftVocab, pick_draft  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
@@ -140,8 +140,8 @@ def test_full_heads_have_no_map(tiny_heads_engine):
     drafters = load_manifest(tiny_heads_engine).data["drafters"]
     assert "d2t" not in drafters["mtp"] and "d2t" not in drafters["eagle"]
     gen = Generator(tiny_heads_engine)
-    assert gen.make_engine("mtp").proposer.vocab is None
-    assert gen.make_engine("eagle3").proposer.vocab is not None
+    assert gen.proposer("mtp").vocab is None
+    assert gen.proposer("eagle3").vocab is not None
 
 
 # --- the mapping -----------------------------------------------------------------------------
@@ -188,36 +188,34 @@ def plain_outputs(tiny_vocab_engine):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_greedy_restricted_heads_equal_plain(tiny_vocab_engine, plain_outputs, method, k, batch):
     gen = Generator(tiny_vocab_engine, max_batch=batch)
-    gen.engine = gen.make_engine(method, SpeculationConfig(num_draft_tokens=k, min_acceptance=0))
-    assert len(gen.engine.proposer.vocab) == 48
-    streams = gen.generate_ids(PROMPTS[:batch], GREEDY)
+    assert len(gen.proposer(method).vocab) == 48
+    streams = gen.generate_ids(PROMPTS[:batch], GREEDY, method, k)
     assert [s.output_ids for s in streams] == plain_outputs[:batch]
     for s in streams:  # every step but prefill and the last one drafted: speculation ran
-        assert s.proposed_per_position[0] >= s.target_forwards - 2
+        assert s.stats.proposed_per_position[0] >= s.stats.target_forwards - 2
 
 
 @pytest.mark.parametrize("method", ["mtp", "eagle", "vanilla"])
 def test_sampled_restricted_heads(tiny_vocab_engine, method):
     """Drafts are target ids in the draft vocabulary, q sums to 1 over them and is zero
     elsewhere; a whole sampled run completes with valid tokens."""
-    config = SpeculationConfig(num_draft_tokens=3, min_acceptance=0)
-    engine = Generator(tiny_vocab_engine, max_batch=2).make_engine(method, config)
-    mapped = engine.proposer.vocab.draft_to_target
+    gen = Generator(tiny_vocab_engine, max_batch=2)
+    engine, proposer = gen.engine, gen.proposer(method)
+    mapped = proposer.vocab.draft_to_target
     outside = np.setdiff1d(np.arange(VOCAB), mapped)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)
-    streams = [Stream(p, params) for p in PROMPTS]
+    streams = [gen.stream(p, params, method, 3) for p in PROMPTS]
     for s in streams:
         engine.admit(s)
     engine.step(streams)  # prefill
-    drafts = engine.proposer.propose(streams, [3, 3])
+    drafts = proposer.propose(streams, [3, 3])
     for tokens, q in zip(drafts.tokens, drafts.probs):
         assert q.shape == (3, VOCAB) and np.isin(tokens, mapped).all()
         np.testing.assert_allclose(q[:, mapped].sum(-1), 1, atol=1e-6)
         assert (q[:, outside] == 0).all() and (q[np.arange(3), tokens] > 0).all()
     gen = Generator(tiny_vocab_engine, max_batch=2)
-    gen.engine = gen.make_engine(method, config)
     run = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=16, temperature=1.0, seed=2,
-                                                   ignore_eos=True))
+                                                   ignore_eos=True), method, 3)
     for s in run:
         assert len(s.output_ids) == 16 and all(0 <= t < VOCAB for t in s.output_ids)
 

@@ -10,11 +10,11 @@ import zlib
 import numpy as np
 import pytest
 
-from trt_spec.runtime.backends.ort import StepOutput
-from trt_spec.runtime.engine import SpeculativeEngine, Stream
+from tests.engine_util import custom_stream, engine_with
+from trt_spec.runtime.backends.base import StepOutput
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
 from trt_spec.runtime.proposers.mtp import MtpProposer
@@ -80,8 +80,7 @@ def gen(tiny_heads_engine):
 @pytest.fixture(scope="module")
 def truth(gen):
     """Per prompt: prompt + plain greedy output, and the target's rows over it."""
-    gen.engine = gen.make_engine("none")
-    outputs = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
+    outputs = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, "none")]
     seqs = [p + o for p, o in zip(PROMPTS, outputs)]
     rows = {}
     for reads in ("hidden_states", "eagle3_features"):
@@ -96,9 +95,8 @@ def truth(gen):
 
 def check_run(gen, proposer, oracles, k, seqs, target_rows):
     config = SpeculationConfig(num_draft_tokens=k, min_acceptance=0)
-    engine = SpeculativeEngine(gen.target, gen.cache, gen.stops, proposer,
-                               SpeculationPolicy(config, gen.cache.max_len))
-    streams = [Stream(p, GREEDY) for p in PROMPTS]
+    engine = engine_with(gen, proposer, config)
+    streams = [custom_stream(p, GREEDY, k) for p in PROMPTS]
     for s, seq, rows in zip(streams, seqs, target_rows):
         engine.admit(s)
         for o in oracles:
@@ -106,11 +104,11 @@ def check_run(gen, proposer, oracles, k, seqs, target_rows):
     while not all(s.finished for s in streams):
         engine.step([s for s in streams if not s.finished])
     assert [s.prompt_ids + s.output_ids for s in streams] == seqs  # lossless
-    accepted = sum(s.accepted for s in streams) / sum(s.proposed for s in streams)
+    accepted = sum(s.stats.accepted for s in streams) / sum(s.stats.proposed for s in streams)
     assert accepted > 0.4, accepted  # the oracles' drafts do get accepted
     positions = set()  # draft positions accepted at least once: prefixes of several lengths
     for s in streams:
-        positions |= {i for i, a in enumerate(s.accepted_per_position) if a}
+        positions |= {i for i, a in enumerate(s.stats.accepted_per_position) if a}
     assert len(positions) >= min(k, 3), positions
     for o in oracles[:k]:  # the modules that ran
         assert o.checked["real token"] > 0

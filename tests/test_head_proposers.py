@@ -4,12 +4,12 @@ greedy output, batched, every k; sampled drafts come with the q they were drawn 
 import numpy as np
 import pytest
 
-from trt_spec.runtime.engine import SpeculativeEngine, Stream
+from tests.engine_util import custom_stream, engine_with
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.manifest import load_manifest
-from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -21,16 +21,20 @@ def plain_outputs(tiny_heads_engine):
     return [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
 
 
-def engine_for(gen: Generator, method: str, k: int, modules: int | None = None):
-    """min_acceptance=0: random heads draft every step (no cooldown)."""
-    config = SpeculationConfig(num_draft_tokens=k, min_acceptance=0)
-    engine = gen.make_engine(method, config)
-    if modules is not None:  # an MTP checkpoint with fewer modules: the first `modules`
-        full = engine.proposer
-        proposer = MtpProposer(full.modules[:modules], full.caches[:modules])
-        engine = SpeculativeEngine(gen.target, gen.cache, gen.stops, proposer,
-                                   SpeculationPolicy(config, gen.cache.max_len))
-    return engine
+def run(gen: Generator, method: str, k: int, prompts, params, modules: int | None = None):
+    """Random heads draft every step (min_acceptance 0: no cooldown). modules: an MTP
+    checkpoint with fewer modules (the first `modules`)."""
+    if modules is None:
+        return gen.generate_ids(prompts, params, method, k)
+    full = gen.proposer(method)
+    engine = engine_with(gen, MtpProposer(full.modules[:modules], full.caches[:modules]),
+                         SpeculationConfig(num_draft_tokens=k))
+    streams = [custom_stream(p, params, k) for p in prompts]
+    for s in streams:
+        engine.admit(s)
+    while not all(s.finished for s in streams):
+        engine.step([s for s in streams if not s.finished])
+    return streams
 
 
 @pytest.mark.parametrize("method,modules", [("mtp", 1), ("mtp", 2), ("mtp", 3), ("eagle", None),
@@ -39,12 +43,11 @@ def engine_for(gen: Generator, method: str, k: int, modules: int | None = None):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_heads_equal_plain(tiny_heads_engine, plain_outputs, method, modules, k, batch):
     gen = Generator(tiny_heads_engine, max_batch=batch)
-    gen.engine = engine_for(gen, method, k, modules)
-    streams = gen.generate_ids(PROMPTS[:batch], GREEDY)
+    streams = run(gen, method, k, PROMPTS[:batch], GREEDY, modules)
     assert [s.output_ids for s in streams] == plain_outputs[:batch]
     for s in streams:  # every step but prefill and the last one drafted: speculation ran
-        assert len(s.proposed_per_position) <= k
-        assert s.proposed_per_position[0] >= s.target_forwards - 2
+        assert len(s.stats.proposed_per_position) <= k
+        assert s.stats.proposed_per_position[0] >= s.stats.target_forwards - 2
 
 
 def test_manifest_lists_the_drafters(tiny_heads_engine):
@@ -65,9 +68,9 @@ def test_drafts_hit_and_miss(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=3)
     accepted = {}
     for method in ("mtp", "eagle", "eagle3"):
-        gen.engine = engine_for(gen, method, 3)
-        streams = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=48, ignore_eos=True))
-        accepted[method] = sum(s.accepted for s in streams)
+        streams = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=48, ignore_eos=True),
+                                   method, 3)
+        accepted[method] = sum(s.stats.accepted for s in streams)
     assert sum(accepted.values()) > 0, accepted
 
 
@@ -76,20 +79,20 @@ def test_sampled_drafts_come_with_q(tiny_heads_engine, method):
     """q is a distribution over the target vocabulary, the draft has q > 0, and Eagle3's q is
     zero outside its draft vocabulary."""
     gen = Generator(tiny_heads_engine, max_batch=2)
-    engine = engine_for(gen, method, 3)
+    engine, proposer = gen.engine, gen.proposer(method)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)
-    streams = [Stream(p, params) for p in PROMPTS[:2]]
+    streams = [gen.stream(p, params, method, 3) for p in PROMPTS[:2]]
     for s in streams:
         engine.admit(s)
     engine.step(streams)  # prefill
-    drafts = engine.proposer.propose(streams, [3, 3])
+    drafts = proposer.propose(streams, [3, 3])
     for tokens, q in zip(drafts.tokens, drafts.probs):
         assert q.shape == (3, gen.config.vocab_size)
         np.testing.assert_allclose(q.sum(-1), 1, atol=1e-5)
         assert (q[np.arange(3), tokens] > 0).all()
         if method == "eagle3":
             assert (q[:, np.setdiff1d(np.arange(gen.config.vocab_size),
-                                      engine.proposer.vocab.draft_to_target)] == 0).all()
+                                      proposer.vocab.draft_to_target)] == 0).all()
 
 
 def test_sampled_heads_are_seeded(tiny_heads_engine):
@@ -104,9 +107,9 @@ def test_sampled_heads_are_seeded(tiny_heads_engine):
 def test_eagle3_q_matches_its_samples(tiny_heads_engine):
     """The draft token is drawn from exactly the q handed to the verifier."""
     gen = Generator(tiny_heads_engine, method="eagle3")
-    proposer = gen.engine.proposer
+    proposer = gen.proposer("eagle3")
     logits = np.random.default_rng(0).normal(size=len(proposer.vocab)) * 2
-    s = Stream([1], SamplingParams(temperature=1.0, seed=3))
+    s = gen.stream([1], SamplingParams(temperature=1.0, seed=3))
     counts = np.zeros(gen.config.vocab_size)
     n = 20000
     for _ in range(n):

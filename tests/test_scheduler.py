@@ -7,7 +7,7 @@ import pytest
 
 from trt_spec.runtime.generator import Generator, available_methods
 from trt_spec.runtime.manifest import load_manifest
-from trt_spec.runtime.policy import SpeculationConfig
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
 
@@ -31,8 +31,7 @@ def test_available_methods_follow_the_manifest(tiny_engine, tiny_spec_engine):
 def test_continuous_batching_across_methods_equals_one_at_a_time(tiny_spec_engine):
     """6 requests, 3 slots, 3 methods, different lengths: new requests are admitted between
     steps while others decode, and every greedy output is the one it has alone."""
-    sched = Scheduler(Generator(tiny_spec_engine, max_batch=3),
-                      speculation=SpeculationConfig(num_draft_tokens=3))
+    sched = Scheduler(Generator(tiny_spec_engine, max_batch=3, num_draft_tokens=3))
     methods = [("none", None), ("ngram", 2), ("vanilla", 3), ("vanilla", None), ("ngram", None),
                ("none", None)]
     lengths = [5, 17, 9, 12, 3, 20]
@@ -45,10 +44,10 @@ def test_continuous_batching_across_methods_equals_one_at_a_time(tiny_spec_engin
         assert sched.num_running <= 3
     assert admitted_while_running > 0
     for r, p, n in zip(reqs, PROMPTS, lengths):
-        assert r.stream.output_ids == alone(tiny_spec_engine, p, n), r.key
-    assert [r.key for r in reqs] == [("none", 0), ("ngram", 2), ("vanilla", 3), ("vanilla", 3),
+        assert r.stream.output_ids == alone(tiny_spec_engine, p, n), r.method
+    assert [(r.method, r.num_draft_tokens) for r in reqs] == [("none", 0), ("ngram", 2), ("vanilla", 3), ("vanilla", 3),
                                      ("ngram", 3), ("none", 0)]
-    assert sum(r.stream.proposed for r in reqs if r.method == "vanilla") > 0
+    assert sum(r.stream.stats.proposed for r in reqs if r.method == "vanilla") > 0
     assert sched.slots_used == 0
 
 
@@ -67,7 +66,7 @@ def test_deltas_add_up_to_the_result(tiny_engine):
 
 
 def test_cancel_frees_the_slot_at_the_next_step(tiny_spec_engine):
-    sched = Scheduler(Generator(tiny_spec_engine, max_batch=2), method="vanilla")
+    sched = Scheduler(Generator(tiny_spec_engine, max_batch=2, method="vanilla"))
     a = sched.submit(PROMPTS[0], greedy(50))
     b = sched.submit(PROMPTS[1], greedy(50))
     waiting = sched.submit(PROMPTS[2], greedy(50))
@@ -104,7 +103,7 @@ def test_a_cancelled_slot_is_reused_in_the_same_step(tiny_engine):
 
 
 def test_queue_bound(tiny_engine):
-    sched = Scheduler(Generator(tiny_engine, max_batch=1), max_waiting=2)
+    sched = Scheduler(Generator(tiny_engine, max_batch=1, max_waiting=2))
     sched.submit(PROMPTS[0], greedy(4))
     sched.submit(PROMPTS[1], greedy(4))
     with pytest.raises(QueueFull, match=r"2 requests are already waiting \(the bound is 2\)"):
@@ -114,9 +113,10 @@ def test_queue_bound(tiny_engine):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(method="eagle3"), "method 'eagle3' is not available for this engine folder; "
-                            "available: none, ngram"),
-    (dict(method="vanilla"), "method 'vanilla' is not available"),
+    (dict(method="eagle3"), "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); "
+                            "methods here: none, ngram"),
+    (dict(method="vanilla"), "has no vanilla drafter"),
+    (dict(method="medusa"), "method 'medusa' is not known; known: none, vanilla, ngram"),
     (dict(method="ngram", num_draft_tokens=0), "num_draft_tokens=0: must be an integer in 1..64"),
     (dict(method="none", num_draft_tokens=2), "method 'none' drafts nothing"),
 ])

@@ -207,7 +207,7 @@ BAD = [  # (path, body, status, message)
     ("completions", {**GOOD, "frequency_penalty": 0.5}, 400,
      "frequency_penalty=0.5: not supported (only 0)"),
     ("completions", {**GOOD, "speculative": {"method": "eagle3"}}, 400,
-     "method 'eagle3' is not available for this engine folder; available: none, vanilla, ngram"),
+     "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); methods here: none, vanilla, ngram"),
     ("chat/completions", {**CHAT, "speculative": {"method": "ngram", "num_draft_tokens": 0}},
      400, "num_draft_tokens=0: must be an integer in 1..64"),
     ("completions", {**GOOD, "speculative": {"method": "none", "num_draft_tokens": 2}}, 400,

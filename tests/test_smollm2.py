@@ -97,7 +97,7 @@ def test_shipped_drafters_are_small_and_described():
 @pytest.mark.parametrize("method", ["vanilla", "ngram", "mtp", "eagle", "eagle3"])
 def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
     """k in {1, 2, 4, 8}, batch 1 and batch 3 with different prompt lengths, 24 tokens."""
-    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.settings import SpeculationConfig
 
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = Generator(smollm2_spec_engine, max_batch=3, max_len=512)
@@ -113,6 +113,6 @@ def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
         if k == 4 and method != "ngram":
             # trained drafters: drafts are accepted (the vanilla draft, the weakest, had 18 of
             # 174 accepted here when written), where a random head's almost never are
-            accepted = sum(sum(s.accepted_per_position) for s in streams)
-            proposed = sum(sum(s.proposed_per_position) for s in streams)
+            accepted = sum(sum(s.stats.accepted_per_position) for s in streams)
+            proposed = sum(sum(s.stats.proposed_per_position) for s in streams)
             assert accepted / proposed > 0.05, (method, accepted, proposed)

@@ -1,12 +1,13 @@
-"""The speculative engine end to end on tiny models: lossless greedy output, p = q accepts
-everything, seeded sampling, dynamic disable, and moving streams between engines."""
+"""The engine end to end on tiny models: lossless greedy output, p = q accepts everything,
+seeded sampling, dynamic disable, streams switching method, one target forward per step."""
 
 import numpy as np
 import pytest
 
-from trt_spec.runtime.engine import NormalEngine, SpeculativeEngine, Stream
+from trt_spec.runtime.engine import Engine, Stream
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.policy import SpeculationConfig, SpeculationPolicy
+from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.proposers.ngram import NgramProposer, ngram_match
 from trt_spec.runtime.sampling import SamplingParams
@@ -31,8 +32,8 @@ def test_greedy_speculative_equals_plain(tiny_spec_engine, method, k, batch):
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, prompts)
     for s in streams:
         m = s.metrics()
-        assert m["tau"] == pytest.approx(len(s.output_ids) / s.target_forwards)
-        assert 0 <= m["accepted_tokens"] <= m["proposed_tokens"]
+        assert m.tau == pytest.approx(len(s.output_ids) / s.stats.target_forwards)
+        assert 0 <= m.accepted_tokens <= m.proposed_tokens
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -47,7 +48,7 @@ def test_partial_acceptance_is_exercised(tiny_spec_engine):
     """The noisy-copy draft is neither always accepted nor always rejected."""
     gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
     streams = gen.generate_ids(PROMPTS, GREEDY)
-    rate = sum(s.accepted for s in streams) / sum(s.proposed for s in streams)
+    rate = sum(s.stats.accepted for s in streams) / sum(s.stats.proposed for s in streams)
     assert 0.1 < rate < 0.9, rate
 
 
@@ -61,11 +62,11 @@ def test_draft_equal_to_target_accepts_everything(tiny_self_engine):
     streams = gen.generate_ids(PROMPTS, params)
     assert [s.output_ids for s in streams] == plain(tiny_self_engine, PROMPTS, params)
     for s in streams:
-        assert s.accepted == s.proposed == 16 and s.target_forwards == 5
-        assert s.metrics()["acceptance_per_position"] == [1.0] * k
+        assert s.stats.accepted == s.stats.proposed == 16 and s.stats.target_forwards == 5
+        assert s.metrics().acceptance_per_position == (1.0,) * k
     sampled = SamplingParams(max_tokens=21, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
     for s in gen.generate_ids(PROMPTS, sampled):
-        assert s.accepted == s.proposed == 16
+        assert s.stats.accepted == s.stats.proposed == 16
 
 
 @pytest.mark.parametrize("method", ["vanilla", "ngram"])
@@ -90,24 +91,20 @@ def test_stop_inside_accepted_drafts(tiny_self_engine):
     assert s.output_ids == ref[:ref.index(stop) + 1] and s.finish_reason == "stop"
 
 
-def run_policy(engine_dir, config, prompts, speculate=True, method="vanilla"):
-    gen = Generator(engine_dir, method=method, max_batch=len(prompts), speculation=config)
-    return gen.generate_ids(prompts, GREEDY, speculate=speculate)
-
-
-def test_request_flag_turns_speculation_off(tiny_spec_engine):
-    streams = run_policy(tiny_spec_engine, SpeculationConfig(), PROMPTS, speculate=False)
-    assert all(s.proposed == 0 and s.target_forwards == len(s.output_ids) for s in streams)
+def test_method_none_drafts_nothing(tiny_spec_engine):
+    gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
+    streams = gen.generate_ids(PROMPTS, GREEDY, method="none")
+    assert all(s.stats.proposed == 0 and s.stats.target_forwards == len(s.output_ids) for s in streams)
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS)
 
 
 def test_batch_over_threshold_turns_speculation_off(tiny_self_engine):
-    """max_batch=2: with 3 streams decoding nothing is drafted; once one has finished, the
-    other two speculate again."""
+    """spec_max_batch=2: with 3 streams decoding nothing is drafted; once one has finished,
+    the other two speculate again."""
     prompts = PROMPTS
     gen = Generator(tiny_self_engine, method="vanilla", max_batch=3,
-                    speculation=SpeculationConfig(num_draft_tokens=2, max_batch=2))
-    streams = [Stream(p, SamplingParams(max_tokens=n, ignore_eos=True))
+                    speculation=SpeculationConfig(num_draft_tokens=2, spec_max_batch=2))
+    streams = [gen.stream(p, SamplingParams(max_tokens=n, ignore_eos=True))
                for p, n in zip(prompts, (4, 24, 24))]
     for s in streams:
         gen.engine.admit(s)
@@ -134,47 +131,71 @@ def test_low_acceptance_turns_speculation_off_then_on(tiny_spec_engine):
     the stream decodes plainly for `cooldown` steps, then tries again."""
     config = SpeculationConfig(num_draft_tokens=2, min_acceptance=0.5, window=2, cooldown=3)
     gen = Generator(tiny_spec_engine)
-    engine = SpeculativeEngine(gen.target, gen.cache, gen.engine.stops, ConstantProposer(),
-                               SpeculationPolicy(config, gen.cache.max_len))
-    s = Stream(PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True))
+    constant = ConstantProposer()
+    engine = Engine(gen.target, gen.cache, gen.stops, SpeculationPolicy(config, gen.cache.max_len),
+                    lambda method: None if method == "none" else constant)
+    s = Stream(PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True), "constant", 2)
     engine.admit(s)
     proposed = []
     while not s.finished:
         proposed.append(engine.step([s]).proposed_tokens)
     pattern = "".join("s" if p else "-" for p in proposed[1:])  # after the prefill step
     assert pattern.startswith("ss---ss---ss---"), pattern
-    assert s.accepted == 0
+    assert s.stats.accepted == 0
     assert s.output_ids == plain(tiny_spec_engine, PROMPTS[1:2])[0]
 
 
 def test_policy_caps_k_by_budget_and_cache():
     class S:
-        speculate, spec_cooldown = True, 0
+        id, num_draft_tokens = 1, 8
         params = SamplingParams(max_tokens=10)
         prompt_ids, output_ids = [1] * 5, [2] * 7
 
     policy = SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=100)
-    assert policy.draft_tokens(S(), 1) == 2  # 3 tokens still allowed: 2 drafts + 1
-    assert SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=14).draft_tokens(S(), 1) == 2
-    assert SpeculationPolicy(SpeculationConfig(num_draft_tokens=8), max_len=13).draft_tokens(S(), 1) == 1
+    assert policy.plan([S()]) == [2]  # 3 tokens still allowed: 2 drafts + 1
+    assert SpeculationPolicy(SpeculationConfig(), max_len=14).plan([S()]) == [2]
+    assert SpeculationPolicy(SpeculationConfig(), max_len=13).plan([S()]) == [1]
 
 
-def test_streams_move_between_engines(tiny_spec_engine):
-    """Normal steps, then speculative ones, then normal again, on the same streams and caches:
+def test_streams_switch_method_between_steps(tiny_spec_engine):
+    """Plain steps, then speculative ones, then plain again, on the same streams and caches:
     the output is the plain one."""
     gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
-    spec = gen.engine
-    normal = NormalEngine(gen.target, gen.cache, spec.stops)
-    normal.release = spec.release  # finishing frees the draft state too
-    streams = [Stream(p, GREEDY) for p in PROMPTS]
+    streams = [gen.stream(p, GREEDY) for p in PROMPTS]
     for s in streams:
-        spec.admit(s)
+        gen.engine.admit(s)
     for i in range(40):
-        engine = spec if (i // 3) % 2 else normal
-        engine.step([s for s in streams if not s.finished])
+        for s in streams:
+            s.method, s.num_draft_tokens = ("vanilla", 3) if (i // 3) % 2 else ("none", 0)
+        gen.engine.step([s for s in streams if not s.finished])
     assert all(s.finished for s in streams)
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS)
-    assert sum(s.proposed for s in streams) > 0
+    assert sum(s.stats.proposed for s in streams) > 0
+
+
+def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
+    """Streams of none, ngram (k 2) and vanilla (k 4) side by side, one admitted late: each
+    step runs at most one prefill and one decode/verify forward of the target, and every
+    stream's output is the plain one."""
+    gen = Generator(tiny_spec_engine, max_batch=4)
+    calls = []
+    step = gen.target.step
+    gen.target.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
+    asks = [("none", None), ("ngram", 2), ("vanilla", 4), ("vanilla", 1)]
+    streams = [gen.stream(p, GREEDY, m, k) for p, (m, k) in zip(PROMPTS + [[7, 7, 9]], asks)]
+    for s in streams[:3]:
+        gen.engine.admit(s)
+    i = 0
+    while not all(s.finished for s in streams):
+        if i == 2:
+            gen.engine.admit(streams[3])
+        before = len(calls)
+        m = gen.engine.step([s for s in streams if s.slot is not None and not s.finished])
+        assert len(calls) - before == m.target_forwards <= 2
+        assert m.target_forwards == (m.prefill_streams > 0) + (m.decode_streams > 0)
+        i += 1
+    assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS + [[7, 7, 9]])
+    assert all(s.stats.proposed > 0 for s in streams[1:])
 
 
 def test_ngram_match():
@@ -188,13 +209,14 @@ def test_ngram_match():
 
 
 def test_unknown_method_and_missing_draft(tiny_engine):
-    with pytest.raises(ValueError, match="method 'medusa' is not available"):
+    with pytest.raises(ValueError, match="method 'medusa' is not known"):
         Generator(tiny_engine, method="medusa")
-    with pytest.raises(ValueError, match="has no vanilla draft"):
+    with pytest.raises(ValueError, match="has no vanilla drafter"):
         Generator(tiny_engine, method="vanilla")
 
 
-def test_speculative_engine_is_a_normal_engine_with_a_proposer(tiny_spec_engine):
+def test_each_method_has_one_proposer(tiny_spec_engine):
     gen = Generator(tiny_spec_engine, method="ngram")
-    assert isinstance(gen.engine, SpeculativeEngine)
-    assert isinstance(gen.engine.proposer, NgramProposer)
+    assert isinstance(gen.engine, Engine)
+    assert isinstance(gen.proposer("ngram"), NgramProposer)
+    assert gen.proposer("ngram") is gen.proposer("ngram") and gen.proposer("none") is None

@@ -13,7 +13,6 @@ from trt_spec.runtime.backends.torch_cuda import (TorchGraphs, TorchKVCache,  # 
                                                   attention_in_place)
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
-from trt_spec.runtime.policy import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
@@ -67,9 +66,7 @@ def tiny_all_engine(tiny_hf_dir, tmp_path_factory):
 
 
 def run(gen: Generator, method: str, k: int = 3):
-    config = SpeculationConfig(num_draft_tokens=k, min_acceptance=0)  # draft every step
-    gen.engine = gen.make_engine(method, config)
-    return gen.generate_ids(PROMPTS, GREEDY)
+    return gen.generate_ids(PROMPTS, GREEDY, method, None if method == "none" else k)
 
 
 @pytest.fixture(scope="module")

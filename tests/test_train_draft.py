@@ -112,7 +112,7 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
     from trt_spec.runtime.kv_cache import KVCache
     from trt_spec.runtime.step_inputs import SlotTokens
     from trt_spec.runtime.generator import Generator
-    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.settings import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _, _ = trained
@@ -139,7 +139,7 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
                      speculation=SpeculationConfig(num_draft_tokens=3, min_acceptance=0))
     streams = spec.generate_ids(prompts, params)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
-    assert sum(s.proposed_per_position[0] for s in streams) > 0
+    assert sum(s.stats.proposed_per_position[0] for s in streams) > 0
 
 
 def test_regenerated_answers_resume(tiny_hf_dir, target, tmp_path):

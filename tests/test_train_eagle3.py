@@ -157,7 +157,7 @@ def test_trained_head_loads_with_the_training_numbers(target, store, trained):
 def test_trained_head_exports_and_drafts_losslessly(tiny_hf_dir, trained, tmp_path):
     from trt_spec.export.pipeline import export_engine
     from trt_spec.runtime.generator import Generator
-    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.settings import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _, _ = trained
@@ -170,7 +170,7 @@ def test_trained_head_exports_and_drafts_losslessly(tiny_hf_dir, trained, tmp_pa
                      speculation=SpeculationConfig(num_draft_tokens=3, min_acceptance=0))
     streams = spec.generate_ids(prompts, params)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
-    assert sum(s.proposed_per_position[0] for s in streams) > 0  # it did draft
+    assert sum(s.stats.proposed_per_position[0] for s in streams) > 0  # it did draft
 
 
 def test_evaluate_prefers_the_trained_head(target, store, trained, tmp_path):

@@ -113,7 +113,7 @@ def test_training_lowers_the_loss(heads, kind):
 def test_trained_modules_export_and_draft_losslessly(tiny_hf_dir, target, heads, tmp_path):
     from trt_spec.export.pipeline import export_engine
     from trt_spec.runtime.generator import Generator
-    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.settings import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _ = heads
@@ -128,4 +128,4 @@ def test_trained_modules_export_and_draft_losslessly(tiny_hf_dir, target, heads,
                         speculation=SpeculationConfig(num_draft_tokens=4, min_acceptance=0))
         streams = gen.generate_ids(prompts, params)
         assert [s.output_ids for s in streams] == plain, method
-        assert sum(s.proposed_per_position[0] for s in streams) > 0, method
+        assert sum(s.stats.proposed_per_position[0] for s in streams) > 0, method

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from trt_spec.runtime.generator import Generator
 from trt_spec.tools import peers as peer_registry
-from trt_spec.runtime.policy import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.tools.speedup_model import measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
@@ -232,10 +231,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
-    built = {}
-    for c in configs:
-        spec = SpeculationConfig(num_draft_tokens=c.k) if c.k else None
-        built[id(c)] = gens[c.engine].make_engine(c.method, spec)
+    for c in configs:  # a drafter that cannot load fails now, before any timing
+        gens[c.engine].proposer(gens[c.engine].check_method(c.method))
     # groups of `batch` prompts decode together (the last group wraps around)
     groups = [[prompts[(g + j) % len(prompts)] for j in range(batch)]
               for g in range(0, len(prompts), batch)]
@@ -255,18 +252,18 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
 
     def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
         gen = gens[c.engine]
-        gen.engine = built[id(c)]
         t0 = time.perf_counter()
-        streams = gen.generate_ids(prompts_ids, params)
+        streams = gen.generate_ids(prompts_ids, params, c.method, c.k)
         c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
                                               time.perf_counter() - t0))
         for s in streams:
             m = s.metrics()
             c.runs.setdefault(name, []).append({
-                "tokens_per_s": m["decode_tokens_per_s"], "completion_tokens": len(s.output_ids),
-                "target_forwards": s.target_forwards, "proposed_pp": s.proposed_per_position,
-                "accepted_pp": s.accepted_per_position, "ttft_s": m["time_to_first_token_s"],
-                "propose_s": s.propose_s, "score_s": s.score_s, "sample_s": s.sample_s,
+                "tokens_per_s": m.decode_tokens_per_s, "completion_tokens": m.completion_tokens,
+                "target_forwards": m.target_forwards,
+                "proposed_pp": list(m.proposed_per_position),
+                "accepted_pp": list(m.accepted_per_position), "ttft_s": m.time_to_first_token_s,
+                "propose_s": m.propose_s, "score_s": m.score_s, "sample_s": m.sample_s,
                 "output_ids": s.output_ids})
 
     def run_peer(p: PeerConfig, name: str, ids: list[int]) -> None:

@@ -23,12 +23,10 @@ EXPECTED_TOKENS = 16
 
 
 def graphs_for(manifest, method: str) -> list[str]:
-    entry = manifest.data.get("drafters", {}).get(method)
-    if entry is None:
-        return []
-    if "graph" in entry:  # vanilla
-        return [entry["graph"]]
-    return list(entry["graphs"]) + ([entry["fc_graph"]] if "fc_graph" in entry else [])
+    from trt_spec.runtime.generator import drafter_entries
+
+    entry = drafter_entries(manifest).get(method)
+    return [] if entry is None else entry.all_graphs
 
 
 # Dependencies of dependencies the runtime never imports: tokenizers reads tokenizer.json
@@ -165,8 +163,7 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
     params = SamplingParams(max_tokens=expected["max_tokens"], ignore_eos=True)
     gen = Generator(manifest.folder, verify="none", max_len=256, threads=threads)
     for method in info["methods"]:
-        gen.engine = gen.make_engine(method)
-        got = gen.generate_ids([expected["prompt_ids"]], params)[0].output_ids
+        got = gen.generate_ids([expected["prompt_ids"]], params, method)[0].output_ids
         same = sum(a == b for a, b in zip(got, expected["token_ids"]))
         report["methods"][method] = {"tokens": len(got), "same_as_expected": same,
                                      "identical": got == expected["token_ids"]}

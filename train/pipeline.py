@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from trt_spec.runtime.methods import TRAIN_NAMES
 from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenizer,
                                  read_conversations, split, tokenize_all)
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
 from trt_spec.train.regen import RegenConfig
 
-METHODS = ("eagle3", "mtp", "eagle", "draft")
+METHODS = TRAIN_NAMES  # runtime/methods.py ("draft": the vanilla method's draft model)
 ANSWERS = ("target", "data")
 FEATURES = ("disk", "live")
 

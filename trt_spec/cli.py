@@ -145,11 +145,13 @@ def speculation_options(f):
     return f
 
 
-def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
-    from trt_spec.runtime.policy import SpeculationConfig
+def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance, ngram_min=1,
+                       ngram_max=4):
+    from trt_spec.runtime.settings import SpeculationConfig
 
-    return SpeculationConfig(num_draft_tokens=num_draft_tokens, max_batch=spec_max_batch,
-                             min_acceptance=spec_min_acceptance)
+    return SpeculationConfig(num_draft_tokens=num_draft_tokens, spec_max_batch=spec_max_batch,
+                             min_acceptance=spec_min_acceptance, ngram_min=ngram_min,
+                             ngram_max=ngram_max)
 
 
 @main.command()
@@ -165,10 +167,11 @@ def speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance):
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
-@click.option("--backend", type=click.Choice(["ort", "torch-cuda"]), default="ort",
+@click.option("--backend", type=click.Choice(["ort", "torch-cuda", "trt"]), default="ort",
               show_default=True,
               help="ort: the folder's ONNX graphs; torch-cuda: the export modules with torch "
-                   "(weights from the folder's source model) and CUDA graphs.")
+                   "(weights from the folder's source model) and CUDA graphs; trt: the folder's "
+                   "TensorRT engines (`trt-spec build`).")
 @click.option("--device", default=None,
               help="torch-cuda: the torch device [default: cuda when available, else cpu].")
 @click.argument("prompt")
@@ -185,7 +188,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                 top_p=top_p, seed=seed, stop=stop)
-        spec = speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance)
+        spec = speculation_config(num_draft_tokens, spec_max_batch, spec_min_acceptance,
+                                  ngram_min, ngram_max)
         # The KV cache holds this request only: ONNX Runtime's attention touches the whole
         # bound cache buffer on its first step, so an unused 2048-row cache costs RSS
         # (SmolLM2: ~90 MB at 2048 rows; NOTES in the README).
@@ -195,12 +199,11 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
             need = len(encode_prompt(tokenizer, prompt, chat)) + max_tokens + num_draft_tokens + 1
             max_len = min(max_len, max(64, -(-need // 64) * 64))
         gen = Generator(engine, method=method, max_len=max_len, threads=threads,
-                        speculation=spec, ngram=(ngram_min, ngram_max), tokenizer=tokenizer,
-                        backend=backend, device=device)
+                        speculation=spec, tokenizer=tokenizer, backend=backend, device=device)
         result = gen.generate([prompt], params, chat=chat)[0]
     except ValueError as e:
         fail(e)
-    m = result.metrics
+    m = result.metrics.to_dict()
     if as_json:
         click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
                                "finish_reason": result.finish_reason,
@@ -271,7 +274,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
           fast_decode, threads):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.tools.bench import parse_ints, parse_past, run_bench, write_plot
-    from trt_spec.runtime.generator import check_method
+    from trt_spec.runtime.methods import method as check_method
     from trt_spec.tools.peers import parse_peers
 
     if step_costs:
@@ -402,12 +405,13 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
     from trt_spec.serve.server import serve as run_server
 
     try:
-        gen = Generator(engine, max_batch=max_num_seqs, max_len=max_model_len, threads=threads)
-        scheduler = Scheduler(gen, method,
-                              speculation_config(num_draft_tokens, spec_max_batch,
-                                                 spec_min_acceptance),
-                              (ngram_min, ngram_max), max_waiting, debug_step_delay,
-                              max_prefill_tokens)
+        gen = Generator(engine, method=method, max_batch=max_num_seqs, max_len=max_model_len,
+                        threads=threads, max_waiting=max_waiting,
+                        max_prefill_tokens=max_prefill_tokens,
+                        speculation=speculation_config(num_draft_tokens, spec_max_batch,
+                                                       spec_min_acceptance, ngram_min,
+                                                       ngram_max))
+        scheduler = Scheduler(gen, debug_step_delay)
     except ValueError as e:
         fail(e)
     name = served_model_name or Path(engine).resolve().name

@@ -8,27 +8,17 @@ writes only the new rows. No step copies the cache.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from trt_spec.runtime.backends.base import GraphSet, StepGraph
+from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS, HIDDEN_INPUT, PAST, PRESENT, kv_names
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
-
-
-# A graph input ([] int32) of targets exported with export/attention_rows.py: the fewest query
-# rows each request's attention runs with (2: exact decoding inside the graph).
-ATTENTION_MIN_ROWS = "attention_min_rows"
-
-
-@dataclass
-class StepOutput:
-    """Per request, in request order."""
-
-    logits: list[np.ndarray]  # [len(logits_at), vocab]
-    rows: dict[str, list[np.ndarray]]  # wanted per-token outputs: name -> [len(tokens), D]
+from trt_spec.runtime.manifest import EngineFolderError, Manifest
+from trt_spec.runtime.step_inputs import SlotTokens, StepInputs
 
 
 def default_threads() -> int:
@@ -75,9 +65,8 @@ def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession
         raise RuntimeError(f"ONNX Runtime cannot load {path}: {e}") from e
 
 
-class OrtTarget:
-    """A graph with the step contract of export/model.py: the target, a vanilla draft, or
-    a drafter step (export/drafters.py: one layer, plus a `hidden_states` input)."""
+class OrtTarget(StepGraph):
+    """A StepGraph run by ONNX Runtime over a host KVCache."""
 
     def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None,
                  exact_decode: bool = False):
@@ -89,13 +78,13 @@ class OrtTarget:
         self.exact_decode = exact_decode
         self.num_layers = num_layers
         self.max_positions = max_positions
-        self.past_names = [f"past_key_values.{i}.{k}" for i in range(num_layers) for k in ("key", "value")]
-        self.present_names = [f"present.{i}.{k}" for i in range(num_layers) for k in ("key", "value")]
+        self.past_names = kv_names(num_layers, PAST)
+        self.present_names = kv_names(num_layers, PRESENT)
         names = {i.name for i in self.session.get_inputs()}
         missing = [n for n in self.past_names if n not in names]
         if missing:
             raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
-        self.takes_hidden = "hidden_states" in names
+        self.takes_hidden = HIDDEN_INPUT in names
         # exact decoding inside the graph (only its attention runs 2 rows), else by _padded
         self.rows_in_graph = ATTENTION_MIN_ROWS in names
         shapes = {o.name: o.shape for o in self.session.get_outputs()}
@@ -147,21 +136,17 @@ class OrtTarget:
                         None if r.hidden is None else np.concatenate([r.hidden, r.hidden]))
                 for r in requests]
 
-    def step(self, cache: KVCache, requests: list[SlotTokens], want: tuple[str, ...] = ()) -> StepOutput:
-        """Runs the new tokens of every request in one forward and advances their lengths.
-        `want`: per-token outputs to return (e.g. "hidden_states", "eagle3_features")."""
-        unknown = [w for w in want if w not in self.outputs]
-        if unknown:
-            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
-        padded = self.exact_decode and not self.rows_in_graph
-        run = self._padded(cache, requests) if padded else requests
-        step = build_step_inputs(cache, run, self.max_positions, scratch=int(run is not requests))
+    def prepare(self, cache: KVCache, requests: list[SlotTokens]) -> tuple[list[SlotTokens], int]:
+        if not self.exact_decode or self.rows_in_graph:
+            return requests, 0
+        run = self._padded(cache, requests)
+        return run, int(run is not requests)  # the throwaway row may use the scratch row
+
+    def run(self, cache: KVCache, step: StepInputs,
+            want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         if self.rows_in_graph:
             rows = 2 if self.exact_decode else 1
             step.feeds[ATTENTION_MIN_ROWS] = np.array(rows, np.int32)
-        if self.takes_hidden != ("hidden_states" in step.feeds):
-            raise ValueError("a drafter graph needs hidden states with every request; a "
-                             "target graph takes none")
         io = self._binding(cache, step.lo, step.hi)
         for name, value in step.feeds.items():
             io.bind_cpu_input(name, value)
@@ -171,11 +156,7 @@ class OrtTarget:
         rows = {name: self._bind_output(io, name, (batch, new_tokens, self.widths[name]))
                 for name in self.outputs}  # every output is bound: ORT writes them all
         self.session.run_with_iobinding(io)
-        commit_lengths(cache, requests)
-        out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(step.rows, requests)], {})
-        for name in want:
-            out.rows[name] = [rows[name][row, :len(r.tokens)] for row, r in zip(step.rows, requests)]
-        return out
+        return logits, rows, step.lo
 
 
 class OrtFunction:
@@ -187,3 +168,37 @@ class OrtFunction:
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
         return self.session.run(None, dict(zip(self.inputs, arrays)))[0]
+
+
+class OrtGraphs(GraphSet):
+    """The ONNX Runtime graphs of an engine folder, by manifest graph name."""
+
+    backend = "ort"
+
+    def __init__(self, manifest: Manifest, threads: int | None = None, exact_decode: bool = True):
+        super().__init__(manifest)
+        self.threads = threads
+        self.exact_decode = exact_decode  # the target's (OrtTarget: exact_decode)
+
+    def _file(self, name: str) -> Path:
+        graph = self.manifest.graph(name)
+        if graph["backend"] != "ort":
+            raise EngineFolderError(f"{self.manifest.folder}: graph {name!r} is for backend "
+                                    f"{graph['backend']!r}; this runtime runs 'ort'")
+        return self.manifest.path(graph["files"][0])
+
+    def step_graph(self, name: str, config: ModelConfig) -> OrtTarget:
+        path = self._file(name)
+        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
+                           exact_decode=self.exact_decode and name == "target")
+        want = [i["name"] for i in self.manifest.graph(name)["inputs"]]
+        got = [i.name for i in target.session.get_inputs()]
+        if want != got:
+            raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
+        return target
+
+    def function(self, name: str) -> OrtFunction:
+        return OrtFunction(self._file(name), self.threads)
+
+    def cache(self, config: ModelConfig, slots: int, max_len: int) -> KVCache:
+        return KVCache(config, slots, max_len)

@@ -23,21 +23,21 @@ CUDA graph can capture it, and writing the new keys/values into the cache in pla
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from trt_spec.runtime.backends.base import GraphSet, StepGraph
 from trt_spec.runtime.backends.buckets import Bucket, exact_bucket, pad_feeds, plan_bucket
-from trt_spec.runtime.backends.ort import StepOutput
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.graph_io import HIDDEN_INPUT, STEP_INPUTS
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, Manifest
-from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
-
-STEP_INPUTS = ("input_ids", "position_ids", "seqlens_k", "query_seqlens",
-               "total_sequence_length", "logits_index")
+from trt_spec.runtime.methods import METHODS, DrafterEntry
+from trt_spec.runtime.step_inputs import StepInputs
 
 
 def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
@@ -106,10 +106,10 @@ def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-class TorchTarget:
-    """A module with the step contract of export/model.py (target or vanilla draft) or
-    export/drafters.py (an MTP / Eagle / Eagle3 step, which takes `hidden_states`): the same
-    step() as OrtTarget, over a TorchKVCache.
+class TorchTarget(StepGraph):
+    """A StepGraph run by torch over a TorchKVCache: a module with the step contract of
+    export/model.py (target or vanilla draft) or export/drafters.py (an MTP / Eagle / Eagle3
+    step, which takes `hidden_states`).
 
     cuda_graphs: capture one CUDA graph per bucket (CUDA only). pad: pad steps to buckets
     even without graphs (default: when graphs are on; tests turn it on for the CPU)."""
@@ -144,7 +144,7 @@ class TorchTarget:
         """-> (logits [B, Nb, V], *per-token outputs [B, Tb, D]) as device tensors."""
         args = [inputs[n] for n in STEP_INPUTS]
         if self.takes_hidden:
-            args.insert(1, inputs["hidden_states"])
+            args.insert(1, inputs[HIDDEN_INPUT])
         out = self.module(*args, *views)
         return out[:1 + len(self.outputs)]
 
@@ -196,43 +196,27 @@ class TorchTarget:
 
     # --- the step contract ------------------------------------------------------------------
 
-    def step(self, cache: TorchKVCache, requests: list[SlotTokens],
-             want: tuple[str, ...] = ()) -> StepOutput:
-        """As OrtTarget.step: runs the new tokens of every request in one forward and
-        advances their lengths."""
-        unknown = [w for w in want if w not in self.outputs]
-        if unknown:
-            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
+    def run(self, cache: KVCache, step: StepInputs,
+            want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         if not isinstance(cache, TorchKVCache):
             raise ValueError("the torch-cuda backend needs a TorchKVCache")
-        step = build_step_inputs(cache, requests, self.max_positions)
-        if self.takes_hidden != ("hidden_states" in step.feeds):
-            raise ValueError("a drafter graph needs hidden states with every request; a "
-                             "target graph takes none")
         batch, new_tokens = step.feeds["input_ids"].shape
         num_logits = step.feeds["logits_index"].shape[1]
         bucket = (plan_bucket(step.lo, step.hi, new_tokens, num_logits, cache.slots,
                               self.takes_hidden) if self.pad else None)
         if bucket is None:
-            bucket_or_exact = exact_bucket(step.lo, step.hi, new_tokens, num_logits,
-                                           self.takes_hidden)
+            rows_of = exact_bucket(step.lo, step.hi, new_tokens, num_logits, self.takes_hidden)
             feeds = step.feeds
         else:
-            bucket_or_exact = bucket
+            rows_of = bucket
             self.stats["bucketed"] += 1
             feeds = pad_feeds(step.feeds, cache.lengths, step.lo, bucket)
-        views = cache.views(bucket_or_exact.lo, bucket_or_exact.hi)
         with torch.no_grad():
-            outs = self._run(bucket, feeds, views)
-            commit_lengths(cache, requests)
-            rows = [r.slot - bucket_or_exact.lo for r in requests]
+            outs = self._run(bucket, feeds, cache.views(rows_of.lo, rows_of.hi))
             logits = outs[0].float().cpu().numpy()  # (B, Nb, V)
-            out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(rows, requests)],
-                             {})
-            for name in want:
-                value = outs[1 + self.outputs.index(name)].float().cpu().numpy()  # (B, Tb, D)
-                out.rows[name] = [value[row, :len(r.tokens)] for row, r in zip(rows, requests)]
-        return out
+            rows = {name: outs[1 + self.outputs.index(name)].float().cpu().numpy()
+                    for name in want}  # (B, Tb, D)
+        return logits, rows, rows_of.lo
 
 
 class TorchFunction:
@@ -254,22 +238,24 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class TorchGraphs:
-    """The torch modules of an engine, by the graph names the manifest uses ("target",
-    "draft", "mtp_0".., "eagle", "eagle3", "eagle3_fc"): what Generator asks a backend for."""
+class TorchGraphs(GraphSet):
+    """The torch modules of an engine, by the graph names the manifest uses (runtime/methods.py
+    names them): what Generator asks a backend for."""
 
     backend = "torch-cuda"
 
-    def __init__(self, modules: dict[str, torch.nn.Module], maps: dict[str, np.ndarray],
-                 device: str | None = None, cuda_graphs: bool = True, pad: bool | None = None):
+    def __init__(self, manifest: Manifest | None, modules: dict[str, torch.nn.Module],
+                 maps: dict[str, np.ndarray], device: str | None = None,
+                 cuda_graphs: bool = True, pad: bool | None = None):
         """maps: the drafters' draft vocabularies (d2t [draft_vocab] int64) by the file name a
         manifest entry's "d2t" gives ("eagle3_d2t.npy", ...)."""
+        super().__init__(manifest)
         self.modules = modules
         self._maps = maps
         self.device = torch.device(device or default_device())
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.pad = pad
-        self.loaded: dict[str, object] = {}
+        self.loaded: dict[str, TorchTarget] = {}
 
     @staticmethod
     def _modules(target, draft, drafters, draft_d2t=None) -> tuple[dict, dict]:
@@ -278,16 +264,17 @@ class TorchGraphs:
         modules = {"target": target}
         maps = {}
         if draft is not None:
-            modules["draft"] = draft
+            vanilla = METHODS["vanilla"]
+            modules[vanilla.graphs()[0]] = draft
             if draft_d2t is not None:
-                maps["vanilla_d2t.npy"] = draft_d2t.numpy().astype(np.int64)
+                maps[vanilla.d2t_file()] = draft_d2t.numpy().astype(np.int64)
         for kind, d in drafters.items():
-            names = [f"mtp_{i}" for i in range(len(d.modules))] if kind == "mtp" else [kind]
-            modules.update(zip(names, d.modules))
-            if kind == "eagle3":
-                modules["eagle3_fc"] = d.fc
+            m = METHODS[kind]
+            modules.update(zip(m.graphs(len(d.modules)), d.modules))
+            if m.fc_graph:
+                modules[m.fc_graph] = d.fc
             if d.d2t is not None:
-                maps[f"{kind}_d2t.npy"] = d.d2t.numpy().astype(np.int64)
+                maps[m.d2t_file()] = d.d2t.numpy().astype(np.int64)
         return modules, maps
 
     @classmethod
@@ -308,7 +295,8 @@ class TorchGraphs:
                                     "no longer matches the exported config; re-export")
         # the heads as exported: over the folder's draft vocabulary (older folders: full)
         d2t = restrict_heads(source.get("draft_vocab", "none"), draft, drafters)
-        return cls(*cls._modules(target, draft, drafters, d2t), device, cuda_graphs, pad)
+        return cls(manifest, *cls._modules(target, draft, drafters, d2t), device, cuda_graphs,
+                   pad)
 
     @classmethod
     def from_model(cls, model: str, heads: dict[str, str] | None = None, draft_layers: int = 0,
@@ -324,24 +312,25 @@ class TorchGraphs:
                                                             heads)
         entries = {}
         if draft is not None:
-            entries["vanilla"] = {"graph": "draft", "kind": kind,
-                                  "model_config": draft.config.to_dict()}
+            entries["vanilla"] = DrafterEntry("vanilla", tuple(METHODS["vanilla"].graphs()),
+                                              draft.config, description=kind).to_dict()
         for k, d in drafters.items():
-            names = [f"mtp_{i}" for i in range(len(d.modules))] if k == "mtp" else [k]
-            entries[k] = {"graphs": names, "num_modules": len(names), "source": heads[k],
-                          "layer_config": d.config.to_dict()}
-            if k == "eagle3":
-                entries[k].update(fc_graph="eagle3_fc", d2t="eagle3_d2t.npy",
-                                  draft_vocab_size=len(d.d2t),
-                                  feature_layers=list(d.feature_layers))
-        graphs = cls(*cls._modules(target, draft, drafters), device, cuda_graphs, pad)
-        names = {n: {"backend": cls.backend, "files": []} for n in graphs.modules}
+            m = METHODS[k]
+            entry = DrafterEntry(k, tuple(m.graphs(len(d.modules))), d.config, source=heads[k])
+            if m.fc_graph:
+                entry = dataclasses.replace(entry, d2t=m.d2t_file(), draft_vocab_size=len(d.d2t),
+                                            fc_graph=m.fc_graph,
+                                            feature_layers=tuple(d.feature_layers))
+            entries[k] = entry.to_dict()
+        modules, maps = cls._modules(target, draft, drafters)
+        names = {n: {"backend": cls.backend, "files": []} for n in modules}
         data = {"model_config": target.config.to_dict(), "graphs": names, "drafters": entries,
                 "source": {"model": model, "draft_layers": draft_layers,
                            "draft_model": draft_model, "heads": heads}}
-        return graphs, Manifest(Path(hf_dir), data, target.config)
+        manifest = Manifest(Path(hf_dir), data, target.config)
+        return cls(manifest, modules, maps, device, cuda_graphs, pad), manifest
 
-    # --- what Generator asks for ------------------------------------------------------------
+    # --- the GraphSet contract --------------------------------------------------------------
 
     def step_graph(self, name: str, config: ModelConfig) -> TorchTarget:
         if name not in self.modules:
@@ -354,9 +343,9 @@ class TorchGraphs:
     def function(self, name: str) -> TorchFunction:
         return TorchFunction(self.modules[name], self.device)
 
-    def d2t(self, manifest: Manifest, entry: dict) -> np.ndarray:
-        assert entry["d2t"] in self._maps, (entry["d2t"], sorted(self._maps))
-        return self._maps[entry["d2t"]]
+    def d2t(self, file: str) -> np.ndarray:
+        assert file in self._maps, (file, sorted(self._maps))
+        return self._maps[file]
 
     def cache(self, config: ModelConfig, slots: int, max_len: int) -> TorchKVCache:
         return TorchKVCache(config, slots, max_len, self.device)

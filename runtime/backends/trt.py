@@ -1,7 +1,8 @@
-"""TensorRT backend: a built engine (`trt-spec build`) with OrtTarget's step() contract.
+"""TensorRT backend: the built engines of a folder (`trt-spec build`) behind the backend
+contract (runtime/backends/base.py); TrtTarget.run is one forward:
 
-    step(cache, requests, want):
-        feeds   = build_step_inputs(...); bucket = plan_bucket(...); pad_feeds(...)
+    run(cache, step, want):
+        bucket  = plan_bucket(...); pad_feeds(...)
         profile = choose_profile(profiles, bucket)       # prefill or decode/verify
         bufs    = buffers[bucket]                        # preallocated torch CUDA tensors
         copy feeds into bufs (in place, on our stream)
@@ -12,9 +13,11 @@ Everything runs on one non-default CUDA stream. A CUDA graph is valid for one se
 addresses, so there is one per (profile, bucket, cache buffer), captured on first use after a
 plain warm-up enqueue; when capture fails the bucket is enqueued plainly from then on.
 
-`tensorrt` and torch are imported when a TrtTarget is made: this module imports anywhere, and its
-pure parts (profile choice, buffer shapes) are tested on a CPU. The cache is a TorchKVCache
-with no scratch row: TensorRT's KV-cache update drops out-of-range writes itself.
+`tensorrt` and torch are imported when a TrtGraphs is made (where they are missing, one
+ValueError line says so): this module imports anywhere, and its pure parts (profile choice,
+buffer shapes) are tested on a CPU. Caches are TorchKVCaches on the device. The folder's
+"score" graph (the target with SpecVerify inside, for a device-resident loop) has no runtime
+user yet.
 """
 
 from __future__ import annotations
@@ -22,9 +25,15 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
+
+from trt_spec.runtime.backends.base import GraphSet, StepGraph
 from trt_spec.runtime.backends.buckets import Bucket, pad_feeds, plan_bucket
-from trt_spec.runtime.backends.ort import StepOutput
-from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
+from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.graph_io import HIDDEN_INPUT, PAST, PRESENT, is_cache, kv_names
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.manifest import EngineFolderError, Manifest
+from trt_spec.runtime.step_inputs import StepInputs
 
 SYMBOLS = ("batch", "new_tokens", "num_logits", "max_len")
 
@@ -67,14 +76,14 @@ def buffer_shapes(inputs: list[dict], outputs: list[dict], bucket: Bucket,
     """Shapes of the per-bucket buffers: every input and output except the KV cache (past and
     present are views of the cache, bound in place)."""
     return {t["name"]: resolve_shape(t["shape"], bucket, max_len) for t in inputs + outputs
-            if not t["name"].startswith(("past_key_values.", "present."))}
+            if not is_cache(t["name"])}
 
 
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "int64": "int64", "int32": "int32", "bool": "bool"}
 
 
-class TrtTarget:
+class TrtTarget(StepGraph):
     """One engine with the step contract of export/model.py or export/drafters.py.
 
     graph: the manifest's graph entry (inputs / outputs); engine: its "trt" engines entry."""
@@ -102,11 +111,9 @@ class TrtTarget:
         self.inputs, self.outputs_spec = graph["inputs"], graph["outputs"]
         self.num_layers = num_layers
         self.max_positions = max_positions
-        self.past_names = [f"past_key_values.{i}.{k}" for i in range(num_layers)
-                           for k in ("key", "value")]
-        self.present_names = [f"present.{i}.{k}" for i in range(num_layers)
-                              for k in ("key", "value")]
-        self.takes_hidden = any(t["name"] == "hidden_states" for t in self.inputs)
+        self.past_names = kv_names(num_layers, PAST)
+        self.present_names = kv_names(num_layers, PRESENT)
+        self.takes_hidden = any(t["name"] == HIDDEN_INPUT for t in self.inputs)
         self.outputs = [t["name"] for t in self.outputs_spec
                         if t["name"] != "logits" and t["name"] not in self.present_names]
         self.dtypes = {t["name"]: getattr(torch, TORCH_DTYPES[t["dtype"]])
@@ -131,12 +138,9 @@ class TrtTarget:
         if not ctx.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see its log)")
 
-    def step(self, cache, requests: list[SlotTokens], want: tuple[str, ...] = ()) -> StepOutput:
+    def run(self, cache: KVCache, step: StepInputs,
+            want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         torch = self.torch
-        unknown = [w for w in want if w not in self.outputs]
-        if unknown:
-            raise ValueError(f"outputs {unknown} are not among this engine's {self.outputs}")
-        step = build_step_inputs(cache, requests, self.max_positions)
         batch, new_tokens = step.feeds["input_ids"].shape
         bucket = plan_bucket(step.lo, step.hi, new_tokens, step.feeds["logits_index"].shape[1],
                              cache.slots, self.takes_hidden)
@@ -171,14 +175,8 @@ class TrtTarget:
                 if graphable and key not in self.failed:
                     self._capture(key, ctx)
         self.stream.synchronize()
-        commit_lengths(cache, requests)
-        rows = [r.slot - bucket.lo for r in requests]
-        logits = bufs["logits"].float().cpu().numpy()
-        out = StepOutput([logits[row, :len(r.logits_at)] for row, r in zip(rows, requests)], {})
-        for name in want:
-            value = bufs[name].float().cpu().numpy()
-            out.rows[name] = [value[row, :len(r.tokens)] for row, r in zip(rows, requests)]
-        return out
+        rows = {name: bufs[name].float().cpu().numpy() for name in want}
+        return bufs["logits"].float().cpu().numpy(), rows, bucket.lo
 
     def _capture(self, key: tuple, ctx) -> None:
         """Captures ctx's enqueue for replay; re-running this step is idempotent (the cache
@@ -200,3 +198,63 @@ class TrtTarget:
 def trt_graph_names(manifest_data: dict) -> list[str]:
     """The graphs that have a built engine."""
     return sorted(manifest_data.get("trt", {}).get("engines", {}))
+
+
+def require_tensorrt_runtime():
+    """The tensorrt module and torch with CUDA, or ValueError in one line saying what is
+    missing and how to get it."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"backend 'trt' needs TensorRT, which is not installed here ({e}); it "
+                         "runs on a CUDA machine with `pip install tensorrt` and an engine "
+                         "folder built by `trt-spec build`") from None
+    try:
+        import torch
+    except ImportError as e:
+        raise ValueError(f"backend 'trt' needs torch with CUDA ({e})") from None
+    if not torch.cuda.is_available():
+        raise ValueError("backend 'trt' needs a CUDA GPU; torch sees none")
+    return tensorrt
+
+
+class TrtGraphs(GraphSet):
+    """The TensorRT engines of a folder (`trt-spec build`), by manifest graph name; caches are
+    TorchKVCaches on the device."""
+
+    backend = "trt"
+
+    def __init__(self, manifest: Manifest, device: str | None = None, cuda_graphs: bool = True):
+        require_tensorrt_runtime()
+        super().__init__(manifest)
+        self.engines = manifest.data.get("trt", {}).get("engines", {})
+        if not self.engines:
+            raise EngineFolderError(f"{manifest.folder}: no TensorRT engine is built here; run "
+                                    f"`trt-spec build --engine {manifest.folder}` first")
+        self.device = device or "cuda"
+        self.cuda_graphs = cuda_graphs
+
+    def _engine(self, name: str) -> dict:
+        if name not in self.engines:
+            raise EngineFolderError(f"{self.manifest.folder}: graph {name!r} has no TensorRT "
+                                    f"engine; built: {sorted(self.engines)}")
+        return self.engines[name]
+
+    def step_graph(self, name: str, config: ModelConfig) -> TrtTarget:
+        return TrtTarget(self.manifest.folder, self.manifest.graph(name), self._engine(name),
+                         config.num_layers, config.max_position_embeddings, self.cuda_graphs,
+                         self.device)
+
+    def function(self, name: str):
+        """A graph without a cache (Eagle3's fc: two MatMuls, no plugin) runs on ONNX
+        Runtime from its ONNX file."""
+        from trt_spec.runtime.backends.ort import OrtFunction
+
+        return OrtFunction(self.manifest.path(self.manifest.graph(name)["files"][0]))
+
+    def cache(self, config: ModelConfig, slots: int, max_len: int) -> KVCache:
+        import torch
+
+        from trt_spec.runtime.backends.torch_cuda import TorchKVCache
+
+        return TorchKVCache(config, slots, max_len, torch.device(self.device))

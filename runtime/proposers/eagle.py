@@ -6,7 +6,7 @@ one module: its loop is exactly this)."""
 
 from __future__ import annotations
 
-from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.mtp import MtpProposer
@@ -15,5 +15,5 @@ from trt_spec.runtime.proposers.mtp import MtpProposer
 class EagleProposer(MtpProposer):
     name = "eagle"
 
-    def __init__(self, module: OrtTarget, cache: KVCache, vocab: DraftVocab | None = None):
+    def __init__(self, module: StepGraph, cache: KVCache, vocab: DraftVocab | None = None):
         super().__init__([module], [cache], vocab)

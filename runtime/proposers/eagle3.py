@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtFunction, OrtTarget
+from trt_spec.runtime.backends.base import Function, StepGraph
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import DraftVocab
 from trt_spec.runtime.proposers.mtp import MtpProposer
@@ -22,7 +22,7 @@ class Eagle3Proposer(MtpProposer):
     name = "eagle3"
     reads = "eagle3_features"
 
-    def __init__(self, step: OrtTarget, cache: KVCache, fc: OrtFunction, vocab: DraftVocab):
+    def __init__(self, step: StepGraph, cache: KVCache, fc: Function, vocab: DraftVocab):
         super().__init__([step], [cache], vocab)
         self.fc = fc
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
 from trt_spec.runtime.step_inputs import SlotTokens
@@ -52,7 +52,7 @@ class MtpProposer(Proposer):
     name = "mtp"
     reads = "hidden_states"
 
-    def __init__(self, modules: list[OrtTarget], caches: list[KVCache],
+    def __init__(self, modules: list[StepGraph], caches: list[KVCache],
                  vocab: DraftVocab | None = None):
         assert modules and len(modules) == len(caches), (len(modules), len(caches))
         self.modules = modules

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_spec.runtime.backends.ort import OrtTarget
+from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
 from trt_spec.runtime.step_inputs import SlotTokens
@@ -31,7 +31,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class VanillaProposer(Proposer):
     name = "vanilla"
 
-    def __init__(self, draft: OrtTarget, cache: KVCache, vocab: DraftVocab | None = None):
+    def __init__(self, draft: StepGraph, cache: KVCache, vocab: DraftVocab | None = None):
         self.draft = draft
         self.cache = cache  # same slot count as the target's; a stream uses its own slot
         self.vocab = vocab  # the head's draft vocabulary; None: the target's

@@ -1,0 +1,137 @@
+"""The backend contract: what the engine asks of ONNX Runtime, torch-cuda and TensorRT.
+
+A backend supplies a GraphSet (the graphs of an engine folder, by manifest name, and the KV
+caches they run over) whose step graphs implement one method, `run`: execute the graph on
+inputs already built. Everything else about a step is here, written once:
+
+    StepGraph.step(cache, requests, want):
+        requests = prepare(cache, requests)            # a backend may reshape them (ORT: exact
+                                                       # decoding for engines without it in-graph)
+        inputs   = build_step_inputs(cache, requests)  # runtime/step_inputs.py
+        logits, rows, lo = run(cache, inputs, want)    # the backend: one forward
+        cache lengths += new tokens
+        -> StepOutput: per request, its logits rows and its rows of each wanted output
+
+    load_graphs(manifest, config) -> GraphSet          # by config.backend: ort | torch-cuda | trt
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.graph_io import HIDDEN_INPUT
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.manifest import Manifest
+from trt_spec.runtime.step_inputs import SlotTokens, StepInputs, build_step_inputs, commit_lengths
+
+if TYPE_CHECKING:
+    from trt_spec.runtime.settings import RuntimeConfig
+
+BACKENDS = ("ort", "torch-cuda", "trt")
+
+
+@dataclass
+class StepOutput:
+    """Per request, in request order."""
+
+    logits: list[np.ndarray]  # [len(logits_at), vocab]
+    rows: dict[str, list[np.ndarray]]  # wanted per-token outputs: name -> [len(tokens), D]
+
+
+class StepGraph(ABC):
+    """A graph with the step contract of export/model.py: the target, a vanilla draft, or a
+    drafter step (export/drafters.py: one layer, plus a `hidden_states` input).
+
+    Subclasses set max_positions, takes_hidden and outputs (the per-token outputs besides
+    logits, in graph order) and implement `run`."""
+
+    max_positions: int
+    takes_hidden: bool
+    outputs: list[str]
+
+    def prepare(self, cache: KVCache, requests: list[SlotTokens]) -> tuple[list[SlotTokens], int]:
+        """-> (the requests to run, cache rows past max_len they may write). Default: as given."""
+        return requests, 0
+
+    @abstractmethod
+    def run(self, cache: KVCache, step: StepInputs,
+            want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+        """One forward over `step` -> (logits [B', N', V], {name: [B', T', D]} for each wanted
+        output, the cache slot of row 0). B' >= the step's batch, N' / T' >= its sizes (a
+        backend may pad to a bucket); the cache rows of the new tokens are written."""
+
+    def step(self, cache: KVCache, requests: list[SlotTokens],
+             want: tuple[str, ...] = ()) -> StepOutput:
+        """Runs the new tokens of every request in one forward and advances their lengths.
+        `want`: per-token outputs to return (e.g. "hidden_states", "eagle3_features")."""
+        unknown = [w for w in want if w not in self.outputs]
+        if unknown:
+            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
+        run, scratch = self.prepare(cache, requests)
+        step = build_step_inputs(cache, run, self.max_positions, scratch)
+        if self.takes_hidden != (HIDDEN_INPUT in step.feeds):
+            raise ValueError("a drafter graph needs hidden states with every request; a "
+                             "target graph takes none")
+        logits, rows, lo = self.run(cache, step, want)
+        commit_lengths(cache, requests)
+        out = StepOutput([logits[r.slot - lo, :len(r.logits_at)] for r in requests], {})
+        for name in want:
+            out.rows[name] = [rows[name][r.slot - lo, :len(r.tokens)] for r in requests]
+        return out
+
+
+Function = Callable[..., np.ndarray]  # a graph without a cache (Eagle3's fc): arrays -> array
+
+
+class GraphSet(ABC):
+    """The graphs of one engine, by the names its manifest uses ("target", "draft", "mtp_0",
+    "eagle", "eagle3", "eagle3_fc", ...), and the caches they run over."""
+
+    backend: str
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+
+    @abstractmethod
+    def step_graph(self, name: str, config: ModelConfig) -> StepGraph:
+        """A target-style graph; `config`: the model it runs (target, draft or drafter layer)."""
+
+    @abstractmethod
+    def function(self, name: str) -> Function:
+        """A graph without a cache."""
+
+    @abstractmethod
+    def cache(self, config: ModelConfig, slots: int, max_len: int) -> KVCache:
+        """A KV cache this backend's graphs run over."""
+
+    def d2t(self, file: str) -> np.ndarray:
+        """A draft vocabulary map (d2t [draft_vocab] int64) by its file name in the folder."""
+        return np.load(self.manifest.path(file))
+
+
+def load_graphs(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
+    """The graph source of `config.backend`: "ort" (the folder's ONNX graphs), "torch-cuda" (the
+    export modules, loaded from the folder's source checkpoint) or "trt" (the folder's
+    TensorRT engines, `trt-spec build`). Where a backend cannot run here, one ValueError line
+    says why and what to install."""
+    if config.backend == "ort":
+        from trt_spec.runtime.backends.ort import OrtGraphs
+
+        return OrtGraphs(manifest, config.threads, config.exact_decode)
+    if config.backend == "torch-cuda":
+        try:
+            from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+        except ImportError as e:
+            raise ValueError(f"backend 'torch-cuda' needs torch ({e}); install the export "
+                             "extra: pip install -e '.[export]'") from None
+        return TorchGraphs.from_manifest(manifest, config.device, config.cuda_graphs)
+    if config.backend == "trt":
+        from trt_spec.runtime.backends.trt import TrtGraphs
+
+        return TrtGraphs(manifest, config.device, config.cuda_graphs)
+    raise ValueError(f"backend={config.backend!r}: expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,119 @@
+"""The runtime's settings, validated once, defaults in one place: what the CLI (`generate`,
+`bench`, `serve`), the Python API (`LLM`) and the server build, and the Generator and
+Scheduler read.
+
+    RuntimeConfig(method="eagle3", max_batch=8, speculation=SpeculationConfig(num_draft_tokens=2))
+    RuntimeConfig.from_options(method="eagle3", num_draft_tokens=2, max_batch=8)   # flat form
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from trt_spec.runtime.methods import METHOD_NAMES
+
+BACKENDS = ("ort", "torch-cuda", "trt")
+VERIFY = ("sha256", "size", "none")
+MAX_DRAFT_TOKENS = 64  # k is 1..MAX_DRAFT_TOKENS
+SERVE_MAX_BATCH = 8  # KV slots of `serve` and `LLM` (one-shot `generate`: 1)
+# Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
+# int4 SmolLM2 engine (docs/serving.md): small enough that streams decoding beside a long
+# prompt keep their pace, large enough that the prompt's first token is not much later.
+DEFAULT_MAX_PREFILL_TOKENS = 16
+
+
+def check_num_draft_tokens(k) -> int:
+    """k, or ValueError quoting it: an integer in 1..MAX_DRAFT_TOKENS."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..{MAX_DRAFT_TOKENS}")
+    return k
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How much to draft, and when not to (runtime/policy.py)."""
+
+    num_draft_tokens: int = 4  # k: tokens drafted per step (a request may ask for its own)
+    ngram_min: int = 1  # n-gram lookup: the shortest match it continues
+    ngram_max: int = 4  # ... and the longest it tries first
+    spec_max_batch: int | None = None  # more streams decoding than this: no drafting (None: no limit)
+    min_acceptance: float = 0.0  # a stream's acceptance below this: plain steps (0: never)
+    window: int = 8  # speculative steps in that acceptance window
+    cooldown: int = 16  # plain steps before such a stream drafts again
+
+    def __post_init__(self):
+        check_num_draft_tokens(self.num_draft_tokens)
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"ngram n range {self.ngram_min}..{self.ngram_max}: need "
+                             "1 <= ngram_min <= ngram_max")
+        if self.spec_max_batch is not None and self.spec_max_batch < 1:
+            raise ValueError(f"spec_max_batch={self.spec_max_batch}: must be >= 1 (or None for "
+                             "no limit)")
+        if not 0 <= self.min_acceptance <= 1:
+            raise ValueError(f"min_acceptance={self.min_acceptance}: must be in [0, 1]")
+        if self.window < 1 or self.cooldown < 0:
+            raise ValueError(f"window={self.window}, cooldown={self.cooldown}: need window >= 1, "
+                             "cooldown >= 0")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything a loaded engine folder runs with."""
+
+    method: str = "none"  # the default method of requests that name none
+    backend: str = "ort"  # ort | torch-cuda | trt
+    device: str | None = None  # torch-cuda / trt: the device (default: cuda when available)
+    threads: int | None = None  # ort: intra-op threads (default: TRT_SPEC_THREADS or all cores)
+    cuda_graphs: bool = True  # torch-cuda / trt: one CUDA graph per shape bucket
+    # ort: a token's logits do not depend on how many rows its step has, so speculative and
+    # plain greedy decoding give the same tokens; False (`--fast-decode`) saves ~1-10% of a
+    # plain step, and outputs can then differ at near-ties
+    exact_decode: bool = True
+    verify: str = "sha256"  # how the engine folder's files are checked on load
+    max_batch: int = 1  # KV-cache slots: streams decoded together
+    max_len: int = 2048  # context per stream (prompt + output), capped by the model's
+    max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS  # per step (None: whole prompts)
+    max_waiting: int | None = 64  # queued requests before `submit` refuses (None: no bound)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+
+    def __post_init__(self):
+        if self.method not in METHOD_NAMES:
+            raise ValueError(f"method {self.method!r} is not known; known: "
+                             f"{', '.join(METHOD_NAMES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if self.verify not in VERIFY:
+            raise ValueError(f"verify={self.verify!r}: expected one of {', '.join(VERIFY)}")
+        for name in ("max_batch", "max_len", "threads", "max_prefill_tokens"):
+            value = getattr(self, name)
+            least = 2 if name == "max_len" else 1
+            if (value is not None or name in ("max_batch", "max_len")) and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"{name}={value!r}: must be an integer >= {least}"
+                                 + ("" if name in ("max_batch", "max_len") else " (or None)"))
+        if self.max_waiting is not None and (not isinstance(self.max_waiting, int)
+                                             or self.max_waiting < 0):
+            raise ValueError(f"max_waiting={self.max_waiting!r}: must be >= 0 (or None for no "
+                             "bound)")
+        if not isinstance(self.speculation, SpeculationConfig):
+            raise ValueError(f"speculation={self.speculation!r}: expected a SpeculationConfig")
+
+    @classmethod
+    def from_options(cls, **options) -> "RuntimeConfig":
+        """From flat keyword options: RuntimeConfig's fields and SpeculationConfig's (which
+        override `speculation=` when both are given). Unknown names raise, listing the known."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        spec_names = {f.name for f in dataclasses.fields(SpeculationConfig)}
+        unknown = sorted(set(options) - own - spec_names)
+        if unknown:
+            raise ValueError(f"unknown runtime options {unknown}; known: "
+                             f"{', '.join(sorted(own | spec_names))}")
+        spec = {k: options.pop(k) for k in list(options) if k in spec_names and k not in own}
+        base = options.pop("speculation", None) or SpeculationConfig()
+        return cls(**options, speculation=dataclasses.replace(base, **spec))
+
+    def replace(self, **options) -> "RuntimeConfig":
+        """A copy with flat options changed (as from_options)."""
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return RuntimeConfig.from_options(**{**current, **options})

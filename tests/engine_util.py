@@ -1,0 +1,15 @@
+"""An Engine over a generator's target and cache with a proposer a test made itself."""
+
+from trt_spec.runtime.engine import Engine, Stream
+from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.settings import SpeculationConfig
+
+
+def engine_with(gen, proposer, config: SpeculationConfig) -> Engine:
+    """Streams of method "custom" draft with `proposer` (see custom_stream)."""
+    return Engine(gen.target, gen.cache, gen.stops, SpeculationPolicy(config, gen.cache.max_len),
+                  lambda method: None if method == "none" else proposer)
+
+
+def custom_stream(prompt, params, k: int) -> Stream:
+    return Stream(list(prompt), params, "custom", k)
