@@ -346,3 +346,37 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out} in {time.time() - t0:.0f} s")
     return out
+
+
+def default_out(model: str) -> Path:
+    """engines/<model name>: a .gguf's stem, a folder's or a known model's name."""
+    return Path("engines") / (Path(model).stem if model.endswith(".gguf") else Path(model).name)
+
+
+def export_model(model: str, out: str | Path | None = None, precision: str | None = None,
+                 lower_for: str = "ort", force: bool = False, draft_layers: int = 0,
+                 draft_model: str | None = None, mtp: str | None = None,
+                 eagle: str | None = None, eagle3: str | None = None,
+                 shipped_drafters: bool = True, draft_vocab: str | None = None) -> Path:
+    """`trt-spec export`: export_engine with the command's defaults. With `shipped_drafters`,
+    a known model's drafters shipped in drafters/<model>/ are exported too, each unless its
+    own argument (or `draft_layers`, for the vanilla draft) names another; `precision`
+    defaults to fp16 when lowering for TensorRT, else int4; `out` to engines/<model name>."""
+    from trt_spec.export.checkpoint import shipped_drafters as shipped_for
+
+    if shipped_drafters:
+        shipped = shipped_for(model)
+        mtp = mtp or shipped.get("mtp")
+        eagle = eagle or shipped.get("eagle")
+        eagle3 = eagle3 or shipped.get("eagle3")
+        if not (draft_layers or draft_model) and "draft" in shipped:
+            draft_model = str(shipped["draft"])
+        if shipped:
+            log(f"shipped drafters for {model}: {', '.join(sorted(shipped))}")
+    if precision is None:
+        precision = "fp16" if lower_for == "trt" else "int4"
+    out = default_out(model) if out is None else Path(out)
+    return export_engine(model, out, precision, lower_for, force, draft_layers, draft_model,
+                         heads={"mtp": mtp and str(mtp), "eagle": eagle and str(eagle),
+                                "eagle3": eagle3 and str(eagle3)},
+                         draft_vocab=draft_vocab)

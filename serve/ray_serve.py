@@ -31,7 +31,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,7 @@ from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
 from trt_spec.runtime.scheduler import DEFAULT_MAX_PREFILL_TOKENS
-from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
+from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES, ServeOptions
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -311,3 +313,82 @@ def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, ho
                       Path(targets_file) if targets_file else None)
     d.write_targets()
     return d
+
+
+class DeploymentError(RuntimeError):
+    """Ray Serve could not start the application (Ray wraps a replica's error)."""
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """`trt-spec serve --ray`'s own options."""
+
+    replicas: int = 1
+    address: str | None = None  # join this cluster; None: start a local Ray
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    max_ongoing_requests: int | None = None  # None: --max-num-seqs
+    replica_cpus: float = 1.0
+    ship_engine: bool = False
+    metrics_targets: str | None = None
+    num_cpus: int | None = None  # of the local Ray
+
+
+def replica_config(options: ServeOptions, engine_checksum: str | None = None) -> ReplicaConfig:
+    """What each replica builds from `serve`'s options: one ORT thread unless --threads."""
+    return ReplicaConfig(
+        model_name=options.model_name, method=options.method,
+        num_draft_tokens=options.num_draft_tokens, ngram=options.ngram,
+        spec_max_batch=options.spec_max_batch, spec_min_acceptance=options.spec_min_acceptance,
+        max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
+        max_waiting=options.max_waiting, threads=options.threads or 1,
+        debug_step_delay=options.debug_step_delay, engine_checksum=engine_checksum,
+        max_prefill_tokens=options.max_prefill_tokens, max_body_bytes=options.max_body_bytes)
+
+
+def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:
+    return ScalingConfig(
+        replicas=ray_options.replicas, min_replicas=ray_options.min_replicas,
+        max_replicas=ray_options.max_replicas,
+        target_ongoing_requests=ray_options.target_ongoing_requests,
+        max_ongoing_requests=ray_options.max_ongoing_requests or options.max_num_seqs,
+        replica_cpus=ray_options.replica_cpus, shutdown_timeout=options.shutdown_timeout)
+
+
+def check_engine(engine: str, checksum: str | None) -> None:
+    """The driver checks the folder first: a bad one fails here, not in N replicas (which
+    check it again, sha256 and all, on their own node)."""
+    load_manifest(engine, verify="size")
+    if checksum and manifest_digest(engine) != checksum:
+        raise ValueError(f"{engine}/manifest.json: sha256 {manifest_digest(engine)}, "
+                         f"--engine-checksum {checksum}: another export of the engine folder")
+
+
+def serve_on_ray(options: ServeOptions, ray_options: RayOptions,
+                 engine_checksum: str | None = None, say=print) -> None:
+    """`trt-spec serve --ray`: checks the engine folder, deploys, then keeps the metrics
+    targets file current until SIGINT / SIGTERM, and shuts the deployment down. `say` gets
+    what is deployed where. ValueError for a bad folder or setting (before Ray starts);
+    DeploymentError when Ray Serve cannot start it."""
+    config = replica_config(options, engine_checksum)
+    scaling = scaling_config(options, ray_options)
+    check_engine(options.engine, engine_checksum)
+    name, address = config.model_name, ray_options.address
+    where = f"the Ray cluster at {address}" if address else "a local Ray"
+    say(f"deploying {name} ({options.engine}) on {where}: {scaling.deployment_options()}")
+    try:
+        deployment = deploy(options.engine, config, scaling, options.host, options.port,
+                            address, ray_options.ship_engine, ray_options.metrics_targets,
+                            ray_options.num_cpus)
+    except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
+        raise DeploymentError(f"the Ray Serve deployment failed: {e}") from e
+    stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    say(f"serving {name} on {deployment.url} ({len(deployment.live_targets())} replicas up)")
+    try:
+        while not stop.wait(2.0):
+            deployment.write_targets()
+    finally:
+        deployment.shutdown()

@@ -27,6 +27,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -387,3 +388,58 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     Server(config).run()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`trt-spec serve`'s options, shared by the single-process server (serve_engine) and the
+    Ray Serve replicas (serve/ray_serve.py)."""
+
+    engine: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    method: str = "none"
+    num_draft_tokens: int = 4
+    ngram: tuple[int, int] = (1, 4)
+    spec_max_batch: int | None = None
+    spec_min_acceptance: float = 0.0
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    max_waiting: int = 64
+    shutdown_timeout: float = 60.0
+    max_prefill_tokens: int | None = 16
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    debug_step_delay: float = 0.0
+    threads: int | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The model id clients send: --served-model-name, else the engine folder's name."""
+        return self.served_model_name or Path(self.engine).resolve().name
+
+    def speculation(self):
+        from trt_spec.runtime.policy import SpeculationConfig
+
+        return SpeculationConfig(num_draft_tokens=self.num_draft_tokens,
+                                 max_batch=self.spec_max_batch,
+                                 min_acceptance=self.spec_min_acceptance)
+
+
+def serve_engine(options: ServeOptions, say=print) -> None:
+    """`trt-spec serve`: the engine folder's Generator (one KV-cache slot per
+    --max-num-seqs, --max-model-len rows each) behind one Scheduler and the HTTP server, until
+    SIGINT / SIGTERM. `say` gets the line naming what is served where. ValueError for an engine
+    folder or setting that cannot run, before anything listens."""
+    from trt_spec.runtime.generator import Generator
+
+    gen = Generator(options.engine, max_batch=options.max_num_seqs,
+                    max_len=options.max_model_len, threads=options.threads)
+    scheduler = Scheduler(gen, options.method, options.speculation(), options.ngram,
+                          options.max_waiting, options.debug_step_delay,
+                          options.max_prefill_tokens)
+    name = options.model_name
+    say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
+        f"http://{options.host}:{options.port}")
+    serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
+          options.max_body_bytes)

@@ -174,3 +174,20 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
     # part at a near-tie (README: int4/int8 and speculation), reported, not failed.
     report["ok"] = report["methods"]["none"]["identical"]
     return report
+
+
+def describe(path: Path) -> str:
+    """A bundle folder and its size, for `trt-spec bundle` to print."""
+    size = sum(f.stat().st_size for f in Path(path).iterdir())
+    return f"{path} ({size / 1e6:.1f} MB)"
+
+
+def verify_lines(report: dict) -> list[str]:
+    """`verify`'s report as the lines `trt-spec verify` prints, "ok" or "FAILED: ..." last."""
+    lines = [f"{report['folder']}: {report['files']} files, checksums {report['checksums']}"]
+    lines += [f"  requirement differs: {line}" for line in report["requirements"]]
+    for method, r in report["methods"].items():
+        lines.append(f"  {method}: {r['same_as_expected']}/{r['tokens']} tokens as expected"
+                     + ("" if r["identical"] else " (differs)"))
+    lines.append("ok" if report["ok"] else "FAILED: the plain greedy output differs")
+    return lines
