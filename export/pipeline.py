@@ -14,7 +14,7 @@ import numpy as np
 
 from trt_spec.export.attention_rows import SPEC as ATTENTION_ROWS_SPEC
 from trt_spec.export.attention_rows import pad_attention_rows
-from trt_spec.export.checkpoint import load_into, load_target, resolve_model
+from trt_spec.export.checkpoint import KNOWN_MODELS, load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import KINDS, Drafter, head_vocab, restrict_head
 from trt_spec.export.model import TargetModel
@@ -23,7 +23,8 @@ from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, 
                                          score_io, target_io)
 from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
 from trt_spec.plugins.lowering import lowering
-from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
+from trt_spec.runtime.manifest import (MANIFEST, load_manifest, relative_source_path,
+                                       write_manifest)
 
 PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-plain"), "trt": ("fp32", "fp16")}
 FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
@@ -260,6 +261,15 @@ def load_models(model: str, draft_layers: int = 0, draft_model: str | None = Non
     return hf_dir, target, draft, kind, loaded
 
 
+def portable(value: str | None, folder: Path) -> str | None:
+    """A model or drafter as the manifest's "source" records it: a local path (a file or
+    folder that exists) relative to the engine folder, so that the folder can move with its
+    checkpoints; a model name (or anything else) as given."""
+    if not value or value in KNOWN_MODELS or not Path(value).exists():
+        return value
+    return relative_source_path(value, folder)
+
+
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
                   force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
                   heads: dict[str, str] | None = None, draft_vocab: str | None = None) -> Path:
@@ -280,9 +290,11 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     if draft_layers and draft_model:
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
-    source = {"model": model, "precision": precision, "backend": backend,
+    # local paths relative to the folder (runtime/manifest.py source_path reads them back)
+    source = {"model": portable(model, out), "precision": precision, "backend": backend,
               "lowering": LOWERING_VERSION,
-              "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads,
+              "draft_layers": draft_layers, "draft_model": portable(draft_model, out),
+              "heads": {k: portable(v, out) for k, v in heads.items()},
               "draft_vocab": draft_vocab}
     if not force and (out / MANIFEST).exists():
         try:
@@ -327,7 +339,7 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
                                    **vocab_map_entry(d2t, tmp, "vanilla")}
         for head_kind, drafter in loaded.items():
             head_graphs, drafters[head_kind] = export_drafter_graphs(
-                drafter, tmp, precision, backend, heads[head_kind], shared)
+                drafter, tmp, precision, backend, source["heads"][head_kind], shared)
             graphs.update(head_graphs)
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {

@@ -250,7 +250,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     # peers take the first engine's prompt token ids and are compared with its 'none'
     ref = gens[engines[0]]
     skipped: dict[str, str] = {}
-    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4)
+    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4,
+                                            ref.manifest.folder)
                 if peers else None)
     active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
 

@@ -15,7 +15,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from trt_spec.runtime.manifest import MANIFEST, EngineFolderError, load_manifest, write_manifest
+from trt_spec.runtime.manifest import (MANIFEST, EngineFolderError, load_manifest,
+                                       rebase_source, write_manifest)
 
 REQUIREMENTS = "requirements.txt"
 EXPECTED_PROMPT = "Name three colours."
@@ -112,6 +113,8 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
         bundled = {**{k: v for k, v in data.items() if k not in ("files", "format_version")},
                    "graphs": graphs, "drafters": drafters,
                    "extra_files": [REQUIREMENTS]}
+        if isinstance(data.get("source"), dict):  # its paths: relative to the bundle now
+            bundled["source"] = rebase_source(data["source"], manifest.folder, out)
         write_manifest(tmp, bundled)
         progress("running the expected greedy output")
         gen = Generator(tmp, verify="none", max_len=256)

