@@ -14,7 +14,7 @@ import numpy as np
 
 from trt_spec.export.attention_rows import SPEC as ATTENTION_ROWS_SPEC
 from trt_spec.export.attention_rows import pad_attention_rows
-from trt_spec.export.checkpoint import load_into, load_target, resolve_model
+from trt_spec.export.checkpoint import KNOWN_MODELS, load_into, load_target, resolve_model
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import KINDS, Drafter, head_vocab, restrict_head
 from trt_spec.export.model import TargetModel
@@ -23,7 +23,8 @@ from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, 
                                          score_io, target_io)
 from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
 from trt_spec.plugins.lowering import lowering
-from trt_spec.runtime.manifest import MANIFEST, load_manifest, write_manifest
+from trt_spec.runtime.manifest import (MANIFEST, load_manifest, relative_source_path,
+                                       write_manifest)
 from trt_spec.runtime.methods import METHODS
 
 PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-plain"), "trt": ("fp32", "fp16")}
@@ -262,6 +263,15 @@ def load_models(model: str, draft_layers: int = 0, draft_model: str | None = Non
     return hf_dir, target, draft, kind, loaded
 
 
+def portable(value: str | None, folder: Path) -> str | None:
+    """A model or drafter as the manifest's "source" records it: a local path (a file or
+    folder that exists) relative to the engine folder, so that the folder can move with its
+    checkpoints; a model name (or anything else) as given."""
+    if not value or value in KNOWN_MODELS or not Path(value).exists():
+        return value
+    return relative_source_path(value, folder)
+
+
 def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
                   force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
                   heads: dict[str, str] | None = None, draft_vocab: str | None = None) -> Path:
@@ -282,9 +292,11 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
     if draft_layers and draft_model:
         raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
     out = Path(out)
-    source = {"model": model, "precision": precision, "backend": backend,
+    # local paths relative to the folder (runtime/manifest.py source_path reads them back)
+    source = {"model": portable(model, out), "precision": precision, "backend": backend,
               "lowering": LOWERING_VERSION,
-              "draft_layers": draft_layers, "draft_model": draft_model, "heads": heads,
+              "draft_layers": draft_layers, "draft_model": portable(draft_model, out),
+              "heads": {k: portable(v, out) for k, v in heads.items()},
               "draft_vocab": draft_vocab}
     if not force and (out / MANIFEST).exists():
         try:
@@ -330,7 +342,7 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
                                    **vocab_map_entry(d2t, tmp, "vanilla")}
         for head_kind, drafter in loaded.items():
             head_graphs, drafters[head_kind] = export_drafter_graphs(
-                drafter, tmp, precision, backend, heads[head_kind], shared)
+                drafter, tmp, precision, backend, source["heads"][head_kind], shared)
             graphs.update(head_graphs)
         tokenizer_files = copy_tokenizer(hf_dir, tmp)
         write_manifest(tmp, {
@@ -349,3 +361,37 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out} in {time.time() - t0:.0f} s")
     return out
+
+
+def default_out(model: str) -> Path:
+    """engines/<model name>: a .gguf's stem, a folder's or a known model's name."""
+    return Path("engines") / (Path(model).stem if model.endswith(".gguf") else Path(model).name)
+
+
+def export_model(model: str, out: str | Path | None = None, precision: str | None = None,
+                 lower_for: str = "ort", force: bool = False, draft_layers: int = 0,
+                 draft_model: str | None = None, mtp: str | None = None,
+                 eagle: str | None = None, eagle3: str | None = None,
+                 shipped_drafters: bool = True, draft_vocab: str | None = None) -> Path:
+    """`trt-spec export`: export_engine with the command's defaults. With `shipped_drafters`,
+    a known model's drafters shipped in drafters/<model>/ are exported too, each unless its
+    own argument (or `draft_layers`, for the vanilla draft) names another; `precision`
+    defaults to fp16 when lowering for TensorRT, else int4; `out` to engines/<model name>."""
+    from trt_spec.export.checkpoint import shipped_drafters as shipped_for
+
+    if shipped_drafters:
+        shipped = shipped_for(model)
+        mtp = mtp or shipped.get("mtp")
+        eagle = eagle or shipped.get("eagle")
+        eagle3 = eagle3 or shipped.get("eagle3")
+        if not (draft_layers or draft_model) and "draft" in shipped:
+            draft_model = str(shipped["draft"])
+        if shipped:
+            log(f"shipped drafters for {model}: {', '.join(sorted(shipped))}")
+    if precision is None:
+        precision = "fp16" if lower_for == "trt" else "int4"
+    out = default_out(model) if out is None else Path(out)
+    return export_engine(model, out, precision, lower_for, force, draft_layers, draft_model,
+                         heads={"mtp": mtp and str(mtp), "eagle": eagle and str(eagle),
+                                "eagle3": eagle3 and str(eagle3)},
+                         draft_vocab=draft_vocab)

@@ -177,6 +177,18 @@ def plan_as_dict(plan: list[GraphPlan]) -> list[dict]:
 
 # --- TensorRT (imported lazily: everything above runs without it) ---------------------------
 
+def dry_run(engine_dir: str | Path, max_batch: int = 8, max_draft_tokens: int = 4,
+            max_prefill: int | None = None, max_len: int | None = None,
+            graphs: list[str] | None = None, plugin_libraries=(), plugin_modules=()) -> list[dict]:
+    """`trt-spec build --dry-run`: what `build` would do (graphs, profiles, plugins), read from
+    the folder's manifest; needs no TensorRT."""
+    from trt_spec.runtime.manifest import load_manifest
+
+    return plan_as_dict(build_plan(load_manifest(engine_dir, verify="size"), max_batch,
+                                   max_draft_tokens, max_prefill, max_len, graphs,
+                                   plugin_libraries, plugin_modules))
+
+
 def require_tensorrt():
     """The tensorrt module, or TensorRTMissing with one line saying what and how."""
     try:

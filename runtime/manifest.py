@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -97,6 +98,56 @@ class Manifest:
     def path(self, name: str) -> Path:
         """The file `name` of this folder (refused unless it resolves inside the folder)."""
         return contained(self.folder, name, str(self.folder / MANIFEST))
+
+
+def source_path(manifest: Manifest | str | Path, value):
+    """A model or drafter path the manifest's "source" records ("model", "draft_model", the
+    "heads" values), as this machine reads it. Export records local paths relative to the
+    engine folder (`relative_source_path`), so a folder moved or copied together with its
+    source checkpoints still finds them: such a value -> folder / value. Model names
+    ("smollm2-135m") and absolute paths (folders exported before) come back as they are, and
+    so does a relative path that exists only from the working directory (an older export's
+    value as typed). None / "" come back as they are."""
+    if not isinstance(value, str) or not value or os.path.isabs(value):
+        return value
+    folder = manifest.folder if isinstance(manifest, Manifest) else Path(manifest)
+    beside = folder / value
+    if beside.exists():
+        return os.path.normpath(beside)
+    if Path(value).exists():  # an older folder's path, relative to where it was exported
+        return value
+    if "/" in value or "\\" in value:  # a path, missing: name where the manifest says it is
+        return os.path.normpath(beside)
+    return value  # a model name
+
+
+def relative_source_path(path: str | Path, folder: str | Path) -> str:
+    """A local `path` as the manifest records it: relative to the engine folder `folder`
+    (forward slashes, always with one, so that it never reads as a model name). An absolute
+    path where no relative one exists (another drive)."""
+    try:
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+    except ValueError:
+        return os.path.abspath(path)
+    rel = rel.replace(os.sep, "/")
+    return rel if "/" in rel else f"./{rel}"
+
+
+def rebase_source(source: dict, folder: str | Path, new_folder: str | Path) -> dict:
+    """`source` (a manifest's, recorded relative to `folder`) as recorded for a copy of the
+    folder's contents in `new_folder` (a bundle): its relative paths rewritten, names and
+    absolute paths kept."""
+    def rebase(value):
+        resolved = source_path(folder, value)
+        return value if resolved == value else relative_source_path(resolved, new_folder)
+
+    out = dict(source)
+    for key in ("model", "draft_model"):
+        if key in out:
+            out[key] = rebase(out[key])
+    if isinstance(out.get("heads"), dict):
+        out["heads"] = {k: rebase(v) for k, v in out["heads"].items()}
+    return out
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

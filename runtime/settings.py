@@ -21,6 +21,7 @@ SERVE_MAX_BATCH = 8  # KV slots of `serve` and `LLM` (one-shot `generate`: 1)
 # int4 SmolLM2 engine (docs/serving.md): small enough that streams decoding beside a long
 # prompt keep their pace, large enough that the prompt's first token is not much later.
 DEFAULT_MAX_PREFILL_TOKENS = 16
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # `serve`: 1 MiB, far past any prompt a 2,048-token context holds
 
 
 def check_num_draft_tokens(k) -> int:

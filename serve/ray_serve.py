@@ -31,7 +31,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +42,8 @@ import ray
 from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
-from trt_spec.runtime.settings import DEFAULT_MAX_PREFILL_TOKENS, RuntimeConfig
-from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
+from trt_spec.runtime.settings import RuntimeConfig
+from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES, ServeOptions
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -55,30 +57,12 @@ class ReplicaConfig:
     """What every replica builds: `trt-spec serve`'s options, one to one."""
 
     model_name: str
-    method: str = "none"
-    num_draft_tokens: int | None = None
-    ngram: tuple[int, int] = (1, 4)
-    spec_max_batch: int | None = None
-    spec_min_acceptance: float | None = None
-    max_num_seqs: int = 8
-    max_model_len: int = 2048
-    max_waiting: int = 64
-    threads: int | None = 1  # one ORT thread per replica: replicas, not threads, add cores
+    # the runtime settings (every file's checksum verified on load; one ORT thread unless
+    # --threads: replicas, not threads, add cores)
+    runtime: RuntimeConfig = RuntimeConfig(verify="sha256", threads=1)
     debug_step_delay: float = 0.0
     engine_checksum: str | None = None  # manifest digest every replica must match
-    max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-
-    def runtime_config(self) -> RuntimeConfig:
-        """The replica's runtime settings (every file's checksum verified on load)."""
-        spec = {k: v for k, v in (("num_draft_tokens", self.num_draft_tokens),
-                                  ("spec_max_batch", self.spec_max_batch),
-                                  ("min_acceptance", self.spec_min_acceptance)) if v is not None}
-        return RuntimeConfig.from_options(
-            method=self.method, max_batch=self.max_num_seqs, max_len=self.max_model_len,
-            threads=self.threads, verify="sha256", max_waiting=self.max_waiting,
-            max_prefill_tokens=self.max_prefill_tokens, ngram_min=self.ngram[0],
-            ngram_max=self.ngram[1], **spec)
 
 
 @dataclass(frozen=True)
@@ -204,7 +188,7 @@ class EngineReplica:
         if digest != want:
             raise ValueError(f"{folder / MANIFEST}: sha256 {digest}, expected {want}: this node "
                              "has another export of the engine folder")
-        gen = Generator(folder, config.runtime_config())
+        gen = Generator(folder, config.runtime)
         self.scheduler = Scheduler(gen, config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
                                    max_body_bytes=config.max_body_bytes)
@@ -316,3 +300,78 @@ def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, ho
                       Path(targets_file) if targets_file else None)
     d.write_targets()
     return d
+
+
+class DeploymentError(RuntimeError):
+    """Ray Serve could not start the application (Ray wraps a replica's error)."""
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """`trt-spec serve --ray`'s own options."""
+
+    replicas: int = 1
+    address: str | None = None  # join this cluster; None: start a local Ray
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    max_ongoing_requests: int | None = None  # None: --max-num-seqs
+    replica_cpus: float = 1.0
+    ship_engine: bool = False
+    metrics_targets: str | None = None
+    num_cpus: int | None = None  # of the local Ray
+
+
+def replica_config(options: ServeOptions, engine_checksum: str | None = None) -> ReplicaConfig:
+    """What each replica builds from `serve`'s options: one ORT thread unless --threads."""
+    runtime = options.runtime.replace(verify="sha256", threads=options.runtime.threads or 1)
+    return ReplicaConfig(model_name=options.model_name, runtime=runtime,
+                         debug_step_delay=options.debug_step_delay,
+                         engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes)
+
+
+def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:
+    return ScalingConfig(
+        replicas=ray_options.replicas, min_replicas=ray_options.min_replicas,
+        max_replicas=ray_options.max_replicas,
+        target_ongoing_requests=ray_options.target_ongoing_requests,
+        max_ongoing_requests=ray_options.max_ongoing_requests or options.runtime.max_batch,
+        replica_cpus=ray_options.replica_cpus, shutdown_timeout=options.shutdown_timeout)
+
+
+def check_engine(engine: str, checksum: str | None) -> None:
+    """The driver checks the folder first: a bad one fails here, not in N replicas (which
+    check it again, sha256 and all, on their own node)."""
+    load_manifest(engine, verify="size")
+    if checksum and manifest_digest(engine) != checksum:
+        raise ValueError(f"{engine}/manifest.json: sha256 {manifest_digest(engine)}, "
+                         f"--engine-checksum {checksum}: another export of the engine folder")
+
+
+def serve_on_ray(options: ServeOptions, ray_options: RayOptions,
+                 engine_checksum: str | None = None, say=print) -> None:
+    """`trt-spec serve --ray`: checks the engine folder, deploys, then keeps the metrics
+    targets file current until SIGINT / SIGTERM, and shuts the deployment down. `say` gets
+    what is deployed where. ValueError for a bad folder or setting (before Ray starts);
+    DeploymentError when Ray Serve cannot start it."""
+    config = replica_config(options, engine_checksum)
+    scaling = scaling_config(options, ray_options)
+    check_engine(options.engine, engine_checksum)
+    name, address = config.model_name, ray_options.address
+    where = f"the Ray cluster at {address}" if address else "a local Ray"
+    say(f"deploying {name} ({options.engine}) on {where}: {scaling.deployment_options()}")
+    try:
+        deployment = deploy(options.engine, config, scaling, options.host, options.port,
+                            address, ray_options.ship_engine, ray_options.metrics_targets,
+                            ray_options.num_cpus)
+    except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
+        raise DeploymentError(f"the Ray Serve deployment failed: {e}") from e
+    stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    say(f"serving {name} on {deployment.url} ({len(deployment.live_targets())} replicas up)")
+    try:
+        while not stop.wait(2.0):
+            deployment.write_targets()
+    finally:
+        deployment.shutdown()

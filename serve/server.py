@@ -27,6 +27,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -38,12 +39,12 @@ from trt_spec.serve.protocol import (ChatRequest, CompletionRequest, RequestErro
                                        chat_messages, completion_prompt, parse_body,
                                        sampling_params)
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
 from trt_spec.runtime.scheduler import Output, QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 
 log = logging.getLogger("trt_spec.server")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions; chat: the rest of the context
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far past any prompt that fits a 2,048-token context
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
 
 
@@ -387,3 +388,39 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     Server(config).run()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`trt-spec serve`'s options, shared by the single-process server (serve_engine) and the
+    Ray Serve replicas (serve/ray_serve.py)."""
+
+    engine: str
+    runtime: RuntimeConfig  # the Generator's and Scheduler's settings (runtime/settings.py)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    shutdown_timeout: float = 60.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    debug_step_delay: float = 0.0
+
+    @property
+    def model_name(self) -> str:
+        """The model id clients send: --served-model-name, else the engine folder's name."""
+        return self.served_model_name or Path(self.engine).resolve().name
+
+
+def serve_engine(options: ServeOptions, say=print) -> None:
+    """`trt-spec serve`: the engine folder's Generator (one KV-cache slot per
+    --max-num-seqs, --max-model-len rows each) behind one Scheduler and the HTTP server, until
+    SIGINT / SIGTERM. `say` gets the line naming what is served where. ValueError for an engine
+    folder or setting that cannot run, before anything listens."""
+    from trt_spec.runtime.generator import Generator
+
+    gen = Generator(options.engine, options.runtime)
+    scheduler = Scheduler(gen, options.debug_step_delay)
+    name = options.model_name
+    say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
+        f"http://{options.host}:{options.port}")
+    serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
+          options.max_body_bytes)

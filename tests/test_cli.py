@@ -9,7 +9,8 @@ from trt_spec.cli import main
 
 
 @pytest.mark.parametrize("command", [[], ["export"], ["generate"], ["bench"], ["fidelity"],
-                                     ["bundle"], ["verify"], ["doctor"], ["serve"], ["train"]])
+                                     ["bundle"], ["verify"], ["doctor"], ["serve"], ["train"],
+                                     ["build"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, command + ["--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
@@ -200,3 +201,53 @@ def test_bench_fast_decode_is_recorded(tiny_engine, tmp_path):
                                            "--num-prompts", "1", "--json", str(out)] + flag)
         assert result.exit_code == 0, result.output
         assert json.loads(out.read_text())["settings"]["exact_decode"] is exact
+
+
+def test_every_option_has_help():
+    import click
+
+    for name, command in main.commands.items():
+        assert command.help, name
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"{name} {param.opts}"
+
+
+def test_export_lowers_for_a_runtime_and_backend_is_the_runtime_only(tmp_path):
+    """`export --lower-for ort|trt`; `--backend` is the runtime backend of generate alone."""
+    result = CliRunner().invoke(main, ["export", "--lower-for", "tensorrt", "--out",
+                                       str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "'tensorrt' is not one of 'ort', 'trt'" in result.output
+    result = CliRunner().invoke(main, ["export", "--backend", "trt", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "export's --backend is now --lower-for ort|trt" in result.output
+
+
+def test_generate_backend_choices(tiny_engine):
+    result = CliRunner().invoke(main, ["generate", "--engine", str(tiny_engine), "--backend",
+                                       "cuda", "hi"])
+    assert result.exit_code == 2
+    assert "'cuda' is not one of 'ort', 'torch-cuda', 'trt'" in result.output
+    # trt: accepted here; where the runtime cannot run it, one line saying why
+    result = CliRunner().invoke(main, ["generate", "--engine", str(tiny_engine), "--backend",
+                                       "trt", "--max-tokens", "2", "hi"])
+    if result.exit_code != 0:
+        assert result.exit_code == 1 and "trt" in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "none,medusa"], "Invalid value for '--methods'"),
+    (["--num-draft-tokens", "2,x"], "'2,x': expected comma-separated integers"),
+    (["--past", "-5"], "values must be >= 0"),
+    (["--peers", "vllm"], "'vllm' is not a peer; choose from"),
+])
+def test_bench_usage_errors_quote_the_value(tiny_engine, args, message):
+    result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_engine)] + args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_python_m_trt_spec_cli_runs_the_same_group():
+    result = subprocess.run([sys.executable, "-m", "trt_spec.cli", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "generate" in result.stdout

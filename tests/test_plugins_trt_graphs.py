@@ -1,4 +1,4 @@
-"""TRT-lowered graphs on the CPU: `trt-spec export --backend trt` writes graphs that pass
+"""TRT-lowered graphs on the CPU: `trt-spec export --lower-for trt` writes graphs that pass
 onnx.checker and, run by onnx.reference with plugins/reference_ops.py standing in for
 TensorRT's ops, equal the torch reference (prefill, decode, verify after a past)."""
 
@@ -26,7 +26,7 @@ MAX_LEN = 16
 
 @pytest.fixture(scope="module")
 def trt_engine(tiny_hf_dir, tmp_path_factory):
-    """The tiny target exported with --backend trt --precision fp32 (target + score)."""
+    """The tiny target exported with --lower-for trt --precision fp32 (target + score)."""
     from trt_spec.export.pipeline import export_engine
 
     return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-trt",

@@ -110,8 +110,11 @@ def test_generator_backend_option(tiny_all_engine, ort_outputs):
 
 def test_from_model_equals_engine_folder(tiny_all_engine, tiny_hf_dir, ort_outputs):
     """No engine folder: the modules straight from the model and the drafter folders."""
-    source = load_manifest(tiny_all_engine).data["source"]
-    graphs, manifest = TorchGraphs.from_model(str(tiny_hf_dir), source["heads"],
+    from trt_spec.runtime.manifest import source_path
+
+    folder = load_manifest(tiny_all_engine)
+    heads = {k: source_path(folder, v) for k, v in folder.data["source"]["heads"].items()}
+    graphs, manifest = TorchGraphs.from_model(str(tiny_hf_dir), heads,
                                               draft_layers=2, device="cpu", cuda_graphs=False,
                                               pad=True)
     gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64)

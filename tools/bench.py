@@ -12,6 +12,7 @@ cannot be installed or loaded, or fails while running, is reported under skipped
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -246,7 +247,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     # peers take the first engine's prompt token ids and are compared with its 'none'
     ref = gens[engines[0]]
     skipped: dict[str, str] = {}
-    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4)
+    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4,
+                                            ref.manifest.folder)
                 if peers else None)
     active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
 
@@ -467,3 +469,45 @@ def write_plot(report: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+
+
+def bench_report(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
+                 prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
+                 threads: int | None, batch: int = 1, progress=print,
+                 num_prompts: int | None = None, stop_at_eos: bool = False,
+                 exact_decode: bool = True, peers: list[str] = (),
+                 json_out: str | Path | None = None, plot_out: str | Path | None = None) -> str:
+    """`trt-spec bench`: run_bench (k defaults to 4), the report written to `json_out` and its
+    chart to `plot_out`; returns the table. ValueError for a setting that cannot run."""
+    if plot_out and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'")
+    report = run_bench(engines, methods, ks or [4], max_new_tokens, prompts_file, pasts,
+                       repeats, temperature, threads, batch=batch, progress=progress,
+                       num_prompts=num_prompts, stop_at_eos=stop_at_eos,
+                       exact_decode=exact_decode, peers=list(peers))
+    text = report.pop("table")
+    if json_out:
+        write_json(json_out, report)
+    if plot_out:
+        write_plot(report, plot_out)
+        progress(f"plot: {plot_out}")
+    return text
+
+
+def step_costs_report(engine: str, pasts: list[int], threads: int | None = None,
+                      exact_decode: bool = True, json_out: str | Path | None = None) -> str:
+    """`trt-spec bench --step-costs`: c(T) for T = 1..9 after each past (default 64) on the
+    engine's target; written to `json_out`; returns the table."""
+    from trt_spec.tools.step_costs import step_costs, table as costs_table
+
+    pasts = list(pasts) or [64]
+    gen = Generator(engine, threads=threads, max_len=max(pasts) + 16, exact_decode=exact_decode)
+    result = step_costs(gen, pasts, list(range(1, 10)))
+    if json_out:
+        write_json(json_out, result)
+    return costs_table(result)

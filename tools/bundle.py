@@ -15,7 +15,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from trt_spec.runtime.manifest import MANIFEST, EngineFolderError, load_manifest, write_manifest
+from trt_spec.runtime.manifest import (MANIFEST, EngineFolderError, load_manifest,
+                                       rebase_source, write_manifest)
 
 REQUIREMENTS = "requirements.txt"
 EXPECTED_PROMPT = "Name three colours."
@@ -110,6 +111,8 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
         bundled = {**{k: v for k, v in data.items() if k not in ("files", "format_version")},
                    "graphs": graphs, "drafters": drafters,
                    "extra_files": [REQUIREMENTS]}
+        if isinstance(data.get("source"), dict):  # its paths: relative to the bundle now
+            bundled["source"] = rebase_source(data["source"], manifest.folder, out)
         write_manifest(tmp, bundled)
         progress("running the expected greedy output")
         gen = Generator(tmp, verify="none", max_len=256)
@@ -171,3 +174,20 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
     # part at a near-tie (README: int4/int8 and speculation), reported, not failed.
     report["ok"] = report["methods"]["none"]["identical"]
     return report
+
+
+def describe(path: Path) -> str:
+    """A bundle folder and its size, for `trt-spec bundle` to print."""
+    size = sum(f.stat().st_size for f in Path(path).iterdir())
+    return f"{path} ({size / 1e6:.1f} MB)"
+
+
+def verify_lines(report: dict) -> list[str]:
+    """`verify`'s report as the lines `trt-spec verify` prints, "ok" or "FAILED: ..." last."""
+    lines = [f"{report['folder']}: {report['files']} files, checksums {report['checksums']}"]
+    lines += [f"  requirement differs: {line}" for line in report["requirements"]]
+    for method, r in report["methods"].items():
+        lines.append(f"  {method}: {r['same_as_expected']}/{r['tokens']} tokens as expected"
+                     + ("" if r["identical"] else " (differs)"))
+    lines.append("ok" if report["ok"] else "FAILED: the plain greedy output differs")
+    return lines

@@ -92,3 +92,38 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
             "methods": available_methods(manifest),
             "bytes": size, "bundle": "bundle" in data,
             "runs_here": not problems, "problems": problems, "notes": notes}
+
+
+def report(engine: str | Path | None = None) -> dict:
+    """`trt-spec doctor`: {"machine": ..., and with `engine`, "engine": ...}. ValueError for
+    an engine folder that cannot be read."""
+    out = {"machine": machine_report()}
+    if engine:
+        out["engine"] = engine_report(engine, out["machine"])
+    return out
+
+
+def runs_here(report: dict) -> bool:
+    """False when the report names an engine folder that does not run on this machine."""
+    return "engine" not in report or report["engine"]["runs_here"]
+
+
+def report_text(report: dict) -> str:
+    """The report as `trt-spec doctor` prints it."""
+    m = report["machine"]
+    lines = [
+        f"python {m['python']} on {m['platform']}",
+        f"cpu: {m['cpu']}, {m['cores']} cores; features: {' '.join(m['cpu_features']) or 'none known'}",
+        f"threads in use: {m['threads']} (--threads or $TRT_SPEC_THREADS)",
+        f"onnxruntime {m['onnxruntime']}: {', '.join(m['ort_providers'])}",
+        f"gpu: {', '.join(m['gpus']) or 'none'}; tensorrt: {m['tensorrt'] or 'not installed'}",
+        f"export tools: torch {m['torch'] or 'absent'}, transformers {m['transformers'] or 'absent'}",
+    ]
+    if "engine" in report:
+        e = report["engine"]
+        lines.append(f"engine {e['folder']}: {', '.join(e['precisions'])} on "
+                     f"{', '.join(e['backends'])}, {e['bytes'] / 1e6:.1f} MB, methods "
+                     f"{', '.join(e['methods'])}{' (bundle)' if e['bundle'] else ''}")
+        lines += [f"  problem: {p}" for p in e["problems"]] + [f"  note: {n}" for n in e["notes"]]
+        lines.append("  runs here" if e["runs_here"] else "  does NOT run here")
+    return "\n".join(lines)

