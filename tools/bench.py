@@ -217,7 +217,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
               prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
               threads: int | None, seed: int = 0, batch: int = 1, progress=print,
               num_prompts: int | None = None, stop_at_eos: bool = False,
-              exact_decode: bool = True, peers: list[str] = ()) -> dict:
+              exact_decode: bool = True, peers: list[str] = (), backend: str = "ort",
+              device: str | None = None) -> dict:
     prompts = load_prompts(prompts_file)[:num_prompts]
     if peers and batch != 1:
         raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
@@ -228,6 +229,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     gens, configs = {}, []
     for e in engines:
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
+                            backend=backend, device=device,
                             exact_decode=exact_decode)
         for m in methods:
             for k in ([None] if m == "none" else ks):
@@ -481,7 +483,8 @@ def bench_report(engines: list[str], methods: list[str], ks: list[int], max_new_
                  threads: int | None, batch: int = 1, progress=print,
                  num_prompts: int | None = None, stop_at_eos: bool = False,
                  exact_decode: bool = True, peers: list[str] = (),
-                 json_out: str | Path | None = None, plot_out: str | Path | None = None) -> str:
+                 json_out: str | Path | None = None, plot_out: str | Path | None = None,
+                 backend: str = "ort", device: str | None = None) -> str:
     """`trt-spec bench`: run_bench (k defaults to 4), the report written to `json_out` and its
     chart to `plot_out`; returns the table. ValueError for a setting that cannot run."""
     if plot_out and importlib.util.find_spec("matplotlib") is None:
@@ -489,7 +492,8 @@ def bench_report(engines: list[str], methods: list[str], ks: list[int], max_new_
     report = run_bench(engines, methods, ks or [4], max_new_tokens, prompts_file, pasts,
                        repeats, temperature, threads, batch=batch, progress=progress,
                        num_prompts=num_prompts, stop_at_eos=stop_at_eos,
-                       exact_decode=exact_decode, peers=list(peers))
+                       exact_decode=exact_decode, peers=list(peers), backend=backend,
+                       device=device)
     text = report.pop("table")
     if json_out:
         write_json(json_out, report)

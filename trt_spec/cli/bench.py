@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import DEFAULT_ENGINE, checked, comma_list, fail, threads_option
+from trt_spec.cli.options import (DEFAULT_ENGINE, backend_options, checked, comma_list, fail,
+                                  threads_option)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -81,11 +82,12 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--fast-decode", is_flag=True,
               help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
                    "about c(2)/c(1), but speculative greedy output may then differ from plain "
-                   "greedy at near-ties (default: exact; see README, Exact decoding).")
+                   "greedy at near-ties (default: exact; see docs/speculative-decoding.md).")
 @threads_option
+@backend_options
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
           temperature, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
-          fast_decode, threads):
+          fast_decode, threads, backend, device):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.tools.bench import bench_report, step_costs_report
 
@@ -100,7 +102,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
                                 progress=lambda msg: click.echo(msg, err=True),
                                 num_prompts=num_prompts, stop_at_eos=stop_at_eos,
                                 exact_decode=not fast_decode, peers=peers, json_out=json_out,
-                                plot_out=plot_out)
+                                plot_out=plot_out, backend=backend, device=device)
     except ValueError as e:
         fail(e)
     click.echo(text)
