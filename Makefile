@@ -90,7 +90,7 @@ load-ray: export  ## the same load on `serve --ray` with REPLICAS replicas (1 OR
 	$(BIN)/python scripts/load.py --engine $(ENGINE) --clients $(CLIENTS) --duration $(DURATION) \
 		--json load-ray.json -- --ray --replicas $(REPLICAS) --threads 1
 
-# Random heads until trained ones ship: the Eagle3 graph at its real size (not its speed-up).
+# Random-weight heads at the shipped sizes: the edge report measures size and memory, not speed.
 $(ENGINE)-random-heads: | setup
 	$(BIN)/python scripts/random_heads.py --model smollm2-135m --precision int4 --out $@
 
@@ -98,7 +98,7 @@ edge-report: $(ENGINE)-random-heads  ## runtime-only env size, cold start, peak 
 	rm -rf $(ENGINE)-random-heads-bundle
 	$(BIN)/python scripts/edge_report.py --engine $(ENGINE)-random-heads --json edge-report.json
 
-# GPU check (issue 8). The reference is made here, on the CPU, with the ORT fp32 engine; the
+# GPU check. The reference is made here, on the CPU, with the ORT fp32 engine; the
 # check runs on the GPU machine from a plain checkout (its own python, no .venv, no setup).
 GPU_MODEL  ?= smollm2-135m
 GPU_REF    ?= gpu-reference.json
@@ -112,7 +112,7 @@ gpu-check:  ## GPU: torch-cuda + CUDA graphs vs GPU_REF, tokens/s, plugins, Tens
 	$(GPU_PYTHON) scripts/gpu_check.py --model $(GPU_MODEL) --reference $(GPU_REF) \
 		--out $(GPU_OUT) $(GPU_ARGS)
 
-build-trt:  ## TensorRT engines for ENGINE (needs tensorrt: see the README)
+build-trt:  ## TensorRT engines for ENGINE (needs tensorrt: see docs/gpu-tensorrt.md)
 	$(BIN)/trt-spec build $(ENGINE)
 
 clean:  ## remove build outputs (keeps .venv and the model cache)

@@ -213,13 +213,35 @@ def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: lis
     }
 
 
-def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
-              prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
-              threads: int | None, seed: int = 0, batch: int = 1, progress=print,
-              num_prompts: int | None = None, stop_at_eos: bool = False,
-              exact_decode: bool = True, peers: list[str] = (), backend: str = "ort",
-              device: str | None = None) -> dict:
-    prompts = load_prompts(prompts_file)[:num_prompts]
+@dataclass(frozen=True)
+class BenchConfig:
+    """One `trt-spec bench` run: what is timed, on what, how often."""
+
+    engines: tuple[str, ...]
+    methods: tuple[str, ...] = ("none",)
+    ks: tuple[int, ...] = (4,)  # draft lengths, each method but none at each
+    max_new_tokens: int = 128
+    prompts_file: str | None = None  # None: the shipped prompts
+    num_prompts: int | None = None  # the first N (None: all)
+    pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths
+    repeats: int = 2
+    temperature: float = 0.0
+    seed: int = 0
+    batch: int = 1
+    stop_at_eos: bool = False
+    peers: tuple[str, ...] = ()
+    threads: int | None = None
+    exact_decode: bool = True
+    backend: str = "ort"
+    device: str | None = None
+
+
+def run_bench(config: BenchConfig, progress=print) -> dict:
+    engines, methods, ks = list(config.engines), list(config.methods), list(config.ks) or [4]
+    max_new_tokens, pasts, repeats = config.max_new_tokens, list(config.pasts), config.repeats
+    temperature, seed, batch, peers = config.temperature, config.seed, config.batch, config.peers
+    threads, exact_decode, stop_at_eos = config.threads, config.exact_decode, config.stop_at_eos
+    prompts = load_prompts(config.prompts_file)[:config.num_prompts]
     if peers and batch != 1:
         raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
     methods = list(dict.fromkeys(methods))
@@ -229,7 +251,7 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     gens, configs = {}, []
     for e in engines:
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
-                            backend=backend, device=device,
+                            backend=config.backend, device=config.device,
                             exact_decode=exact_decode)
         for m in methods:
             for k in ([None] if m == "none" else ks):
@@ -355,7 +377,8 @@ def run_bench(engines: list[str], methods: list[str], ks: list[int], max_new_tok
     report = {
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
-                     "prompts": str(prompts_file or default_prompts_path()),
+                     "prompts": str(config.prompts_file or default_prompts_path()),
+                     "backend": config.backend,
                      "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,
                      "pasts": pasts, "repeats": repeats,
                      "threads": threads, "batch": batch, "seed": seed,
@@ -478,22 +501,13 @@ def write_json(path: str | Path, data: dict) -> None:
         json.dump(data, f, indent=2)
 
 
-def bench_report(engines: list[str], methods: list[str], ks: list[int], max_new_tokens: int,
-                 prompts_file: str | None, pasts: list[int], repeats: int, temperature: float,
-                 threads: int | None, batch: int = 1, progress=print,
-                 num_prompts: int | None = None, stop_at_eos: bool = False,
-                 exact_decode: bool = True, peers: list[str] = (),
-                 json_out: str | Path | None = None, plot_out: str | Path | None = None,
-                 backend: str = "ort", device: str | None = None) -> str:
-    """`trt-spec bench`: run_bench (k defaults to 4), the report written to `json_out` and its
-    chart to `plot_out`; returns the table. ValueError for a setting that cannot run."""
+def bench_report(config: BenchConfig, progress=print, json_out: str | Path | None = None,
+                 plot_out: str | Path | None = None) -> str:
+    """`trt-spec bench`: run_bench, the report written to `json_out` and its chart to
+    `plot_out`; returns the table. ValueError for a setting that cannot run."""
     if plot_out and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'")
-    report = run_bench(engines, methods, ks or [4], max_new_tokens, prompts_file, pasts,
-                       repeats, temperature, threads, batch=batch, progress=progress,
-                       num_prompts=num_prompts, stop_at_eos=stop_at_eos,
-                       exact_decode=exact_decode, peers=list(peers), backend=backend,
-                       device=device)
+    report = run_bench(config, progress)
     text = report.pop("table")
     if json_out:
         write_json(json_out, report)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import (DEFAULT_ENGINE, backend_options, checked, comma_list, fail,
-                                  threads_option)
+from trt_spec.cli.options import (DEFAULT_ENGINE, SPECULATION, backend_options, checked,
+                                  comma_list, fail, threads_option)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -49,7 +49,8 @@ def parse_peers(text: str) -> list[str]:
               help="Comma-separated: none, vanilla, ngram, mtp, eagle, eagle3. At temperature 0 "
                    "'none' always runs "
                    "(the baseline for identical_to_baseline).")
-@click.option("--num-draft-tokens", "ks", default="4", show_default=True,
+@click.option("--num-draft-tokens", "ks", default=str(SPECULATION.num_draft_tokens),
+              show_default=True,
               callback=checked(parse_ks),
               help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
@@ -89,7 +90,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
           temperature, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
           fast_decode, threads, backend, device):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
-    from trt_spec.tools.bench import bench_report, step_costs_report
+    from trt_spec.tools.bench import BenchConfig, bench_report, step_costs_report
 
     engines = list(engines) or [DEFAULT_ENGINE]
     try:
@@ -97,12 +98,13 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
             text = step_costs_report(engines[0], pasts, threads, exact_decode=not fast_decode,
                                      json_out=json_out)
         else:
-            text = bench_report(engines, methods, ks, max_new_tokens, prompts_file, pasts,
-                                repeats, temperature, threads, batch=batch,
-                                progress=lambda msg: click.echo(msg, err=True),
-                                num_prompts=num_prompts, stop_at_eos=stop_at_eos,
-                                exact_decode=not fast_decode, peers=peers, json_out=json_out,
-                                plot_out=plot_out, backend=backend, device=device)
+            config = BenchConfig(tuple(engines), tuple(methods), tuple(ks), max_new_tokens,
+                                 prompts_file, num_prompts, tuple(pasts), repeats, temperature,
+                                 batch=batch, stop_at_eos=stop_at_eos, peers=tuple(peers),
+                                 threads=threads, exact_decode=not fast_decode,
+                                 backend=backend, device=device)
+            text = bench_report(config, lambda msg: click.echo(msg, err=True), json_out,
+                                plot_out)
     except ValueError as e:
         fail(e)
     click.echo(text)
