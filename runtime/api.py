@@ -133,7 +133,7 @@ class LLM:
             self.scheduler.step()  # applies the cancellations: frees the KV slots
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | None
-                 = None, *, method: str | None = None, num_draft_tokens: int | None = None,
+                 = None, *, method: str | None = None, num_draft_tokens: int | str | None = None,
                  chat: bool | None = None) -> list[RequestOutput]:
         """Runs every prompt to completion; outputs in prompt order. Plain strings go through
         the chat template when the model has one (chat=False: raw text)."""
@@ -151,7 +151,7 @@ class LLM:
         return [self._output(r, p) for r, p in zip(requests, prompts)]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,
-               method: str | None = None, num_draft_tokens: int | None = None,
+               method: str | None = None, num_draft_tokens: int | str | None = None,
                chat: bool | None = None) -> Iterator[str]:
         """Yields the text as it is generated, in deltas (whole characters, never past a stop
         string); their concatenation is `generate`'s text. Breaking out frees the slot."""

@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
+from trt_spec.runtime.draft_length import DraftLength
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import Drafts, Proposer
@@ -48,7 +49,8 @@ class RequestMetrics:
     """One request's statistics, as data (times in seconds)."""
 
     method: str
-    num_draft_tokens: int  # the k asked for (0: method none)
+    num_draft_tokens: int  # the k asked for (0: method none; adaptive: the most per step)
+    adaptive: bool
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token_s: float | None
@@ -65,6 +67,7 @@ class RequestMetrics:
     propose_s: float
     score_s: float
     sample_s: float
+    drafted_by: dict[str, int]  # steps that drafted, by proposer (hybrid: lookup or head)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -88,6 +91,7 @@ class StreamStats:
     propose_s: float = 0.0
     score_s: float = 0.0
     sample_s: float = 0.0
+    drafted_by: dict[str, int] = field(default_factory=dict)  # steps each proposer drafted
 
     def record(self, proposed: int, accepted: int) -> None:
         """One target forward that verified `proposed` drafts and kept `accepted`."""
@@ -103,7 +107,8 @@ class Stream:
     prompt_ids: list[int]
     params: SamplingParams
     method: str = "none"
-    num_draft_tokens: int = 0  # k drafted per step (0: plain decoding)
+    num_draft_tokens: int = 0  # k drafted per step (0: plain decoding); adaptive: at most k
+    adaptive: bool = False  # drafts while a token pays for itself (runtime/draft_length.py)
     id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
@@ -119,7 +124,7 @@ class Stream:
         if not self.prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         if self.method == "none":
-            self.num_draft_tokens = 0
+            self.num_draft_tokens, self.adaptive = 0, False
         if self.rng is None:
             self.rng = np.random.default_rng(self.params.seed)
 
@@ -137,7 +142,7 @@ class Stream:
         ttft = (st.t_first_token - st.t_added) if st.t_first_token else None
         decode_s = (end - st.t_first_token) if st.t_first_token else 0.0
         return RequestMetrics(
-            method=self.method, num_draft_tokens=self.num_draft_tokens,
+            method=self.method, num_draft_tokens=self.num_draft_tokens, adaptive=self.adaptive,
             prompt_tokens=len(self.prompt_ids), completion_tokens=n,
             time_to_first_token_s=ttft, decode_s=decode_s,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
@@ -149,7 +154,8 @@ class Stream:
                                                                 st.proposed_per_position)),
             proposed_per_position=tuple(st.proposed_per_position),
             accepted_per_position=tuple(st.accepted_per_position),
-            propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s)
+            propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s,
+            drafted_by=dict(st.drafted_by))
 
 
 def count_positions(counts: list[int], n: int) -> None:
@@ -257,6 +263,7 @@ class Engine:
         self.policy = policy
         self.proposers = proposers
         self.scorer = Scorer(target, cache)
+        self.draft_length = DraftLength()  # `auto` k: measured costs and calibration
 
     def proposer(self, s: Stream) -> Proposer | None:
         return self.proposers(s.method)
@@ -330,28 +337,43 @@ class Engine:
             if s.finished:
                 self.release(s)
 
-    def propose(self, streams: list[Stream], ks: list[int]) -> Drafts:
-        """Drafts for every stream, each method's proposer called once on its group."""
+    def propose(self, streams: list[Stream], ks: list[int]
+                ) -> tuple[Drafts, list[list[float] | None]]:
+        """Drafts for every stream, each method's proposer called once on its group; and per
+        stream the confidences of its drafts (None: its proposer reports none)."""
         tokens = [np.zeros(0, dtype=np.int64) for _ in streams]
         probs: list[np.ndarray | None] = [None] * len(streams)
+        confidences: list[list[float] | None] = [None] * len(streams)
         groups: dict[str, list[int]] = {}
         for i, s in enumerate(streams):
             if self.proposer(s) is not None:
                 groups.setdefault(s.method, []).append(i)
         for method, idx in groups.items():
-            d = self.proposers(method).propose([streams[i] for i in idx], [ks[i] for i in idx])
+            proposer = self.proposers(method)
+            gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx])
+                    if proposer.gated else None)
+            t0 = time.perf_counter()
+            d = proposer.propose([streams[i] for i in idx], [ks[i] for i in idx], gate)
+            self.draft_length.costs.observe_draft(method, sum(len(t) for t in d.tokens),
+                                                  time.perf_counter() - t0)
             for j, i in enumerate(idx):
                 tokens[i], probs[i] = d.tokens[j], d.probs[j]
-        return Drafts(tokens, probs)
+                if len(tokens[i]):
+                    by = d.sources[j] if d.sources else method
+                    streams[i].stats.drafted_by[by] = streams[i].stats.drafted_by.get(by, 0) + 1
+                if gate is not None:
+                    confidences[i] = gate.confidences[j]
+        return Drafts(tokens, probs), confidences
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
         t0 = time.perf_counter()
         ks = self.policy.plan(streams)
-        drafts = self.propose(streams, ks)
+        drafts, confidences = self.propose(streams, ks)
         t1 = time.perf_counter()
         scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()
+        self.draft_length.costs.observe_step(1 + max(len(d) for d in drafts.tokens), t2 - t1)
         spec = [i for i, s in enumerate(streams) if self.proposer(s) is not None]
         result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
                               [scores.logits[i] for i in spec],
@@ -363,6 +385,8 @@ class Engine:
                 r = row[i]
                 emitted.append((int(result.num_accepted[r]),
                                 result.tokens[r, :result.num_emitted[r]]))
+                if confidences[i]:  # acceptance by confidence: what `auto` k is tuned from
+                    self.draft_length.calib(s.method).observe(confidences[i], emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
         self.commit(streams, drafts, emitted, scores, m)
@@ -381,7 +405,8 @@ class Engine:
         for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
             proposed = len(drafts.tokens[i])
             s.stats.record(proposed, accepted)
-            self.policy.observe(s, proposed, accepted)
+            self.policy.observe(s, proposed, accepted, self.draft_length.costs.step_cost(
+                s.method, 1 + max(len(d) for d in drafts.tokens), proposed))
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted

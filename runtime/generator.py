@@ -15,7 +15,7 @@ from trt_spec.runtime.methods import METHODS, DrafterEntry, method as known_meth
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.settings import RuntimeConfig, check_num_draft_tokens
+from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
 from trt_spec.runtime.tokenizer import Tokenizer
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
@@ -36,7 +36,9 @@ def available_methods(manifest: Manifest) -> list[str]:
     """The methods an engine folder can run: those without a drafter always, a drafter
     method when the manifest lists its drafter (`drafters.<method>`)."""
     drafters = manifest.data.get("drafters", {})
-    return [m for m, x in METHODS.items() if not x.needs_drafter or m in drafters]
+    return [m for m, x in METHODS.items()
+            if (m in drafters if x.needs_drafter else
+                not x.uses_any or any(h in drafters for h in x.uses_any))]
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None) -> list[int]:
@@ -111,6 +113,7 @@ class Generator:
         self.stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
         self.speculation = config.speculation
         self._proposers: dict[str, Proposer | None] = {"none": None}
+        self._suffix_cache = None
         self.engine = Engine(self.target, self.cache, self.stops,
                              SpeculationPolicy(config.speculation, self.cache.max_len),
                              self.proposer)
@@ -145,8 +148,10 @@ class Generator:
         known_method(method)
         if method not in self.methods:
             m = METHODS[method]
-            raise ValueError(f"this engine has no {method} drafter (export it with "
-                             f"{m.export_hint}); methods here: {', '.join(self.methods)}")
+            how = (f"export it with {m.export_hint}" if m.export_hint else
+                   f"it needs one of {', '.join(m.uses_any)}")
+            raise ValueError(f"this engine has no {method} drafter ({how}); methods here: "
+                             f"{', '.join(self.methods)}")
         return method
 
     def proposer(self, method: str) -> Proposer | None:
@@ -165,6 +170,18 @@ class Generator:
 
     def cache_for(self, config):
         return self.graphs.cache(config, self.cache.slots, self.cache.max_len)
+
+    def suffix_cache(self):
+        """The cache of earlier requests' tokens every suffix lookup of this engine shares."""
+        if self._suffix_cache is None:
+            from trt_spec.runtime.proposers.suffix import SuffixCache
+
+            self._suffix_cache = SuffixCache()
+        return self._suffix_cache
+
+    def use_suffix_cache(self, cache) -> None:
+        """From now on the suffix lookups read and fill `cache` (a bench: one per config)."""
+        self._suffix_cache = cache
 
     def vocab(self, entry: DrafterEntry) -> DraftVocab | None:
         """The drafter's draft vocabulary (its entry's d2t map), or None: its head spans the
@@ -187,21 +204,23 @@ class Generator:
         return encode_prompt(self.tokenizer, prompt, chat)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-               num_draft_tokens: int | None = None) -> Stream:
-        """A Stream for a request; None takes the configured method and k."""
+               num_draft_tokens: int | str | None = None) -> Stream:
+        """A Stream for a request; None takes the configured method and k. num_draft_tokens:
+        k, or "auto" / "auto:K" (adaptive)."""
         method = self.check_method(self.method if method is None else method)
         if method == "none":
             if num_draft_tokens is not None:
                 raise ValueError(f"num_draft_tokens={num_draft_tokens}: method 'none' drafts "
                                  "nothing; pick a speculative method")
-            k = 0
+            return Stream(list(prompt_ids), params, method, 0)
+        if num_draft_tokens is None:
+            k, adaptive = self.speculation.num_draft_tokens, self.speculation.adaptive
         else:
-            k = check_num_draft_tokens(self.speculation.num_draft_tokens
-                                       if num_draft_tokens is None else num_draft_tokens)
-        return Stream(list(prompt_ids), params, method, k)
+            k, adaptive = parse_num_draft_tokens(num_draft_tokens)
+        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive)
 
     def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
-                     method: str | None = None, num_draft_tokens: int | None = None
+                     method: str | None = None, num_draft_tokens: int | str | None = None
                      ) -> list[Stream]:
         """Runs every prompt to completion, at most `cache.slots` at a time."""
         streams = [self.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
@@ -217,7 +236,7 @@ class Generator:
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
                  chat: bool | None = None, method: str | None = None,
-                 num_draft_tokens: int | None = None) -> list[GenerationResult]:
+                 num_draft_tokens: int | str | None = None) -> list[GenerationResult]:
         params = params or SamplingParams()
         streams = self.generate_ids([self.encode(p, chat) for p in prompts], params, method,
                                     num_draft_tokens)

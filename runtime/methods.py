@@ -33,6 +33,11 @@ class DrafterLoader(Protocol):
     sized like the target's."""
 
     speculation: "SpeculationConfig"
+    drafters: dict  # method -> DrafterEntry: the drafters the engine folder has
+
+    def proposer(self, method: str) -> "Proposer | None": ...
+
+    def suffix_cache(self): ...
 
     def step_graph(self, name: str, config: ModelConfig) -> "StepGraph": ...
 
@@ -116,6 +121,7 @@ class Method:
     export_hint: str = ""  # the export option that adds its drafter
     fc_graph: str | None = None
     graph_prefix: str | None = None  # step graph names: "{prefix}_{i}" per module; else name
+    uses_any: tuple[str, ...] = ()  # runs where the folder has one of these drafters
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
@@ -152,6 +158,20 @@ def _ngram(loader, entry):
 
     c = loader.speculation
     return NgramProposer(c.ngram_min, c.ngram_max)
+
+
+def _suffix(loader, entry):
+    from trt_spec.runtime.proposers.suffix import SuffixProposer
+
+    c = loader.speculation
+    return SuffixProposer(c.ngram_min, c.ngram_max, loader.suffix_cache)
+
+
+def _hybrid(loader, entry):
+    from trt_spec.runtime.proposers.hybrid import HybridProposer
+
+    head = next(m for m in METHODS["hybrid"].uses_any if m in loader.drafters)
+    return HybridProposer(_suffix(loader, None), loader.proposer(head))
 
 
 def _vanilla(loader, entry):
@@ -197,6 +217,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            make=_vanilla),
     Method("ngram", "prompt lookup: continues the latest earlier match of the last n tokens",
            make=_ngram),
+    Method("suffix", "ngram over the request's tokens, then over earlier requests' (a bounded "
+           "cache)", make=_suffix),
     Method("mtp", "N cascaded one-layer modules over the target's hidden state",
            ("graphs", "layer_config"), "mtp", "--mtp CHECKPOINT", graph_prefix="mtp",
            make=_mtp),
@@ -205,6 +227,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("eagle3", "one 2H-input layer over fused low/mid/high target features, a reduced "
            "draft vocabulary", ("graphs", "layer_config"), "eagle3", "--eagle3 CHECKPOINT",
            fc_graph="eagle3_fc", make=_eagle3),
+    # the heads by measured acceptance on the shipped SmolLM2 drafters (best first)
+    Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
+           "first of mtp, eagle3, eagle, vanilla the folder has)",
+           uses_any=("mtp", "eagle3", "eagle", "vanilla"), make=_hybrid),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))

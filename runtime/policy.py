@@ -9,8 +9,11 @@ decode step for that stream, in the same target forward as the others):
     - the stream's acceptance rate over its last `window` speculative steps fell below
       `min_acceptance`                                   -> 0 for `cooldown` steps, then it
       tries again (the condition clears when acceptance recovers)
+    - an adaptive stream (`auto` k) whose tokens per unit of cost over its last `window`
+      steps fell below 1 (plain decoding would have been faster)   -> 0 for `cooldown`
+      steps, then it tries again
     - else its k, capped by the tokens still allowed and the room left in the cache.
-The policy keeps its own per-stream state (the window and the cooldown), by stream id.
+The policy keeps its own per-stream state (the windows and the cooldown), by stream id.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trt_spec.runtime.settings import SpeculationConfig
 @dataclass
 class _StreamState:
     window: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted)
+    gains: list[tuple[int, float]] = field(default_factory=list)  # (emitted, cost in c(1))
     cooldown: int = 0  # plain steps left before drafting again
 
 
@@ -55,9 +59,19 @@ class SpeculationPolicy:
                 ks.append(min(s.num_draft_tokens, self.room(s)))
         return ks
 
-    def observe(self, s, proposed: int, accepted: int) -> None:
-        """Records a speculative step; may start a cooldown."""
+    def observe(self, s, proposed: int, accepted: int, cost: float | None = None) -> None:
+        """Records a speculative step (cost: its share of time in plain decoding steps, c(1));
+        may start a cooldown."""
         c = self.config
+        if proposed and s.adaptive and cost:
+            st = self._state.setdefault(s.id, _StreamState())
+            st.gains.append((accepted + 1, cost))
+            if len(st.gains) > c.window:
+                st.gains.pop(0)
+            if len(st.gains) == c.window and (sum(e for e, _ in st.gains)
+                                              < sum(x for _, x in st.gains)):
+                st.cooldown = c.cooldown
+                st.gains.clear()
         if proposed == 0 or c.min_acceptance == 0:
             return
         st = self._state.setdefault(s.id, _StreamState())

@@ -116,7 +116,7 @@ class Scheduler:
     def max_len(self) -> int:
         return self.gen.cache.max_len
 
-    def resolve(self, method: str | None, num_draft_tokens: int | None) -> tuple[str, int]:
+    def resolve(self, method: str | None, num_draft_tokens: int | str | None) -> tuple[str, int]:
         """(method, k) for a request; None takes the configured default. Raises ValueError
         quoting a bad value."""
         s = self.gen.stream([0], SamplingParams(), method, num_draft_tokens)
@@ -140,7 +140,7 @@ class Scheduler:
                              f"{self.max_len - n} new tokens")
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-               num_draft_tokens: int | None = None,
+               num_draft_tokens: int | str | None = None,
                on_output: Callable[[Output], None] | None = None,
                request_id: str | None = None) -> Request:
         stream = self.gen.stream(prompt_ids, params, method, num_draft_tokens)

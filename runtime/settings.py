@@ -24,18 +24,45 @@ DEFAULT_MAX_PREFILL_TOKENS = 16
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # `serve`: 1 MiB, far past any prompt a 2,048-token context holds
 
 
+AUTO_MAX_DRAFT_TOKENS = 6  # `auto`: the most tokens a step drafts (runtime/draft_length.py)
+
+
 def check_num_draft_tokens(k) -> int:
     """k, or ValueError quoting it: an integer in 1..MAX_DRAFT_TOKENS."""
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
-        raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..{MAX_DRAFT_TOKENS}")
+        raise ValueError(f"num_draft_tokens={k!r}: must be an integer in 1..{MAX_DRAFT_TOKENS}, "
+                         "or auto / auto:K")
     return k
+
+
+def parse_num_draft_tokens(value) -> tuple[int, bool]:
+    """k (fixed) or "auto" / "auto:K" (adaptive, at most K) -> (k, adaptive); an integer
+    string is a fixed k. ValueError quoting a bad value."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return AUTO_MAX_DRAFT_TOKENS, True
+        if text.startswith("auto:") and text[5:].isdigit():
+            return check_num_draft_tokens(int(text[5:])), True
+        if text.isdigit():
+            return check_num_draft_tokens(int(text)), False
+        raise ValueError(f"num_draft_tokens={value!r}: must be an integer in "
+                         f"1..{MAX_DRAFT_TOKENS}, or auto / auto:K")
+    return check_num_draft_tokens(value), False
+
+
+def draft_tokens_label(k: int, adaptive: bool) -> str:
+    return f"auto:{k}" if adaptive else str(k)
 
 
 @dataclass(frozen=True)
 class SpeculationConfig:
     """How much to draft, and when not to (runtime/policy.py)."""
 
-    num_draft_tokens: int = 4  # k: tokens drafted per step (a request may ask for its own)
+    # k: tokens drafted per step (a request may ask for its own); "auto" / "auto:K" (read into
+    # num_draft_tokens = K, adaptive = True): each step drafts while a token pays for itself
+    num_draft_tokens: int = 4
+    adaptive: bool = False
     ngram_min: int = 1  # n-gram lookup: the shortest match it continues
     ngram_max: int = 4  # ... and the longest it tries first
     spec_max_batch: int | None = None  # more streams decoding than this: no drafting (None: no limit)
@@ -44,6 +71,10 @@ class SpeculationConfig:
     cooldown: int = 16  # plain steps before such a stream drafts again
 
     def __post_init__(self):
+        if isinstance(self.num_draft_tokens, str):
+            k, adaptive = parse_num_draft_tokens(self.num_draft_tokens)
+            object.__setattr__(self, "num_draft_tokens", k)
+            object.__setattr__(self, "adaptive", adaptive)
         check_num_draft_tokens(self.num_draft_tokens)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"ngram n range {self.ngram_min}..{self.ngram_max}: need "

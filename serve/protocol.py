@@ -40,7 +40,7 @@ class Speculative(BaseModel):
 
     model_config = STRICT
     method: str | None = None
-    num_draft_tokens: int | None = None
+    num_draft_tokens: int | str | None = None  # k, or "auto" / "auto:K" (adaptive, at most K)
 
 
 class StreamOptions(BaseModel):

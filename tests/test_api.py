@@ -97,7 +97,7 @@ def test_leaving_a_stream_early_frees_its_slot(llm):
     (dict(backend="tpu"), "backend='tpu': expected auto or one of ort, torch-cuda, trt"),
     (dict(backend="trt"), "backend 'trt' needs TensorRT"),
     (dict(method="eagle3"), "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); "
-                            "methods here: none, vanilla, ngram"),
+                            "methods here: none, vanilla, ngram, suffix, hybrid"),
     (dict(num_draft_tokens=0, method="ngram"), "num_draft_tokens=0"),
 ])
 def test_bad_arguments(tiny_spec_engine, kwargs, message):

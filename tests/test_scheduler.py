@@ -24,8 +24,9 @@ def alone(engine_dir, prompt, n):
 
 
 def test_available_methods_follow_the_manifest(tiny_engine, tiny_spec_engine):
-    assert available_methods(load_manifest(tiny_engine)) == ["none", "ngram"]
-    assert available_methods(load_manifest(tiny_spec_engine)) == ["none", "vanilla", "ngram"]
+    assert available_methods(load_manifest(tiny_engine)) == ["none", "ngram", "suffix"]
+    assert available_methods(load_manifest(tiny_spec_engine)) == ["none", "vanilla", "ngram",
+                                                                  "suffix", "hybrid"]
 
 
 def test_continuous_batching_across_methods_equals_one_at_a_time(tiny_spec_engine):
@@ -114,7 +115,7 @@ def test_queue_bound(tiny_engine):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(method="eagle3"), "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); "
-                            "methods here: none, ngram"),
+                            "methods here: none, ngram, suffix"),
     (dict(method="vanilla"), "has no vanilla drafter"),
     (dict(method="medusa"), "method 'medusa' is not known; known: none, vanilla, ngram"),
     (dict(method="ngram", num_draft_tokens=0), "num_draft_tokens=0: must be an integer in 1..64"),

@@ -31,7 +31,7 @@ def test_health_and_models(server, client):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny"]
-    assert models[0].model_extra["methods"] == ["none", "vanilla", "ngram"]
+    assert models[0].model_extra["methods"] == ["none", "vanilla", "ngram", "suffix", "hybrid"]
     assert models[0].model_extra["max_model_len"] == 256
 
 
@@ -207,7 +207,8 @@ BAD = [  # (path, body, status, message)
     ("completions", {**GOOD, "frequency_penalty": 0.5}, 400,
      "frequency_penalty=0.5: not supported (only 0)"),
     ("completions", {**GOOD, "speculative": {"method": "eagle3"}}, 400,
-     "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); methods here: none, vanilla, ngram"),
+     "has no eagle3 drafter (export it with --eagle3 CHECKPOINT); methods here: none, "
+     "vanilla, ngram, suffix, hybrid"),
     ("chat/completions", {**CHAT, "speculative": {"method": "ngram", "num_draft_tokens": 0}},
      400, "num_draft_tokens=0: must be an integer in 1..64"),
     ("completions", {**GOOD, "speculative": {"method": "none", "num_draft_tokens": 2}}, 400,

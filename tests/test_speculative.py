@@ -122,7 +122,7 @@ class ConstantProposer(Proposer):
 
     name = "constant"
 
-    def propose(self, streams, ks):
+    def propose(self, streams, ks, gate=None):
         return Drafts([np.zeros(k, dtype=np.int64) for k in ks], [None] * len(streams))
 
 

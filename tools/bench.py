@@ -24,9 +24,10 @@ from importlib import resources
 from pathlib import Path
 
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.tools.speedup_model import measure_costs, predict, prediction_table, typical_past
+from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
 
 def default_prompts_path() -> Path:
@@ -95,6 +96,9 @@ def machine() -> dict:
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
 
 
+NONE_FAST = "none-fast"  # plain decoding with --fast-decode, timed beside exact plain decoding
+
+
 @dataclass
 class Config:
     engine: str
@@ -102,6 +106,9 @@ class Config:
     k: int | None  # None for "none"
     runs: dict = field(default_factory=dict)  # workload -> list of per-stream dicts
     groups: dict = field(default_factory=dict)  # workload -> list of (tokens, wall seconds)
+    # its own cache of earlier requests (suffix, hybrid): configurations run the same prompts
+    # in turn, so a shared one would hand each the answer another config just wrote
+    suffix_cache: SuffixCache = field(default_factory=SuffixCache)
 
     @property
     def label(self) -> str:
@@ -179,6 +186,9 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "acceptance_per_position": [a / p for a, p in zip(accepted_pp, proposed_pp)],
         "decode_steps": steps,
         "drafted_per_position": proposed_pp,  # steps that drafted at least i + 1 tokens
+        # steps that drafted exactly k tokens, k = 0, 1, ... (adaptive k: what it chose)
+        "drafted_k_histogram": ([steps - proposed_pp[0]] if proposed_pp else [steps]) + [
+            proposed_pp[i] - (proposed_pp[i + 1] if i + 1 < width else 0) for i in range(width)],
         "identical_to_baseline": identical,
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,
@@ -247,7 +257,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     methods = list(dict.fromkeys(methods))
     if "none" not in methods and (peers or (temperature == 0 and any(m != "none" for m in methods))):
         methods = ["none"] + methods  # identical_to_baseline and the peers' ratios need it
-    max_len = max(pasts + [512]) + max_new_tokens + max(ks + [0]) + 8
+    max_len = max(pasts + [512]) + max_new_tokens + max([k_max(k) for k in ks] + [0]) + 8
     gens, configs = {}, []
     for e in engines:
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
@@ -256,8 +266,12 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
+            if m == "none" and exact_decode and hasattr(gens[e].target, "exact_decode"):
+                configs.append(Config(e, NONE_FAST, None))  # what a user who does not
+                # speculate would run: speed-ups are given against it too
     for c in configs:  # a drafter that cannot load fails now, before any timing
-        gens[c.engine].proposer(gens[c.engine].check_method(c.method))
+        if c.method != NONE_FAST:
+            gens[c.engine].proposer(gens[c.engine].check_method(c.method))
     # groups of `batch` prompts decode together (the last group wraps around)
     groups = [[prompts[(g + j) % len(prompts)] for j in range(batch)]
               for g in range(0, len(prompts), batch)]
@@ -271,15 +285,23 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     # peers take the first engine's prompt token ids and are compared with its 'none'
     ref = gens[engines[0]]
     skipped: dict[str, str] = {}
-    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads, ks[0] if ks else 4,
+    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads,
+                                            k_max(ks[0]) if ks else 4,
                                             ref.manifest.folder)
                 if peers else None)
     active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
 
     def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
         gen = gens[c.engine]
+        gen.use_suffix_cache(c.suffix_cache)
+        fast = c.method == NONE_FAST
+        if fast:  # the fastest plain decoding: 1-token steps on one-row kernels
+            gen.target.exact_decode = False
         t0 = time.perf_counter()
-        streams = gen.generate_ids(prompts_ids, params, c.method, c.k)
+        try:
+            streams = gen.generate_ids(prompts_ids, params, "none" if fast else c.method, c.k)
+        finally:
+            gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
         c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
                                               time.perf_counter() - t0))
         for s in streams:
@@ -311,6 +333,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     for c in configs:  # warm-up, not recorded
         run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]])
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
+        c.suffix_cache = SuffixCache()  # what the warm-up wrote is not a request
     for p in list(active):
         run_peer(p, "_warmup", ref.encode(prompts[0])[:16])
         p.runs.pop("_warmup", None), p.groups.pop("_warmup", None)
@@ -341,6 +364,10 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                      and x["workload"] == r["workload"]), None)
         r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none["tokens_per_s"]["median"]
                                 if none else None)
+        fast = next((x for x in results if x["engine"] == r["engine"]
+                     and x["method"] == NONE_FAST and x["workload"] == r["workload"]), None)
+        r["speedup_vs_none_fast"] = (r["tokens_per_s"]["median"] / fast["tokens_per_s"]["median"]
+                                     if fast else None)
     costs = {}  # the speed-up each speculative config should reach, from c(T) measured here
     if ks and any(c.k for c in configs) and batch == 1:
         for e, gen in gens.items():
@@ -405,7 +432,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
 
 def table(results: list[dict], skipped_peers: dict | None = None) -> str:
     head = (f"{'engine':<32} {'method':<22} {'workload':<10} {'tok/s':>7} {'x none':>7} "
-            f"{'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10}  acceptance by position")
+            f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10}  "
+            "acceptance by position")
     rows = [head, "-" * len(head)]
 
     def fmt(value, spec: str) -> str:
@@ -418,6 +446,7 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
         rows.append(f"{engine[:32]:<32} {label:<22} {r['workload']:<10} "
                     f"{fmt(r['tokens_per_s']['median'], '>7.1f'):>7} "
                     f"{fmt(r['speedup_vs_none'], '.2f'):>7} "
+                    f"{fmt(r.get('speedup_vs_none_fast'), '.2f'):>7} "
                     f"{r['throughput_tokens_per_s']:>7.1f} {fmt(r['tau'], '.2f'):>5} "
                     f"{fmt(r['identical_to_baseline'], '.2f'):>5} "
                     f"{fmt(r['propose_us_per_step'], '.0f'):>10}  {acc}")

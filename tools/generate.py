@@ -34,7 +34,7 @@ def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) 
 
 
 def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
-                 num_draft_tokens: int = 4, ngram: tuple[int, int] = (1, 4),
+                 num_draft_tokens: int | str = 4, ngram: tuple[int, int] = (1, 4),
                  spec_max_batch: int | None = None, spec_min_acceptance: float = 0.0,
                  max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (),
@@ -44,7 +44,7 @@ def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
     method, backend or sampling setting."""
     from trt_spec.runtime.generator import Generator, encode_prompt
     from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.settings import RuntimeConfig
+    from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
     from trt_spec.runtime.tokenizer import Tokenizer
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
@@ -53,7 +53,7 @@ def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
     if (Path(engine) / "tokenizer.json").is_file():
         tokenizer = Tokenizer(engine)
         max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), max_tokens,
-                                  num_draft_tokens)
+                                  parse_num_draft_tokens(num_draft_tokens)[0])
     config = RuntimeConfig.from_options(
         method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram[0], ngram_max=ngram[1],
         spec_max_batch=spec_max_batch, min_acceptance=spec_min_acceptance, max_len=max_len,

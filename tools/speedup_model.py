@@ -25,9 +25,16 @@ def typical_past(prompt_lengths: list[int], max_new_tokens: int) -> int:
     return int(statistics.median(prompt_lengths)) + max_new_tokens // 2
 
 
-def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, float]:
+def k_max(k) -> int:
+    """The most tokens a step drafts at draft length k (an int, or "auto:K")."""
+    from trt_spec.runtime.settings import parse_num_draft_tokens
+
+    return parse_num_draft_tokens(k)[0]
+
+
+def measure_costs(gen, past: int, ks: list, repeats: int = 8) -> dict[int, float]:
     """c(T) in ms for T = 1 .. max(ks) + 1, at `past` (clamped to what the cache holds)."""
-    ts = list(range(1, max(ks) + 2))
+    ts = list(range(1, max(k_max(k) for k in ks) + 2))
     past = max(1, min(past, gen.cache.max_len - max(ts)))
     return step_costs(gen, [past], ts, repeats=repeats, warmup=1)["ms"][past]
 
@@ -35,7 +42,7 @@ def measure_costs(gen, past: int, ks: list[int], repeats: int = 8) -> dict[int, 
 def predict(result: dict, costs_ms: dict[int, float], none: dict | None = None) -> None:
     """Adds the prediction fields to one speculative bench result (in place); `none` is the
     same engine and workload's plain-decoding result."""
-    k, c1 = result["num_draft_tokens"], costs_ms[1]
+    k, c1 = k_max(result["num_draft_tokens"]), costs_ms[1]
     steps, drafted = result["decode_steps"], result["drafted_per_position"] + [0] * k
     # steps that drafted exactly j tokens: drafted[j-1] - drafted[j]; none: steps - drafted[0]
     exactly = [max(steps - drafted[0], 0)] + [drafted[j - 1] - drafted[j] for j in range(1, k + 1)]

@@ -16,17 +16,23 @@ class Drafts:
 
     tokens: list[np.ndarray]  # [k_i] int64 (k_i may be below the k asked, 0 included)
     probs: list[np.ndarray | None]  # [k_i, vocab] q at each draft position; None: deterministic
+    sources: list[str | None] | None = None  # which proposer drafted (hybrid); None: this one
 
 
 class Proposer(ABC):
     name: str
+    # the drafter reports each draft's confidence to a DraftGate (runtime/draft_length.py) and
+    # stops a stream's drafting where the gate says so (`--num-draft-tokens auto`)
+    gated: bool = False
     # The target's per-token output this proposer drafts from ("hidden_states",
     # "eagle3_features"); the engine passes its rows to `observe`. None: token ids only.
     reads: str | None = None
 
     @abstractmethod
-    def propose(self, streams: list, ks: list[int]) -> Drafts:
-        """Drafts up to ks[i] tokens to follow each stream's tokens (prompt + output)."""
+    def propose(self, streams: list, ks: list[int], gate=None) -> Drafts:
+        """Drafts up to ks[i] tokens to follow each stream's tokens (prompt + output). gate
+        (DraftGate, for a `gated` proposer): after each draft of stream i, gate.more(i, conf)
+        says whether to draft another."""
 
     def observe(self, stream, start: int, rows: np.ndarray) -> None:
         """The target's `reads` output for the stream's positions [start, start + len(rows)),
@@ -79,3 +85,12 @@ def pick_draft(s, logits: np.ndarray,
     if vocab is None:
         return d, q
     return int(vocab.draft_to_target[d]), vocab.to_target(q)
+
+
+def confidence(logits: np.ndarray, q: np.ndarray | None, token: int) -> float:
+    """The drafter's probability of the token it drafted: q[token] when sampled (q over the
+    target vocabulary), else the softmax maximum of its logits [head_vocab] (greedy)."""
+    if q is not None:
+        return float(q[token])
+    z = logits.astype(np.float64) - logits.max()
+    return float(1.0 / np.exp(z).sum())

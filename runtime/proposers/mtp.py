@@ -31,7 +31,8 @@ import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
+from trt_spec.runtime.proposers.base import (Drafts, DraftVocab, Proposer, confidence,
+                                             pick_draft)
 from trt_spec.runtime.step_inputs import SlotTokens
 
 
@@ -51,6 +52,7 @@ class SlotState:
 class MtpProposer(Proposer):
     name = "mtp"
     reads = "hidden_states"
+    gated = True
 
     def __init__(self, modules: list[StepGraph], caches: list[KVCache],
                  vocab: DraftVocab | None = None):
@@ -90,7 +92,7 @@ class MtpProposer(Proposer):
 
     # --- propose -------------------------------------------------------------------------
 
-    def propose(self, streams, ks):
+    def propose(self, streams, ks, gate=None):
         n_modules = len(self.modules)
         tokens = [[] for _ in streams]
         probs = [[] for _ in streams]
@@ -109,8 +111,11 @@ class MtpProposer(Proposer):
             rows[i] = st.hist[start - st.base:anchor + 1 - st.base]
         ok = list(seqs)
         hidden = dict(zip(ok, self.first_hidden([rows[i] for i in ok])))
+        stopped = set()  # streams the gate stopped
         for j in range(max((ks[i] for i in ok), default=0)):
-            active = [i for i in ok if ks[i] > j]
+            active = [i for i in ok if ks[i] > j and i not in stopped]
+            if not active:
+                break
             if j < n_modules:  # module j over rows [start, anchor]
                 requests = []
                 for i in active:
@@ -128,11 +133,16 @@ class MtpProposer(Proposer):
                 tokens[i].append(token)
                 probs[i].append(q)
                 hidden[i] = h
+                if gate is not None and not gate.more(i, confidence(logits[-1], q, token)):
+                    stopped.add(i)
         for i in ok:
             st = self.slots[streams[i].slot]
             n = anchors[i] + 2
-            for j in range(min(ks[i], n_modules)):
+            ran = min(len(tokens[i]), n_modules)  # modules run (the gate may stop early)
+            for j in range(ran):
                 st.committed[j] = n - 1 - j
+            for j in range(ran, min(ks[i], n_modules)):  # rewound to starts[i], not run
+                st.committed[j] = min(st.committed[j], starts[i])
             keep = min(st.committed)
             st.hist, st.base = st.hist[keep - st.base:], keep
         return Drafts(

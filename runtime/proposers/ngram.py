@@ -34,7 +34,7 @@ class NgramProposer(Proposer):
             raise ValueError(f"ngram n range {min_n}..{max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, streams, ks):
+    def propose(self, streams, ks, gate=None):
         tokens = []
         for s, k in zip(streams, ks):
             seq = np.asarray(s.prompt_ids + s.output_ids, dtype=np.int64)

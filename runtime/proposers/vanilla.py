@@ -16,7 +16,8 @@ import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
-from trt_spec.runtime.proposers.base import Drafts, DraftVocab, Proposer, pick_draft
+from trt_spec.runtime.proposers.base import (Drafts, DraftVocab, Proposer, confidence,
+                                             pick_draft)
 from trt_spec.runtime.step_inputs import SlotTokens
 
 
@@ -30,6 +31,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class VanillaProposer(Proposer):
     name = "vanilla"
+    gated = True
 
     def __init__(self, draft: StepGraph, cache: KVCache, vocab: DraftVocab | None = None):
         self.draft = draft
@@ -51,7 +53,7 @@ class VanillaProposer(Proposer):
         self.held.pop(s.slot, None)
         self.cache.lengths[s.slot] = 0
 
-    def propose(self, streams, ks):
+    def propose(self, streams, ks, gate=None):
         tokens = [[] for _ in streams]
         probs = [[] for _ in streams]
         active = [i for i, k in enumerate(ks) if k > 0]
@@ -68,9 +70,10 @@ class VanillaProposer(Proposer):
             feeds[i] = seq[keep:]
             self.held[s.slot] = (s.id, seq[:keep])
             requests.append(SlotTokens(s.slot, feeds[i], [len(feeds[i]) - 1]))
+        stopped = set()  # streams the gate stopped
         for j in range(max(ks, default=0)):
             if j > 0:
-                active = [i for i in active if ks[i] > j]
+                active = [i for i in active if ks[i] > j and i not in stopped]
                 requests = [SlotTokens(streams[i].slot, [tokens[i][-1]], [0]) for i in active]
                 feeds = {i: [tokens[i][-1]] for i in active}
             if not active:
@@ -83,6 +86,8 @@ class VanillaProposer(Proposer):
                 token, q = pick_draft(s, logits[-1], self.vocab)
                 tokens[i].append(token)
                 probs[i].append(q)
+                if gate is not None and not gate.more(i, confidence(logits[-1], q, token)):
+                    stopped.add(i)
         return Drafts(
             [np.asarray(t, dtype=np.int64) for t in tokens],
             [None if not p or p[0] is None else np.stack(p) for p in probs],

@@ -17,10 +17,15 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
-def parse_ks(text: str) -> list[int]:
-    from trt_spec.tools.bench import parse_ints
+def parse_ks(text: str) -> list[int | str]:
+    """Comma-separated ks: integers, or auto / auto:K (adaptive, at most K)."""
+    from trt_spec.runtime.settings import draft_tokens_label, parse_num_draft_tokens
 
-    return parse_ints(text, "--num-draft-tokens", minimum=1)
+    ks = []
+    for item in comma_list(text):
+        k, adaptive = parse_num_draft_tokens(item)
+        ks.append(draft_tokens_label(k, True) if adaptive else k)
+    return ks
 
 
 def parse_past(text: str) -> list[int]:
@@ -52,7 +57,8 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--num-draft-tokens", "ks", default=str(SPECULATION.num_draft_tokens),
               show_default=True,
               callback=checked(parse_ks),
-              help="k, or comma-separated ks to sweep (e.g. 2,4,6).")
+              help="k, or comma-separated ks to sweep (e.g. 2,4,6); auto or auto:K drafts "
+                   "while a token pays for itself, at most K (default 6).")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
               help="New tokens per run (EOS ignored unless --stop-at-eos).")
 @click.option("--stop-at-eos", is_flag=True,

@@ -68,11 +68,28 @@ def sampling_options(f):
     return f
 
 
+class DraftTokens(click.ParamType):
+    """k or auto / auto:K -> an int, or "auto:K"."""
+
+    name = "K|auto[:K]"
+
+    def convert(self, value, param, ctx):
+        from trt_spec.runtime.settings import draft_tokens_label, parse_num_draft_tokens
+
+        try:
+            k, adaptive = parse_num_draft_tokens(value if isinstance(value, str) else int(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return draft_tokens_label(k, True) if adaptive else k
+
+
 def speculation_options(f):
     for opt in reversed([
-        click.option("--num-draft-tokens", "num_draft_tokens",
-                     type=click.IntRange(1, MAX_DRAFT_TOKENS), default=SPECULATION.num_draft_tokens,
-                     show_default=True, help="k: tokens drafted per step."),
+        click.option("--num-draft-tokens", "num_draft_tokens", type=DraftTokens(),
+                     default=str(SPECULATION.num_draft_tokens), show_default=True,
+                     help=f"k: tokens drafted per step (1..{MAX_DRAFT_TOKENS}); auto or auto:K: "
+                          "each step drafts while a token pays for itself, at most K "
+                          "(default 6)."),
         click.option("--ngram-min", type=click.IntRange(min=1), default=SPECULATION.ngram_min,
                      show_default=True, help="ngram: shortest suffix to match."),
         click.option("--ngram-max", type=click.IntRange(min=1), default=SPECULATION.ngram_max,
