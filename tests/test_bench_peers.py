@@ -121,13 +121,14 @@ def test_bench_with_fake_peers(fake_peers, tiny_engine, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
 
-    # interleaved: per workload, every configuration of ours (none, ngram), then every peer,
-    # on the same prompt ids; warm-up first. broken-run is dropped at its first run.
+    # interleaved: per workload, every configuration of ours (none, none-fast, ngram), then
+    # every peer, on the same prompt ids; warm-up first. broken-run is dropped at its first run.
     kinds = [(who, method) for who, method, _ in fake_peers]
-    step = [("ours", "NoneType"), ("ours", "NgramProposer"), ("echo", None), ("echo2", None)]
+    step = [("ours", "NoneType"), ("ours", "NoneType"), ("ours", "NgramProposer"),
+            ("echo", None), ("echo2", None)]
     assert kinds == step * (1 + 2 * 3), kinds
-    for i in range(0, len(fake_peers), 4):
-        assert len({ids for _, _, ids in fake_peers[i:i + 4]}) == 1  # the same prompt
+    for i in range(0, len(fake_peers), 5):
+        assert len({ids for _, _, ids in fake_peers[i:i + 5]}) == 1  # the same prompt
 
     assert report["skipped_peers"] == {
         "missing": "missing-runtime is not installed",
@@ -137,7 +138,7 @@ def test_bench_with_fake_peers(fake_peers, tiny_engine, tmp_path):
         assert f"skipped peer {name}: {reason}" in result.stdout
 
     results = {r["method"]: r for r in report["results"]}
-    assert set(results) == {"none", "ngram", "echo", "echo2"}
+    assert set(results) == {"none", "none-fast", "ngram", "echo", "echo2"}
     none_runs = results["none"]["tokens_per_s"]["runs"]
     assert len(none_runs) == 2 * 3
     for name, rate in (("echo", 100.0), ("echo2", 50.0)):
