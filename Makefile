@@ -28,10 +28,12 @@ export: setup  ## export SmolLM2-135M-Instruct (int4) and its shipped drafters t
 export-fp32: setup  ## the fp32 reference engine (shipped drafters too), engines/smollm2-135m-fp32
 	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32
 
-DEMO_METHODS := none,vanilla,ngram,mtp,eagle,eagle3
-demo: export  ## export (once), answer PROMPT with Eagle3, then every method side by side on 8 held-out prompts
-	$(BIN)/trt-spec generate --engine $(ENGINE) --method eagle3 --max-tokens 128 "$(PROMPT)"
-	$(BIN)/trt-spec bench --engine $(ENGINE) --methods $(DEMO_METHODS) --num-draft-tokens 4 \
+# The fastest measured here (docs/benchmarks.md, adaptive drafting): hybrid at k = 2.
+DEMO_METHODS := none,vanilla,ngram,suffix,mtp,eagle,eagle3,hybrid
+demo: export  ## export (once), answer PROMPT with hybrid k=2, then every method side by side on 8 held-out prompts
+	$(BIN)/trt-spec generate --engine $(ENGINE) --method hybrid --num-draft-tokens 2 \
+		--max-tokens 128 "$(PROMPT)"
+	$(BIN)/trt-spec bench --engine $(ENGINE) --methods $(DEMO_METHODS) --num-draft-tokens 2 \
 		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
 		--repeats 1
 

@@ -128,6 +128,33 @@ class DraftLength:
     def gate(self, method: str, adaptive: list[bool]) -> "DraftGate":
         return DraftGate(self, method, adaptive)
 
+    def plan(self, key: str, k_max: int) -> int:
+        """How many tokens to draft before drafting, from acceptance by position (calibration
+        `key`): for drafters whose cost depends on how regularly each position is drafted
+        (MTP: module i catches up on every row it skipped, so a per-step stop costs more
+        later)."""
+        gate = DraftGate(self, key, [True])
+        for j in range(k_max):
+            if not gate.more(0, position_confidence(j)):
+                return j + 1
+        return k_max
+
+    def cut(self, key: str, tokens, adaptive: bool) -> tuple[object, list[float]]:
+        """A lookup's draft (n-gram, suffix: no confidence) cut where the next token no longer
+        pays, with acceptance calibrated by position instead (calibration `key`) -> (the
+        tokens kept, the pseudo-confidences to calibrate with)."""
+        gate = DraftGate(self, key, [adaptive])
+        for j in range(len(tokens)):
+            if not gate.more(0, position_confidence(j)):
+                return tokens[:j + 1], gate.confidences[0]
+        return tokens, gate.confidences[0]
+
+
+def position_confidence(j: int) -> float:
+    """The calibration bin of draft position j (0-based) for drafters without a confidence:
+    position 0 in the top bin, then one bin lower a position (prior a = 0.95, 0.85, ...)."""
+    return (BINS - 1 - min(j, BINS - 1) + 0.5) / BINS
+
 
 class DraftGate:
     """One proposer call's decisions: `more(i, conf)` after stream i's draft of that

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
-from trt_spec.runtime.draft_length import DraftLength
+from trt_spec.runtime.draft_length import DraftLength, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import Drafts, Proposer
@@ -248,6 +248,7 @@ def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, 
     return chunks
 
 
+LOOKUPS = ("ngram", "suffix")  # drafters without a confidence: `auto` cuts them by position
 ProposerSource = Callable[[str], "Proposer | None"]  # method -> its proposer (None: none)
 
 
@@ -338,31 +339,47 @@ class Engine:
                 self.release(s)
 
     def propose(self, streams: list[Stream], ks: list[int]
-                ) -> tuple[Drafts, list[list[float] | None]]:
+                ) -> tuple[Drafts, list[tuple[str, list[float]] | None]]:
         """Drafts for every stream, each method's proposer called once on its group; and per
-        stream the confidences of its drafts (None: its proposer reports none)."""
+        stream (calibration key, the confidences of its drafts), None where there are none.
+        An `auto` stream's lookup drafts (n-gram, suffix) are cut by position
+        (DraftLength.cut); model drafters stop themselves through the gate."""
         tokens = [np.zeros(0, dtype=np.int64) for _ in streams]
         probs: list[np.ndarray | None] = [None] * len(streams)
-        confidences: list[list[float] | None] = [None] * len(streams)
+        confidences: list[tuple[str, list[float]] | None] = [None] * len(streams)
         groups: dict[str, list[int]] = {}
         for i, s in enumerate(streams):
             if self.proposer(s) is not None:
                 groups.setdefault(s.method, []).append(i)
+        planned = f"{{}}/position"  # calibration key of drafters that plan k before drafting
         for method, idx in groups.items():
             proposer = self.proposers(method)
             gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx])
                     if proposer.gated else None)
+            kk = [ks[i] for i in idx]
+            plans = getattr(proposer, "plans", not proposer.gated) and method not in LOOKUPS
+            if plans:
+                kk = [self.draft_length.plan(planned.format(method), k)
+                      if streams[i].adaptive and k > 0 else k for i, k in zip(idx, kk)]
             t0 = time.perf_counter()
-            d = proposer.propose([streams[i] for i in idx], [ks[i] for i in idx], gate)
+            d = proposer.propose([streams[i] for i in idx], kk, gate)
             self.draft_length.costs.observe_draft(method, sum(len(t) for t in d.tokens),
                                                   time.perf_counter() - t0)
             for j, i in enumerate(idx):
                 tokens[i], probs[i] = d.tokens[j], d.probs[j]
+                by = d.sources[j] if d.sources else method
+                if len(tokens[i]) and by in LOOKUPS:
+                    # a lookup's draft: deterministic, cut by position when adaptive
+                    key = f"{method}/lookup"
+                    tokens[i], conf = self.draft_length.cut(key, tokens[i], streams[i].adaptive)
+                    confidences[i] = (key, conf)
+                elif gate is not None and gate.confidences[j]:
+                    confidences[i] = (method, gate.confidences[j])
+                elif len(tokens[i]) and plans:  # planned: calibrate by position
+                    confidences[i] = (planned.format(method),
+                                      [position_confidence(p) for p in range(len(tokens[i]))])
                 if len(tokens[i]):
-                    by = d.sources[j] if d.sources else method
                     streams[i].stats.drafted_by[by] = streams[i].stats.drafted_by.get(by, 0) + 1
-                if gate is not None:
-                    confidences[i] = gate.confidences[j]
         return Drafts(tokens, probs), confidences
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
@@ -386,7 +403,8 @@ class Engine:
                 emitted.append((int(result.num_accepted[r]),
                                 result.tokens[r, :result.num_emitted[r]]))
                 if confidences[i]:  # acceptance by confidence: what `auto` k is tuned from
-                    self.draft_length.calib(s.method).observe(confidences[i], emitted[-1][0])
+                    key, conf = confidences[i]
+                    self.draft_length.calib(key).observe(conf, emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
         self.commit(streams, drafts, emitted, scores, m)

@@ -70,8 +70,9 @@ class DrafterEntry:
         """Validates `d` (ValueError naming the field) and types it."""
         m = METHODS.get(method)
         if m is None or m.drafter_entry is None:
+            known = ", ".join(n for n, x in METHODS.items() if x.drafter_entry)
             raise ValueError(f"drafters.{method}: no method {method!r} with a drafter; "
-                             f"known: {', '.join(n for n, x in METHODS.items() if x.drafter_entry)}")
+                             f"known: {known}")
         if not isinstance(d, dict):
             raise ValueError(f"drafters.{method}: expected an object, got {type(d).__name__}")
         graphs_key, config_key = m.drafter_entry
@@ -82,7 +83,8 @@ class DrafterEntry:
             raise ValueError(f"drafters.{method}: field {e} is missing") from None
         graphs = (graphs,) if isinstance(graphs, str) else tuple(graphs)
         if not graphs or not all(isinstance(g, str) for g in graphs):
-            raise ValueError(f"drafters.{method}.{graphs_key}: expected graph names, got {graphs!r}")
+            raise ValueError(f"drafters.{method}.{graphs_key}: expected graph names, "
+                             f"got {graphs!r}")
         if "num_modules" in d and d["num_modules"] != len(graphs):
             raise ValueError(f"drafters.{method}: num_modules {d['num_modules']} but "
                              f"{len(graphs)} graphs")

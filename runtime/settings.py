@@ -65,7 +65,7 @@ class SpeculationConfig:
     adaptive: bool = False
     ngram_min: int = 1  # n-gram lookup: the shortest match it continues
     ngram_max: int = 4  # ... and the longest it tries first
-    spec_max_batch: int | None = None  # more streams decoding than this: no drafting (None: no limit)
+    spec_max_batch: int | None = None  # more streams decoding: no drafting (None: no limit)
     min_acceptance: float = 0.0  # a stream's acceptance below this: plain steps (0: never)
     window: int = 8  # speculative steps in that acceptance window
     cooldown: int = 16  # plain steps before such a stream drafts again

@@ -92,5 +92,4 @@ def confidence(logits: np.ndarray, q: np.ndarray | None, token: int) -> float:
     target vocabulary), else the softmax maximum of its logits [head_vocab] (greedy)."""
     if q is not None:
         return float(q[token])
-    z = logits.astype(np.float64) - logits.max()
-    return float(1.0 / np.exp(z).sum())
+    return float(1.0 / np.exp(logits - logits.max()).sum())

@@ -14,6 +14,7 @@ from trt_spec.runtime.proposers.mtp import MtpProposer
 
 class EagleProposer(MtpProposer):
     name = "eagle"
+    gated = True
 
     def __init__(self, module: StepGraph, cache: KVCache, vocab: DraftVocab | None = None):
         super().__init__([module], [cache], vocab)

@@ -20,6 +20,7 @@ from trt_spec.runtime.proposers.mtp import MtpProposer
 
 class Eagle3Proposer(MtpProposer):
     name = "eagle3"
+    gated = True
     reads = "eagle3_features"
 
     def __init__(self, step: StepGraph, cache: KVCache, fc: Function, vocab: DraftVocab):

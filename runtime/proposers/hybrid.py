@@ -29,6 +29,7 @@ class HybridProposer(Proposer):
         self.head = head
         self.min_run = min_run
         self.reads = head.reads
+        self.plans = not head.gated  # `auto`: the engine plans k for a head without a gate
 
     def propose(self, streams, ks, gate=None):
         found = self.lookup.propose(streams, ks).tokens

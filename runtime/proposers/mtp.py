@@ -52,7 +52,10 @@ class SlotState:
 class MtpProposer(Proposer):
     name = "mtp"
     reads = "hidden_states"
-    gated = True
+    # module i catches up on every row it skipped: `auto` plans k from acceptance by position
+    # before drafting (DraftLength.plan) rather than stopping per step; Eagle and Eagle3
+    # (one module, always run) stop per step on confidence
+    gated = False
 
     def __init__(self, modules: list[StepGraph], caches: list[KVCache],
                  vocab: DraftVocab | None = None):
