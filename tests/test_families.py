@@ -271,3 +271,25 @@ def test_gqa_local_window_size_counts_like_transformers(new_tokens):
     np.testing.assert_allclose(got, expected[window], atol=1e-5)
     for other in (window - 1, window + 1):
         assert np.abs(got - expected[other]).max() > 1e-3
+
+
+def test_torch_cuda_backend_every_method_equals_ort(family_engine):
+    """The torch-cuda backend (on the CPU, every step through its padded buckets) runs the
+    same modules with its in-place attention (window included): greedy output equal to the
+    ORT graphs' for every method."""
+    from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.manifest import load_manifest
+    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.sampling import SamplingParams
+
+    family, folder, engine = family_engine
+    ps = prompts(2, 12, seed=5)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    plain = [s.output_ids for s in Generator(engine, max_batch=2).generate_ids(ps, params)]
+    manifest = load_manifest(engine)
+    graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False, pad=True)
+    gen = Generator.from_graphs(manifest, graphs, max_batch=2, max_len=64)
+    for method in ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3"):
+        gen.engine = gen.make_engine(method, SpeculationConfig(num_draft_tokens=3))
+        assert [s.output_ids for s in gen.generate_ids(ps, params)] == plain, method

@@ -1,0 +1,100 @@
+"""The real Gemma-3-270M (base; `trt-spec export --model gemma3-270m`) exported fp32, against
+transformers on the same dequantized weights, by teacher forcing past its 512-token window.
+Slow: the first run downloads and assembles the 253 MB GGUF (cached after)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).resolve().parents[1] / "runtime" / "data" / "sharegpt-heldout.jsonl"
+# Prompt lengths (tokens of one running text): short ones, and ones whose 64 forced tokens
+# cross the 512-token sliding window or lie wholly past it.
+PREFIXES = (24, 150, 470, 500, 530, 620, 800, 1000)
+FORCED = 64
+NEAR_TIE = 1e-3  # a reference top-2 logit gap below this may flip on float rounding
+
+
+@pytest.fixture(scope="module")
+def gemma_hf_dir():
+    from trt_spec.export.checkpoint import resolve_model
+
+    return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="module")
+def gemma_engine(gemma_hf_dir, tmp_path_factory):
+    from trt_spec.export.pipeline import export_engine
+
+    return export_engine("gemma3-270m", tmp_path_factory.mktemp("engines") / "gemma-fp32", "fp32")
+
+
+def running_text(tokenizer) -> list[int]:
+    """<bos> + the held-out prompts' text, joined: raw text, as a base model reads it."""
+    texts = [m["content"] for line in DATA.read_text().splitlines()
+             for m in json.loads(line)["messages"] if m["role"] == "user"]
+    return tokenizer.encode("\n\n".join(texts))
+
+
+def test_config(gemma_hf_dir):
+    from trt_spec.export.checkpoint import load_target
+
+    _, c = load_target(gemma_hf_dir)
+    assert (c.family, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+            c.vocab_size, c.sliding_window) == ("gemma3", 18, 640, 4, 1, 256, 262144, 512)
+    assert [c.layer_window(i) for i in range(6)] == [512] * 5 + [0]
+    assert (c.rope_theta, c.rope_local_theta) == (1e6, 1e4)
+
+
+def test_teacher_forcing_argmax_matches_transformers(gemma_hf_dir, gemma_engine):
+    """8 prompts x 64 forced tokens (1- and 3-token steps after the prefill, as decoding and
+    verification run): the exported graph's argmax equals transformers' at every position
+    (outside near-ties, counted and bounded), logits close."""
+    from trt_spec.runtime.backends.ort import OrtTarget
+    from trt_spec.runtime.kv_cache import KVCache
+    from trt_spec.runtime.manifest import load_manifest
+    from trt_spec.runtime.step_inputs import SlotTokens
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    manifest = load_manifest(gemma_engine)
+    config = manifest.config
+    tokens = running_text(Tokenizer(gemma_engine))
+    assert tokens[0] == config.bos_token_id and len(tokens) > max(PREFIXES) + FORCED
+    ref = transformers.AutoModelForCausalLM.from_pretrained(gemma_hf_dir,
+                                                            dtype=torch.float32).eval()
+    target = OrtTarget(gemma_engine / "target.onnx", config.num_layers,
+                       config.max_position_embeddings)
+    cache = KVCache(config, slots=1, max_len=max(PREFIXES) + FORCED + 8)
+    agree, ties, worst = 0, 0, 0.0
+    for p in PREFIXES:
+        seq = tokens[:p + FORCED]
+        slot = cache.allocate()
+        target.step(cache, [SlotTokens(slot, seq[:p], [p - 1])])
+        got, start = [], p
+        while start < p + FORCED:
+            n = min(1 if len(got) % 2 == 0 else 3, p + FORCED - start)
+            got.append(target.step(cache, [SlotTokens(slot, seq[start:start + n],
+                                                      list(range(n)))]).logits[0][:n])
+            start += n
+        cache.release(slot)
+        got = np.concatenate(got)  # (FORCED, V): logits after seq[:p + 1] ... seq[:p + 64]
+        with torch.no_grad():
+            want = ref(torch.tensor([seq]), logits_to_keep=FORCED + 1).logits[0, :-1].numpy()
+        worst = max(worst, float(np.abs(got - want).max()))
+        top2 = np.sort(want, axis=-1)[:, -2:]
+        tie = (top2[:, 1] - top2[:, 0]) < NEAR_TIE
+        same = got.argmax(-1) == want.argmax(-1)
+        assert same[~tie].all(), (p, np.flatnonzero(~same & ~tie))
+        agree += int(same.sum())
+        ties += int((~same & tie).sum())
+    print(f"argmax agreement {agree}/{len(PREFIXES) * FORCED}, flips at near-ties {ties}, "
+          f"max |logit diff| {worst:.2e}")
+    assert ties <= 2 and worst < 5e-2
