@@ -80,11 +80,49 @@ def family_engine(family_hf, tmp_path_factory):
     target, config = load_target(folder)
     save_drafter(random_mtp(target, 2, seed=11), root / "mtp")
     save_drafter(random_mtp(target, 1, seed=12, kind="eagle"), root / "eagle")
-    tensors, hf = eagle3_tensors(config, seed=13)
+    if family == "qwen3":  # the published Qwen3 EAGLE-3 layout (qwen3_eagle3_hf)
+        tensors, hf = qwen3_eagle3_hf(config)
+    else:
+        tensors, hf = eagle3_tensors(config, seed=13)
     write_checkpoint(root / "eagle3", tensors, hf)
     engine = export_engine(str(folder), tmp_path_factory.mktemp("engines") / family, "fp32",
                            draft_layers=1, heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
     return family, folder, engine
+
+
+def qwen3_eagle3_hf(config) -> tuple[dict, dict]:
+    """A random EAGLE-3 head as published for Qwen3 targets (e.g. AngelSlim's Qwen3 heads:
+    LlamaForCausalLMEagle3, midlayer.* / fc / norm / lm_head / d2t / t2d keys, head_dim in
+    config.json and not hidden / heads, rope_theta 1e6, no eagle_config: default layers)."""
+    from tests.random_drafters import eagle3_tensors
+
+    tensors, hf = eagle3_tensors(config, seed=13, head_dim=32)
+    del hf["eagle_config"]
+    hf.update({"model_type": "llama", "attention_bias": False, "rope_theta": 1e6,
+               "rope_scaling": None, "max_position_embeddings": 256, "tie_word_embeddings": False,
+               "use_sliding_window": False, "sliding_window": None, "rms_norm_eps": 1e-6,
+               "torch_dtype": "bfloat16"})
+    return tensors, hf
+
+
+def test_qwen3_eagle3_layout_loads_strictly(family_hf, tmp_path):
+    from tests.random_drafters import write_checkpoint
+    from trt_spec.export.drafter_checkpoint import load_drafter
+
+    family, folder = family_hf
+    if family != "qwen3":
+        pytest.skip("the Qwen3 layout is checked on the Qwen3 target")
+    target, config = load_target(folder)
+    tensors, hf = qwen3_eagle3_hf(config)
+    drafter = load_drafter(write_checkpoint(tmp_path / "ok", tensors, hf), "eagle3", target)
+    assert drafter.config.head_dim == 32 and drafter.config.rope_theta == 1e6
+    assert drafter.feature_layers == config.eagle3_layers
+    with pytest.raises(KeyError, match="unexpected checkpoint keys"):
+        load_drafter(write_checkpoint(tmp_path / "extra", {**tensors, "midlayer.x": tensors["d2t"].clone()},
+                                      hf), "eagle3", target)
+    bad = dict(hf, head_dim=16)
+    with pytest.raises(ValueError, match="shape"):
+        load_drafter(write_checkpoint(tmp_path / "bad", tensors, bad), "eagle3", target)
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -130,6 +168,13 @@ def test_torch_module_matches_transformers(family_hf):
     torch.testing.assert_close(hidden, expected.hidden_states[-1], atol=1e-4, rtol=1e-4)
     want = torch.cat([expected.hidden_states[i] for i in config.eagle3_layers], dim=-1)
     torch.testing.assert_close(features, want, atol=1e-4, rtol=1e-4)
+    # the training forward (train/forward.py: batched, no cache) computes the same
+    from trt_spec.train.forward import causal_forward
+
+    with torch.no_grad():
+        hidden2, features2 = causal_forward(model, ids, want_features=True)
+    torch.testing.assert_close(hidden2, expected.hidden_states[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(features2, want, atol=1e-4, rtol=1e-4)
 
 
 def test_ort_teacher_forcing_matches_transformers(family_engine):
@@ -293,3 +338,35 @@ def test_torch_cuda_backend_every_method_equals_ort(family_engine):
     for method in ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3"):
         gen.engine = gen.make_engine(method, SpeculationConfig(num_draft_tokens=3))
         assert [s.output_ids for s in gen.generate_ids(ps, params)] == plain, method
+
+
+def test_trt_lowered_gemma3_graph_equals_torch(tmp_path_factory):
+    """`--backend trt`: the sliding layers' window becomes a mask for TRT_Attention. The graph,
+    run by onnx.reference with plugins/reference_ops.py standing in for TensorRT, equals the
+    torch module over a prefill past the window, a decode and a 3-token verification."""
+    from tests.test_plugins_trt_graphs import graph, run_torch, step_feeds
+    from trt_spec.export.pipeline import export_engine
+
+    folder = make_family_hf(tmp_path_factory.mktemp("gemma3-trt"), "gemma3")
+    engine = export_engine(str(folder), tmp_path_factory.mktemp("engines") / "gemma3-trt",
+                           "fp32", backend="trt")
+    model, config = load_target(folder)
+    proto, session = graph(engine, "target")
+    masked = [n for n in proto.graph.node if n.op_type == "TRT_Attention"
+              and any(a.name == "causal_kind" and a.s == b"none" for a in n.attribute)]
+    assert len(masked) == 4  # the sliding layers
+    caches = [c.numpy() for c in empty_cache(config, 2, 24)]
+    want_caches = [c.copy() for c in caches]
+    lengths = [0, 0]
+    seqs = prompts(2, 16, seed=6)
+    for start, n in ((0, 12), (12, 1), (13, 3)):
+        rows = [s[start:start + n] for s in seqs]
+        feeds = step_feeds(config, rows, lengths, caches)
+        feeds["logits_index"] = np.tile(np.arange(n), (2, 1)).astype(np.int64)
+        names = [o.name for o in proto.graph.output]
+        got = dict(zip(names, session.run(None, feeds)))
+        want = run_torch(model, {**step_feeds(config, rows, lengths, want_caches),
+                                 "logits_index": feeds["logits_index"]}, ["logits_index"])
+        np.testing.assert_allclose(got["logits"], want[0], atol=1e-4, rtol=1e-4)
+        lengths = [m + n for m in lengths]
+        caches, want_caches = [got[k] for k in names[3:]], want[3:]

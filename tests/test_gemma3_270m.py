@@ -85,9 +85,9 @@ def test_teacher_forcing_argmax_matches_transformers(gemma_hf_dir, gemma_engine)
                                                       list(range(n)))]).logits[0][:n])
             start += n
         cache.release(slot)
-        got = np.concatenate(got)  # (FORCED, V): logits after seq[:p + 1] ... seq[:p + 64]
+        got = np.concatenate(got)  # (FORCED, V): at positions p .. p + 63
         with torch.no_grad():
-            want = ref(torch.tensor([seq]), logits_to_keep=FORCED + 1).logits[0, :-1].numpy()
+            want = ref(torch.tensor([seq]), logits_to_keep=FORCED).logits[0].numpy()
         worst = max(worst, float(np.abs(got - want).max()))
         top2 = np.sort(want, axis=-1)[:, -2:]
         tie = (top2[:, 1] - top2[:, 0]) < NEAR_TIE
