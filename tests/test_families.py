@@ -370,3 +370,41 @@ def test_trt_lowered_gemma3_graph_equals_torch(tmp_path_factory):
         np.testing.assert_allclose(got["logits"], want[0], atol=1e-4, rtol=1e-4)
         lengths = [m + n for m in lengths]
         caches, want_caches = [got[k] for k in names[3:]], want[3:]
+
+
+def test_model_config_without_family_fields_is_llama():
+    """A manifest written before the family options loads, as the Llama decoder it was."""
+    from trt_spec.runtime.config import ModelConfig
+
+    old = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+               num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+               max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1,
+               eos_token_ids=[2], eagle3_layers=[1, 2, 3])
+    c = ModelConfig.from_dict(old)
+    assert (c.family, c.qk_norm, c.sandwich_norm, c.sliding_window, c.layer_types) == \
+        ("llama", False, False, 0, ())
+    assert all(c.layer_window(i) == 0 for i in range(4))
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match="layer_types has 2 entries for 4 layers"):
+        ModelConfig.from_dict({**old, "layer_types": ["full_attention"] * 2})
+    with pytest.raises(ValueError, match="need sliding_window > 0"):
+        ModelConfig.from_dict({**old, "layer_types": ["sliding_attention"] * 4})
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"architectures": ["Gemma2ForCausalLM"]}, "architecture 'Gemma2ForCausalLM' is not supported"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                          "sliding_attention": {"rope_type": "default"}}}, "rope scaling 'linear'"),
+    ({"hidden_activation": "relu"}, "hidden activation 'relu'"),
+])
+def test_unsupported_gemma_configs_are_refused(change, match):
+    from trt_spec.export.checkpoint import config_from_hf
+
+    hf = dict(architectures=["Gemma3ForCausalLM"], vocab_size=64, hidden_size=32,
+              intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=16, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"])
+    config_from_hf(hf)  # the base is fine
+    with pytest.raises(ValueError, match=match):
+        config_from_hf({**hf, **change})

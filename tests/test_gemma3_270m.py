@@ -98,3 +98,49 @@ def test_teacher_forcing_argmax_matches_transformers(gemma_hf_dir, gemma_engine)
     print(f"argmax agreement {agree}/{len(PREFIXES) * FORCED}, flips at near-ties {ties}, "
           f"max |logit diff| {worst:.2e}")
     assert ties <= 2 and worst < 5e-2
+
+
+@pytest.fixture(scope="module")
+def gemma_all_engine(gemma_hf_dir, tmp_path_factory):
+    """Gemma-3-270M int4 with every drafter: a 6-layer self-draft and random MTP (2 modules),
+    Eagle and Eagle3 heads, the vanilla / MTP / Eagle heads over the Eagle3 head's random
+    8,192-token draft vocabulary of the 262,144 (--draft-vocab eagle3)."""
+    from tests.random_drafters import random_eagle3, random_mtp
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.drafter_checkpoint import save_drafter
+    from trt_spec.export.pipeline import export_engine
+
+    root = tmp_path_factory.mktemp("gemma-heads")
+    target, _ = load_target(gemma_hf_dir)
+    save_drafter(random_mtp(target, 2, seed=1), root / "mtp")
+    save_drafter(random_mtp(target, 1, seed=2, kind="eagle"), root / "eagle")
+    save_drafter(random_eagle3(target, seed=3, draft_vocab=8192), root / "eagle3")
+    del target
+    return export_engine("gemma3-270m", tmp_path_factory.mktemp("engines") / "gemma-all", "int4",
+                         draft_layers=6, draft_vocab="eagle3",
+                         heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
+
+
+def test_every_method_is_lossless(gemma_all_engine):
+    """Greedy speculative output equals plain greedy for every method (raw-text prompts,
+    batch 2, k = 3), the drafts mapped from the draft vocabulary to the target's."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.manifest import load_manifest
+    from trt_spec.runtime.policy import SpeculationConfig
+    from trt_spec.runtime.sampling import SamplingParams
+
+    drafters = load_manifest(gemma_all_engine).data["drafters"]
+    assert {k: drafters[k].get("draft_vocab_size") for k in drafters} == {
+        "vanilla": 8192, "mtp": 8192, "eagle": 8192, "eagle3": 8192}
+    texts = ["The capital of France is", "def reverse(s):\n    return"]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    gen = Generator(gemma_all_engine, max_batch=2, max_len=256)
+    ids = [gen.encode(t, chat=False) for t in texts]
+    plain = [s.output_ids for s in gen.generate_ids(ids, params)]
+    for method in ("ngram", "vanilla", "mtp", "eagle", "eagle3"):
+        gen.engine = gen.make_engine(method, SpeculationConfig(num_draft_tokens=3,
+                                                               min_acceptance=0))
+        streams = gen.generate_ids(ids, params)
+        assert [s.output_ids for s in streams] == plain, method
+        print(method, "proposed", sum(s.proposed for s in streams),
+              "accepted", sum(s.accepted for s in streams))
