@@ -249,10 +249,15 @@ def test_greedy_speculative_equals_plain(family_engine, method):
 
 # --- the sliding window in ORT's GroupQueryAttention against the reference -------------
 
-def gqa_session(window: int | None, num_heads: int, kv_heads: int, head_dim: int, max_len: int):
-    import onnxruntime as ort
+def gqa_session(window: int | None, num_heads: int, kv_heads: int, head_dim: int, max_len: int,
+                folder):
+    """One GroupQueryAttention node, opened as the runtime opens graphs (make_session: the
+    process's shared thread pool)."""
+    import onnx
     from onnx import TensorProto as TP
     from onnx import helper
+
+    from trt_spec.runtime.backends.ort import make_session
 
     shapes = [("qkv", TP.FLOAT, [1, "T", (num_heads + 2 * kv_heads) * head_dim]),
               ("past_key", TP.FLOAT, [1, kv_heads, max_len, head_dim]),
@@ -273,11 +278,13 @@ def gqa_session(window: int | None, num_heads: int, kv_heads: int, head_dim: int
                                for n in ("out", "present_key", "present_value")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    path = folder / f"gqa-{window}.onnx"
+    onnx.save(model, str(path))
+    return make_session(path)
 
 
 @pytest.mark.parametrize("new_tokens", [20, 1, 3])
-def test_gqa_local_window_size_counts_like_transformers(new_tokens):
+def test_gqa_local_window_size_counts_like_transformers(new_tokens, tmp_path):
     """local_window_size = W keeps keys j with i - j < W (transformers' sliding window: key j
     visible from query i when j > i - W), at prefill and in 1- and 3-token steps after a past;
     W - 1 and W + 1 differ. The reference's `window` is that rule."""
@@ -306,13 +313,13 @@ def test_gqa_local_window_size_counts_like_transformers(new_tokens):
     feeds = dict(qkv=qkv.numpy(), past_key=zeros.numpy(), past_value=zeros.numpy(),
                  cos=cos.numpy(), sin=sin.numpy())
     if past:  # cache the first `past` tokens' keys and values
-        _, pk, pv = gqa_session(window, nh, kvh, hd, max_len).run(None, dict(
+        _, pk, pv = gqa_session(window, nh, kvh, hd, max_len, tmp_path).run(None, dict(
             feeds, qkv=qkv[:, :past].numpy(), seqlens_k=np.array([past - 1], np.int32),
             total=np.array(past, np.int32), position_ids=np.arange(past)[None]))
         feeds.update(past_key=pk, past_value=pv)
     step = dict(feeds, qkv=qkv[:, past:].numpy(), seqlens_k=np.array([total - 1], np.int32),
                 total=np.array(total, np.int32), position_ids=np.arange(past, total)[None])
-    got = gqa_session(window, nh, kvh, hd, max_len).run(["out"], step)[0]
+    got = gqa_session(window, nh, kvh, hd, max_len, tmp_path).run(["out"], step)[0]
     np.testing.assert_allclose(got, expected[window], atol=1e-5)
     for other in (window - 1, window + 1):
         assert np.abs(got - expected[other]).max() > 1e-3
