@@ -124,6 +124,11 @@ def config_from_hf(hf: dict) -> ModelConfig:
                             for i in range(hf["num_hidden_layers"]))
     elif not layer_types and window and archs[0] == "MistralForCausalLM":
         layer_types = ("sliding_attention",) * hf["num_hidden_layers"]
+    elif not layer_types and family in ("qwen2", "qwen3"):  # older Qwen configs: a flag
+        first = hf.get("max_window_layers", hf["num_hidden_layers"])
+        sliding = bool(hf.get("use_sliding_window")) and bool(window)
+        layer_types = tuple("sliding_attention" if sliding and i >= first else "full_attention"
+                            for i in range(hf["num_hidden_layers"]))
     if "sliding_attention" not in layer_types:
         layer_types, window = (), 0
     eos = hf.get("eos_token_id")

@@ -415,3 +415,22 @@ def test_unsupported_gemma_configs_are_refused(change, match):
     config_from_hf(hf)  # the base is fine
     with pytest.raises(ValueError, match=match):
         config_from_hf({**hf, **change})
+
+
+def test_older_qwen_configs_sliding_flag():
+    """Qwen2.5 config.json files on the hub carry sliding_window (e.g. 32768) with
+    use_sliding_window false and no layer_types: no window. With the flag, layers from
+    max_window_layers on slide, as transformers builds them."""
+    from trt_spec.export.checkpoint import config_from_hf
+
+    hf = dict(architectures=["Qwen2ForCausalLM"], vocab_size=64, hidden_size=32,
+              intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+              num_key_value_heads=1, sliding_window=32768, max_window_layers=2,
+              use_sliding_window=False)
+    c = config_from_hf(hf)
+    assert (c.sliding_window, c.layer_types) == (0, ())
+    c = config_from_hf({**hf, "use_sliding_window": True, "sliding_window": 16})
+    assert [c.layer_window(i) for i in range(4)] == [0, 0, 16, 16]
+    t = transformers.Qwen2Config(**{**{k: v for k, v in hf.items() if k != "architectures"},
+                                    "use_sliding_window": True, "sliding_window": 16})
+    assert list(c.layer_types) == list(t.layer_types)
