@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 demo train-drafters test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 export-gemma demo train-drafters test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,6 +27,11 @@ export: setup  ## export SmolLM2-135M-Instruct (int4) and its shipped drafters t
 
 export-fp32: setup  ## the fp32 reference engine (shipped drafters too), engines/smollm2-135m-fp32
 	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32
+
+# The second known model: Gemma-3-270M (base, raw-text prompts; sliding window 512 on 5 of 6 layers).
+export-gemma: setup  ## Gemma-3-270M int4 and its fp32 reference, engines/gemma3-270m{,-fp32}
+	$(BIN)/trt-spec export --model gemma3-270m --precision int4 --out engines/gemma3-270m
+	$(BIN)/trt-spec export --model gemma3-270m --precision fp32 --out engines/gemma3-270m-fp32
 
 # The fastest measured here (docs/benchmarks.md, adaptive drafting): hybrid at k = 2.
 DEMO_METHODS := none,vanilla,ngram,suffix,mtp,eagle,eagle3,hybrid

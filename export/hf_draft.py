@@ -22,6 +22,9 @@ from trt_spec.runtime.files import atomic_folder
 def hf_state_dict(draft: TargetModel) -> dict[str, torch.Tensor]:
     """TargetModel keys -> transformers Llama keys (fp32, contiguous)."""
     c = draft.config
+    if c.family != "llama":  # the inverse of the Qwen / Gemma weight maps is not written
+        raise ValueError(f"a {c.family} draft cannot be written as a Hugging Face folder yet "
+                         "(only the Llama layout)")
     state = {k: v.detach().float() for k, v in draft.state_dict().items()
              if not k.endswith(("cos_cache", "sin_cache"))}
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim

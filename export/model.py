@@ -16,6 +16,21 @@ Graph contract (engines/README.md documents it for users):
 MTP / Eagle input). `eagle3_features` concatenates the inputs to `config.eagle3_layers`.
 Logits are computed only at `logits_index` (the last prompt token at prefill, every
 position at verification), so a long prefill does not pay for a vocab-sized output per token.
+
+One decoder for every family: what Qwen2 / Qwen3 / Gemma 3 change is a ModelConfig flag read
+in one place here (runtime/config.py lists them):
+
+    h = embed(ids) * embed_scale                                   # Gemma: sqrt(H)
+    per layer i:
+        x   = norm(h)
+        qkv = qkv_proj(x) (+ bias: Qwen2);  q, k = head_norm(q), head_norm(k)   # qk_norm
+        a   = attention(qkv, rope of layer i, window of layer i)   # sliding / full, 2 bases
+        a   = norm(o_proj(a))            if sandwich_norm (Gemma)  else o_proj(a)
+        h   = h + a;  x = norm(h)
+        m   = down(act(gate(x)) * up(x))                           # act: silu | gelu_tanh
+        m   = norm(m)                    if sandwich_norm          else m
+        h   = h + m
+    logits = head(norm(h)), softcapped c * tanh(logits / c) when logit_softcap > 0
 """
 
 from __future__ import annotations
@@ -30,19 +45,38 @@ from trt_spec.plugins.spec_verify import spec_verify
 from trt_spec.runtime.config import ModelConfig
 
 
-def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_position_embeddings, head_dim / 2] (default Llama RoPE)."""
-    inv_freq = 1.0 / config.rope_theta ** (
+def rope_tables(config: ModelConfig,
+                theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_position_embeddings, head_dim / 2] (default Llama RoPE; base `theta`,
+    default config.rope_theta)."""
+    inv_freq = 1.0 / (theta or config.rope_theta) ** (
         torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
     angles = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
 
 def add_rope_buffers(module: nn.Module, config: ModelConfig) -> None:
-    """cos_cache, sin_cache: the RoPE tables every attention of `module` reads."""
+    """cos_cache, sin_cache: the RoPE tables the attention of `module` reads; plus cos_local,
+    sin_local (base rope_local_theta) when the sliding layers have their own base (Gemma 3)."""
     cos, sin = rope_tables(config)
     module.register_buffer("cos_cache", cos, persistent=False)
     module.register_buffer("sin_cache", sin, persistent=False)
+    if has_local_rope(config):
+        cos, sin = rope_tables(config, config.rope_local_theta)
+        module.register_buffer("cos_local", cos, persistent=False)
+        module.register_buffer("sin_local", sin, persistent=False)
+
+
+def has_local_rope(config: ModelConfig) -> bool:
+    return (config.rope_local_theta > 0 and config.rope_local_theta != config.rope_theta
+            and "sliding_attention" in config.layer_types)
+
+
+def layer_rope(module: nn.Module, config: ModelConfig, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i's RoPE tables (cos, sin) among `module`'s buffers (add_rope_buffers)."""
+    if config.layer_window(i) and has_local_rope(config):
+        return module.cos_local, module.sin_local
+    return module.cos_cache, module.sin_cache
 
 
 def apply_head(x: torch.Tensor, embed: nn.Embedding, lm_head: nn.Linear | None) -> torch.Tensor:
@@ -51,16 +85,25 @@ def apply_head(x: torch.Tensor, embed: nn.Embedding, lm_head: nn.Linear | None) 
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, qkv_in: int | None = None):
-        """qkv_in: width of the attention input (Eagle3's layer reads 2H); default H."""
+    def __init__(self, config: ModelConfig, qkv_in: int | None = None, index: int = 0):
+        """qkv_in: width of the attention input (Eagle3's layer reads 2H); default H.
+        index: the layer's place in the model (its window and RoPE base follow layer_types)."""
         super().__init__()
         c = config
         self.config = c
+        self.window = c.layer_window(index)  # 0: full causal attention
         self.input_layernorm = nn.Parameter(torch.ones(c.hidden_size))
         self.qkv_proj = nn.Linear(qkv_in or c.hidden_size,
-                                  (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
+                                  (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+                                  bias=c.attention_bias)
+        if c.qk_norm:  # one RMS norm weight over head_dim, shared by every q (k) head
+            self.q_norm = nn.Parameter(torch.ones(c.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(c.head_dim))
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(c.hidden_size))  # the MLP's input norm
+        if c.sandwich_norm:  # Gemma's post_attention_layernorm / post_feedforward_layernorm
+            self.attn_output_norm = nn.Parameter(torch.ones(c.hidden_size))
+            self.mlp_output_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
@@ -69,9 +112,53 @@ class DecoderLayer(nn.Module):
     # (runtime/backends/torch_cuda.py); a strategy chosen once, not a value of the graph.
     attention_op = staticmethod(attention)
 
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, qkv_in] (normed) -> packed qkv [B, T, (nh + 2 kvh) hd], q and k heads
+        RMS-normed when qk_norm (RoPE comes after, inside the attention op)."""
+        c = self.config
+        qkv = self.qkv_proj(x)
+        if not c.qk_norm:
+            return qkv
+        batch, new_tokens, _ = qkv.shape
+        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                             c.num_kv_heads * c.head_dim], dim=-1)
+        q = rms_norm(q.reshape(batch, new_tokens, c.num_heads, c.head_dim), self.q_norm,
+                     c.rms_norm_eps)  # (B, T, nh, hd)
+        k = rms_norm(k.reshape(batch, new_tokens, c.num_kv_heads, c.head_dim), self.k_norm,
+                     c.rms_norm_eps)  # (B, T, kvh, hd)
+        return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)
+
+    def attend(self, x, past_key, past_value, seqlens_k, query_seqlens, position_ids,
+               total_sequence_length, cos, sin):
+        """x [B, T, qkv_in] (normed) -> (attention output [B, T, nh hd], present_key,
+        present_value). The window goes to the op only when the layer has one, so an
+        attention_op without the argument still runs every full-attention model."""
+        c = self.config
+        window = {"window": self.window} if self.window else {}
+        return self.attention_op(self.qkv(x), past_key, past_value, seqlens_k, query_seqlens,
+                                 position_ids, total_sequence_length, cos, sin, c.num_heads,
+                                 c.num_kv_heads, **window)
+
+    def residual(self, a: torch.Tensor, h: torch.Tensor,
+                 next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rest of the layer after attention. a: attention output [B, T, nh hd]; h:
+        residual [B, T, H]; next_norm: the norm weight of what reads the output (the next
+        layer's input norm, or the final norm) -> (next_norm(h'), h') with h' the layer's
+        output."""
+        c = self.config
+        o = self.o_proj(a)
+        if c.sandwich_norm:
+            o = rms_norm(o, self.attn_output_norm, c.rms_norm_eps)
+        x, h = add_rms_norm(o, h, self.post_attention_layernorm, c.rms_norm_eps)
+        m = self.mlp(x)
+        if c.sandwich_norm:
+            m = rms_norm(m, self.mlp_output_norm, c.rms_norm_eps)
+        return add_rms_norm(m, h, next_norm, c.rms_norm_eps)
+
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.silu(gate) if self.config.hidden_act == "silu" else F.gelu(gate, approximate="tanh")
+        return self.down_proj(act * up)
 
 
 class TargetModel(nn.Module):
@@ -79,15 +166,18 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, index=i)
+                                    for i in range(config.num_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         add_rope_buffers(self, config)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., H] (already normed) -> logits [..., vocab]."""
-        return apply_head(x, self.embed_tokens, self.lm_head)
+        """x: [..., H] (already normed) -> logits [..., vocab], softcapped if configured."""
+        logits = apply_head(x, self.embed_tokens, self.lm_head)
+        cap = self.config.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap > 0 else logits
 
     def forward(
         self,
@@ -102,18 +192,18 @@ class TargetModel(nn.Module):
         c = self.config
         assert len(past) == 2 * c.num_layers, len(past)
         h = self.embed_tokens(input_ids)  # (B, T, H) residual stream
+        if c.embed_scale != 1.0:
+            h = h * c.embed_scale
         x = rms_norm(h, self.layers[0].input_layernorm, c.rms_norm_eps)
         features, presents = {}, []
         for i, layer in enumerate(self.layers):
             features[i] = h  # the input to layer i
-            a, present_k, present_v = layer.attention_op(
-                layer.qkv_proj(x), past[2 * i], past[2 * i + 1], seqlens_k, query_seqlens,
-                position_ids, total_sequence_length, self.cos_cache, self.sin_cache,
-                c.num_heads, c.num_kv_heads)
+            a, present_k, present_v = layer.attend(
+                x, past[2 * i], past[2 * i + 1], seqlens_k, query_seqlens, position_ids,
+                total_sequence_length, *layer_rope(self, c, i))
             presents += [present_k, present_v]
-            x, h = add_rms_norm(layer.o_proj(a), h, layer.post_attention_layernorm, c.rms_norm_eps)
             next_norm = (self.layers[i + 1].input_layernorm if i + 1 < c.num_layers else self.norm)
-            x, h = add_rms_norm(layer.mlp(x), h, next_norm, c.rms_norm_eps)
+            x, h = layer.residual(a, h, next_norm)
         # x is now the final-normed hidden state.
         index = logits_index.unsqueeze(-1).expand(-1, -1, c.hidden_size)  # (B, N, H)
         logits = self.head(torch.gather(x, 1, index))

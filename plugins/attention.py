@@ -1,4 +1,5 @@
-"""Attention with an in-place KV cache: GQA, RoPE, lower-right causal mask, optional mask.
+"""Attention with an in-place KV cache: GQA, RoPE, lower-right causal mask, optional sliding
+window, optional mask.
 
 Faces of the op:
 - `attention_reference`: torch eager semantics, the reference for every backend.
@@ -20,6 +21,12 @@ Semantics per batch row b (the same as ORT's GroupQueryAttention with `query_seq
     and attends to cache rows [0, P + s] (lower-right causal: right for verification), or,
     with an explicit `attn_mask` [batch, new_tokens, max_len] (tree drafts), to the rows
     j < T where attn_mask[b, s, j] is True.
+    With `window` W > 0 (a sliding-window layer) it attends only to the last W of those:
+    rows j with P + s - W < j <= P + s, i.e. (P + s) - j < W keys back, itself included: the
+    rule of transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window). ORT's
+    GroupQueryAttention (1.32, CPU) counts `local_window_size` the same way: it gets W (checked
+    against this reference at prefill, 1-token decode and multi-token steps after a past, and
+    W - 1 / W + 1 shown to differ: tests/test_families.py).
 Rewinding a stream is lowering its length: rows past it are simply overwritten later.
 
 TensorRT form. RoPE and the split into heads stay plain ONNX ops (TensorRT fuses them); then
@@ -31,6 +38,8 @@ TensorRT form. RoPE and the split into heads stay plain ONNX ops (TensorRT fuses
     q * hd^-0.5
        \\____ TRT_Attention(q, present_key, present_value, attn_mask?, -, kv_len)
                causal_kind "lower_right" without a mask, "none" with one
+    A sliding window has no TRT_Attention attribute: it becomes a mask built in the graph
+    (window_mask: causal and within W, ANDed with attn_mask if any), causal_kind "none".
 
 All T update rows are written from P (rows past a row's Q valid tokens hold padding past its
 length, overwritten later like any rewound row). With kv_len = P + T and lower-right
@@ -105,6 +114,7 @@ def attention_reference(
     num_heads: int,
     kv_heads: int,
     attn_mask: torch.Tensor | None = None,  # [batch, new_tokens, max_len] bool, or None: causal
+    window: int = 0,  # sliding window W (keys P + s - W < j <= P + s), 0: none
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (output [batch, new_tokens, num_heads * head_dim], present_key, present_value)."""
     batch, new_tokens, _ = qkv.shape
@@ -130,6 +140,8 @@ def attention_reference(
         rows = torch.arange(n_new).unsqueeze(1) + past
         cols = torch.arange(total).unsqueeze(0)
         hidden = cols > rows if attn_mask is None else ~attn_mask[b, :n_new, :total]
+        if window > 0:
+            hidden = hidden | (rows - cols >= window)
         scores = scores.masked_fill(hidden, float("-inf"))
         out[b, :, :n_new] = scores.softmax(dim=-1) @ values
     out = out.transpose(1, 2).reshape(batch, new_tokens, num_heads * head_dim)
@@ -137,7 +149,8 @@ def attention_reference(
 
 
 def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                    cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None):
+                    cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None,
+                    window: int = 0):
     """NumPy (float64) twin of `attention_reference`: same arguments as arrays, same result."""
     qkv = np.asarray(qkv, np.float64)
     batch, new_tokens, _ = qkv.shape
@@ -173,6 +186,8 @@ def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, positio
             allowed = np.arange(total)[None] <= np.arange(n_new)[:, None] + past
         else:
             allowed = np.asarray(attn_mask[b, :n_new, :total], bool)
+        if window > 0:
+            allowed = allowed & (np.arange(n_new)[:, None] + past - np.arange(total)[None] < window)
         scores = np.where(allowed, scores, -np.inf)
         w = np.exp(scores - scores.max(-1, keepdims=True))
         out[b, :, :n_new] = (w / w.sum(-1, keepdims=True)) @ values
@@ -180,8 +195,18 @@ def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, positio
     return out, present_key, present_value
 
 
+def window_mask(write: torch.Tensor, new_tokens: int, max_len, window: int) -> torch.Tensor:
+    """write [B] (P, rows cached before) -> [B, new_tokens, max_len] bool: query row s may see
+    cache row j when P + s - window < j <= P + s."""
+    rows = write.long()[:, None] + torch.arange(new_tokens, device=write.device)[None]  # (B, T)
+    cols = torch.arange(max_len, device=write.device)  # (L,)
+    back = rows[:, :, None] - cols[None, None]  # (B, T, L) keys back from the query
+    return (back >= 0) & (back < window)
+
+
 def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                  cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None):
+                  cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None,
+                  window: int = 0):
     """The TensorRT lowering (traced under ONNX export): shapes as `attention_reference`.
     See the module docstring for the node forms and their sources."""
     batch, new_tokens, _ = qkv.shape
@@ -200,6 +225,9 @@ def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_
         dtype=past_value.dtype, shape=past_value.shape, version=1)
     form = {"query_form": "padded_bhnd", "kv_form": "padded_bhnd", "TRT_decomposable": 1,
             "TRT_normalization_op": "softmax"}
+    if window > 0:  # no window attribute: a mask, causal within the window
+        sliding = window_mask(write, new_tokens, past_key.shape[2], window)
+        attn_mask = sliding if attn_mask is None else attn_mask & sliding
     if attn_mask is None:
         inputs = [q, present_key, present_value, None, None, kv_len]
         form["causal_kind"] = "lower_right"
@@ -214,16 +242,17 @@ def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_
 
 def attention(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
               total_sequence_length, cos_cache, sin_cache, num_heads: int, kv_heads: int,
-              attn_mask=None):
+              attn_mask=None, window: int = 0):
     """Shapes as `attention_reference`; total_sequence_length: [] int32, an upper bound of
-    seqlens_k + 1 (ORT checks it; the reference and TensorRT do not need it)."""
+    seqlens_k + 1 (ORT checks it; the reference and TensorRT do not need it). window: the
+    layer's sliding window (0: none), a constant of the graph."""
     if not torch.onnx.is_in_onnx_export():
         return attention_reference(qkv, past_key, past_value, seqlens_k, query_seqlens,
                                    position_ids, cos_cache, sin_cache, num_heads, kv_heads,
-                                   attn_mask)
+                                   attn_mask, window)
     if lowering.current() == "trt":
         return attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                             cos_cache, sin_cache, num_heads, kv_heads, attn_mask)
+                             cos_cache, sin_cache, num_heads, kv_heads, attn_mask, window)
     if attn_mask is not None:
         raise NotImplementedError("an explicit attention mask lowers for TensorRT only so far")
     batch, new_tokens, _ = qkv.shape
@@ -233,7 +262,9 @@ def attention(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
         [qkv, None, None, past_key, past_value, seqlens_k, total_sequence_length,
          cos_cache, sin_cache, position_ids, None, None, None, None, None, None, query_seqlens],
         attrs={"num_heads": num_heads, "kv_num_heads": kv_heads, "do_rotary": 1,
-               "rotary_interleaved": 0},
+               "rotary_interleaved": 0,
+               # the same count as `window` (module docstring)
+               **({"local_window_size": window} if window > 0 else {})},
         dtypes=[qkv.dtype, past_key.dtype, past_value.dtype],
         shapes=[[batch, new_tokens, num_heads * head_dim], past_key.shape, past_value.shape],
         version=1,

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-family decoder. Field names follow the symbols used in shape comments."""
+    """A Llama-style decoder and the family options on it (Qwen2/2.5, Qwen3, Gemma 3), each a
+    flag with the Llama value as its default. Field names follow the symbols used in shape
+    comments.
+
+    What the checkpoint loader folds into the weights instead (export/checkpoint.py): Gemma's
+    RMSNorm weight offset (x * (1 + w)) and its attention scale (query_pre_attn_scalar^-0.5,
+    folded into the q norm), so the graph keeps the plain norm and head_dim^-0.5.
+    """
 
     vocab_size: int
     hidden_size: int  # H
@@ -25,6 +32,19 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     # Inputs to these decoder layers are concatenated into the Eagle3 feature output.
     eagle3_layers: tuple[int, ...] = ()
+    # --- family options (defaults: Llama) ---
+    family: str = "llama"  # "llama" | "qwen2" | "qwen3" | "gemma3": informational
+    attention_bias: bool = False  # q/k/v projections carry biases (Qwen2)
+    qk_norm: bool = False  # RMS norm over head_dim on each q and k head before RoPE (Qwen3, Gemma 3)
+    sandwich_norm: bool = False  # norms on the attention and MLP outputs before the adds (Gemma 3)
+    hidden_act: str = "silu"  # the MLP gate's activation: "silu" | "gelu_tanh"
+    embed_scale: float = 1.0  # embeddings multiplied by it (Gemma: sqrt(H))
+    logit_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0 (Gemma's final softcap)
+    # Sliding-window attention: query at position i sees keys j with i - window < j <= i on the
+    # layers marked "sliding_attention" in layer_types (empty: every layer "full_attention").
+    sliding_window: int = 0
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float = 0.0  # RoPE base of the sliding layers (0: rope_theta)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -36,11 +56,31 @@ class ModelConfig:
         for i in self.eagle3_layers:
             if not 0 <= i < self.num_layers:
                 raise ValueError(f"eagle3 layer {i} is outside 0..{self.num_layers - 1}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act {self.hidden_act!r}; supported: {', '.join(HIDDEN_ACTS)}")
+        types = tuple(self.layer_types)
+        if len(types) > self.num_layers:  # a truncated model (a self-draft): its first layers
+            types = types[:self.num_layers]
+        if types and len(types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {self.num_layers} layers")
+        unknown = sorted(set(types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"layer types {unknown}; known: {', '.join(LAYER_TYPES)}")
+        if "sliding_attention" in types and self.sliding_window <= 0:
+            raise ValueError("sliding_attention layers need sliding_window > 0, got "
+                             f"{self.sliding_window}")
+        object.__setattr__(self, "layer_types", types)
+
+    def layer_window(self, i: int) -> int:
+        """Layer i's sliding window (keys i - window < j <= i), or 0: full causal attention."""
+        sliding = self.layer_types and self.layer_types[i] == "sliding_attention"
+        return self.sliding_window if sliding else 0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["eagle3_layers"] = list(self.eagle3_layers)
+        d["layer_types"] = list(self.layer_types)
         return d
 
     @classmethod
@@ -52,7 +92,12 @@ class ModelConfig:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["eagle3_layers"] = tuple(d.get("eagle3_layers", ()))
+        d["layer_types"] = tuple(d.get("layer_types", ()))
         return cls(**d)
+
+
+HIDDEN_ACTS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def default_eagle3_layers(num_layers: int) -> tuple[int, ...]:

@@ -35,14 +35,16 @@ def llama_layer(g, prefix: str, h: int, qkv_in: int, heads: int, kv_heads: int, 
 
 
 def eagle3_tensors(target_config, seed: int, layout: str = "midlayer", draft_vocab: int = 48,
-                   heads: int = 4, kv_heads: int = 2, inter: int = 96) -> tuple[dict, dict]:
-    """(tensors, config.json) of a published EAGLE3 checkpoint for `target_config`."""
+                   heads: int = 4, kv_heads: int = 2, inter: int = 96,
+                   head_dim: int | None = None) -> tuple[dict, dict]:
+    """(tensors, config.json) of a published EAGLE3 checkpoint for `target_config`; head_dim
+    (default hidden / heads) is written to config.json as the Qwen3 heads do."""
     g = torch.Generator().manual_seed(seed)
     t = target_config
     h = t.hidden_size
     layer, fc, norm = (("midlayer.", "fc.", "norm.weight") if layout == "midlayer"
                        else ("model.layers.0.", "model.fc.", "model.norm.weight"))
-    tensors = llama_layer(g, layer, h, 2 * h, heads, kv_heads, h // heads, inter)
+    tensors = llama_layer(g, layer, h, 2 * h, heads, kv_heads, head_dim or h // heads, inter)
     tensors[layer + "hidden_norm.weight"] = 1 + _randn(g, h, scale=0.1)
     tensors[fc + "weight"] = _randn(g, h, 3 * h, scale=0.1)
     tensors[norm] = 1 + _randn(g, h, scale=0.1)
@@ -58,6 +60,8 @@ def eagle3_tensors(target_config, seed: int, layout: str = "midlayer", draft_voc
               "vocab_size": t.vocab_size, "draft_vocab_size": draft_vocab,
               "target_hidden_size": h, "num_hidden_layers": 1, "hidden_act": "silu",
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(t.eagle3_layers)}}
+    if head_dim:
+        config["head_dim"] = head_dim
     return tensors, config
 
 

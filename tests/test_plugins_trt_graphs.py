@@ -58,11 +58,12 @@ def test_attention_numpy_equals_torch_with_and_without_mask():
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     tree = rng.random((batch, t, max_len)) < 0.6
     tree[:, :, 0] = True  # every query sees at least the first token
-    for mask in (None, tree):
+    for mask, window in ((None, 0), (tree, 0), (None, 3), (tree, 3)):  # 3: a sliding window
         want = attention_reference(*map(torch.from_numpy, (qkv, past_k, past_v, seqlens_k, q_lens,
                                                           pos, cos, sin)), nh, kvh,
-                                   None if mask is None else torch.from_numpy(mask))
-        got = attention_numpy(qkv, past_k, past_v, seqlens_k, q_lens, pos, cos, sin, nh, kvh, mask)
+                                   None if mask is None else torch.from_numpy(mask), window)
+        got = attention_numpy(qkv, past_k, past_v, seqlens_k, q_lens, pos, cos, sin, nh, kvh, mask,
+                              window)
         for w, g in zip(want, got):
             np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
 

@@ -16,7 +16,7 @@ from trt_spec.cli import main  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import (load_manifest, rebase_source,  # noqa: E402
                                        relative_source_path, source_path)
-from trt_spec.runtime.policy import SpeculationConfig  # noqa: E402
+from trt_spec.runtime.settings import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)

@@ -26,7 +26,8 @@ METHODS = ["none", "ngram", "vanilla", "mtp", "eagle", "eagle3"]
     ([5, 2], [3, 0]),  # verify after a past beside an idle row
     ([7, 5], [1, 3]),  # the last cache row is written (past + query = max_len)
 ])
-def test_attention_in_place_equals_reference(past, query):
+@pytest.mark.parametrize("window", [0, 3])  # 3: a sliding window shorter than the past
+def test_attention_in_place_equals_reference(past, query, window):
     g = torch.Generator().manual_seed(0)
     batch, nh, kvh, hd, max_len, positions = 2, 4, 2, 8, 8, 32
     T = max(query)
@@ -42,12 +43,12 @@ def test_attention_in_place_equals_reference(past, query):
                          1.0 / 10000 ** (torch.arange(0, hd, 2).double() / hd))
     cos, sin = angles.cos().float(), angles.sin().float()
     want, want_k, want_v = attention_reference(qkv, cache_k, cache_v, seqlens_k, query_seqlens,
-                                               pos, cos, sin, nh, kvh)
+                                               pos, cos, sin, nh, kvh, window=window)
     # the in-place form's cache has one scratch row more
     k = torch.cat([cache_k, torch.zeros(batch, kvh, 1, hd)], 2)
     v = torch.cat([cache_v, torch.zeros(batch, kvh, 1, hd)], 2)
     got, got_k, got_v = attention_in_place(qkv, k, v, seqlens_k, query_seqlens, pos, None,
-                                           cos, sin, nh, kvh)
+                                           cos, sin, nh, kvh, window=window)
     assert got_k is k and got_v is v  # in place
     for b, (p, q) in enumerate(zip(past, query)):
         torch.testing.assert_close(got[b, :q], want[b, :q])

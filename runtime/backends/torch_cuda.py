@@ -42,7 +42,7 @@ from trt_spec.runtime.step_inputs import StepInputs
 
 def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
                        total_sequence_length, cos_cache, sin_cache, num_heads: int,
-                       kv_heads: int):
+                       kv_heads: int, window: int = 0):
     """plugins.attention.attention_reference's semantics, shape-static and in place.
 
     qkv [batch, new_tokens, (num_heads + 2 kv_heads) head_dim]; past_key / past_value
@@ -50,7 +50,8 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
     tokens (s >= query_seqlens[b]) write to, so every write is a scatter of fixed shape and
     no valid row is touched by padding. Returns (output [batch, new_tokens, num_heads
     head_dim], past_key, past_value) (the caches, updated). Padding rows of the output are
-    unspecified (finite). total_sequence_length is not needed."""
+    unspecified (finite). total_sequence_length is not needed. window > 0: a sliding window,
+    keys row - window < j <= row (the reference's rule)."""
     from trt_spec.plugins.attention import heads_with_rope
 
     batch, new_tokens, _ = qkv.shape
@@ -76,6 +77,8 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
     scores = scores.view(batch, kv_heads, group, new_tokens, max_len)
     cols = torch.arange(max_len, device=qkv.device)
     allowed = cols[None, None, :] <= row[:, :, None]  # (B, T, L) lower-right causal
+    if window > 0:
+        allowed = allowed & (row[:, :, None] - cols[None, None, :] < window)
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     out = scores.softmax(dim=-1) @ values[:, :, None]  # (B, kvh, g, T, hd)
     out = out.reshape(batch, num_heads, new_tokens, head_dim).transpose(1, 2)

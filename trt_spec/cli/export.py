@@ -15,8 +15,9 @@ def renamed(ctx, param, value):
 
 @click.command()
 @click.option("--model", default="smollm2-135m", show_default=True,
-              help="A known model name (smollm2-135m), a local .gguf file, or a Hugging Face "
-                   "folder (config.json + safetensors + tokenizer) of a Llama-family model.")
+              help="A known model name (smollm2-135m, gemma3-270m), a local .gguf file, or a "
+                   "Hugging Face folder (config.json + safetensors + tokenizer) of a Llama, "
+                   "Mistral, Qwen2/2.5, Qwen3 or Gemma 3 (text) model.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-plain"]),
               default=None,
               help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
