@@ -133,21 +133,22 @@ class DraftLength:
         `key`): for drafters whose cost depends on how regularly each position is drafted
         (MTP: module i catches up on every row it skipped, so a per-step stop costs more
         later)."""
-        gate = DraftGate(self, key, [True])
-        for j in range(k_max):
-            if not gate.more(0, position_confidence(j)):
-                return j + 1
-        return k_max
+        return self._by_position(key, k_max, True)[0]
 
     def cut(self, key: str, tokens, adaptive: bool) -> tuple[object, list[float]]:
         """A lookup's draft (n-gram, suffix: no confidence) cut where the next token no longer
         pays, with acceptance calibrated by position instead (calibration `key`) -> (the
         tokens kept, the pseudo-confidences to calibrate with)."""
+        n, confidences = self._by_position(key, len(tokens), adaptive)
+        return tokens[:n], confidences
+
+    def _by_position(self, key: str, n: int, adaptive: bool) -> tuple[int, list[float]]:
+        """Of n positions, how many pay (the first always does), and their pseudo-confidences."""
         gate = DraftGate(self, key, [adaptive])
-        for j in range(len(tokens)):
+        for j in range(n):
             if not gate.more(0, position_confidence(j)):
-                return tokens[:j + 1], gate.confidences[0]
-        return tokens, gate.confidences[0]
+                return j + 1, gate.confidences[0]
+        return n, gate.confidences[0]
 
 
 def position_confidence(j: int) -> float:

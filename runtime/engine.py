@@ -249,6 +249,16 @@ def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, 
 
 
 LOOKUPS = ("ngram", "suffix")  # drafters without a confidence: `auto` cuts them by position
+
+
+def lookup_key(method: str) -> str:
+    """The calibration of a method's lookup drafts, by position."""
+    return f"{method}/lookup"
+
+
+def position_key(method: str) -> str:
+    """The calibration of a drafter that plans k before drafting (MTP), by position."""
+    return f"{method}/position"
 ProposerSource = Callable[[str], "Proposer | None"]  # method -> its proposer (None: none)
 
 
@@ -351,7 +361,6 @@ class Engine:
         for i, s in enumerate(streams):
             if self.proposer(s) is not None:
                 groups.setdefault(s.method, []).append(i)
-        planned = f"{{}}/position"  # calibration key of drafters that plan k before drafting
         for method, idx in groups.items():
             proposer = self.proposers(method)
             gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx])
@@ -359,7 +368,7 @@ class Engine:
             kk = [ks[i] for i in idx]
             plans = getattr(proposer, "plans", not proposer.gated) and method not in LOOKUPS
             if plans:
-                kk = [self.draft_length.plan(planned.format(method), k)
+                kk = [self.draft_length.plan(position_key(method), k)
                       if streams[i].adaptive and k > 0 else k for i, k in zip(idx, kk)]
             t0 = time.perf_counter()
             d = proposer.propose([streams[i] for i in idx], kk, gate)
@@ -370,13 +379,13 @@ class Engine:
                 by = d.sources[j] if d.sources else method
                 if len(tokens[i]) and by in LOOKUPS:
                     # a lookup's draft: deterministic, cut by position when adaptive
-                    key = f"{method}/lookup"
+                    key = lookup_key(method)
                     tokens[i], conf = self.draft_length.cut(key, tokens[i], streams[i].adaptive)
                     confidences[i] = (key, conf)
                 elif gate is not None and gate.confidences[j]:
                     confidences[i] = (method, gate.confidences[j])
                 elif len(tokens[i]) and plans:  # planned: calibrate by position
-                    confidences[i] = (planned.format(method),
+                    confidences[i] = (position_key(method),
                                       [position_confidence(p) for p in range(len(tokens[i]))])
                 if len(tokens[i]):
                     streams[i].stats.drafted_by[by] = streams[i].stats.drafted_by.get(by, 0) + 1
@@ -390,7 +399,8 @@ class Engine:
         t1 = time.perf_counter()
         scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()
-        self.draft_length.costs.observe_step(1 + max(len(d) for d in drafts.tokens), t2 - t1)
+        rows = 1 + max(len(d) for d in drafts.tokens)  # the step's widest request
+        self.draft_length.costs.observe_step(rows, t2 - t1)
         spec = [i for i, s in enumerate(streams) if self.proposer(s) is not None]
         result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
                               [scores.logits[i] for i in spec],
@@ -407,7 +417,7 @@ class Engine:
                     self.draft_length.calib(key).observe(conf, emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
-        self.commit(streams, drafts, emitted, scores, m)
+        self.commit(streams, drafts, emitted, scores, rows, m)
         t3 = time.perf_counter()
         n = len(streams)
         for s in streams:  # the step's time, shared out per stream
@@ -416,15 +426,17 @@ class Engine:
             s.stats.sample_s += (t3 - t2) / n
         m.propose_s, m.score_s, m.sample_s = t1 - t0, t2 - t1, t3 - t2
 
-    def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores,
+    def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores, rows: int,
                m: StepMetrics) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
-        hands each proposer the target's rows for the accepted positions."""
+        hands each proposer the target's rows for the accepted positions. rows: the widest
+        request of the step (what its cost is measured by)."""
+        costs = self.draft_length.costs
         for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
             proposed = len(drafts.tokens[i])
             s.stats.record(proposed, accepted)
-            self.policy.observe(s, proposed, accepted, self.draft_length.costs.step_cost(
-                s.method, 1 + max(len(d) for d in drafts.tokens), proposed))
+            cost = costs.step_cost(s.method, rows, proposed) if s.adaptive and proposed else None
+            self.policy.observe(s, proposed, accepted, cost)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted

@@ -207,17 +207,22 @@ class Generator:
                num_draft_tokens: int | str | None = None) -> Stream:
         """A Stream for a request; None takes the configured method and k. num_draft_tokens:
         k, or "auto" / "auto:K" (adaptive)."""
+        method, k, adaptive = self.resolve(method, num_draft_tokens)
+        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive)
+
+    def resolve(self, method: str | None, num_draft_tokens: int | str | None
+                ) -> tuple[str, int, bool]:
+        """(method, k, adaptive) for a request; None takes the configured method and k.
+        ValueError quoting a bad value."""
         method = self.check_method(self.method if method is None else method)
         if method == "none":
             if num_draft_tokens is not None:
                 raise ValueError(f"num_draft_tokens={num_draft_tokens}: method 'none' drafts "
                                  "nothing; pick a speculative method")
-            return Stream(list(prompt_ids), params, method, 0)
+            return method, 0, False
         if num_draft_tokens is None:
-            k, adaptive = self.speculation.num_draft_tokens, self.speculation.adaptive
-        else:
-            k, adaptive = parse_num_draft_tokens(num_draft_tokens)
-        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive)
+            return method, self.speculation.num_draft_tokens, self.speculation.adaptive
+        return (method, *parse_num_draft_tokens(num_draft_tokens))
 
     def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
                      method: str | None = None, num_draft_tokens: int | str | None = None

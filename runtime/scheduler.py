@@ -119,8 +119,7 @@ class Scheduler:
     def resolve(self, method: str | None, num_draft_tokens: int | str | None) -> tuple[str, int]:
         """(method, k) for a request; None takes the configured default. Raises ValueError
         quoting a bad value."""
-        s = self.gen.stream([0], SamplingParams(), method, num_draft_tokens)
-        return s.method, s.num_draft_tokens
+        return self.gen.resolve(method, num_draft_tokens)[:2]
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError unless the prompt and max_tokens fit the context."""
