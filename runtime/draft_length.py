@@ -29,6 +29,8 @@ PRIOR_COST = (1.00, 1.02, 1.21, 1.38, 1.62)
 PRIOR_DRAFT = 0.07  # one drafter step / c(1)
 MIN_SAMPLES = 8  # step timings of a size before its running mean replaces the prior
 DECAY = 0.05  # running means: weight of the newest sample
+POSITION_DECAY = 0.01  # acceptance by position: weight of the newest step (~100 steps)
+PRIOR_ACCEPTANCE = 0.8  # per position, until measured: optimistic, so it gets measured
 
 
 def prior_cost(t: int) -> float:
@@ -63,10 +65,14 @@ class Calibration:
 
 
 class StepCosts:
-    """Running means of a target step by rows, and of one drafter step by method (seconds)."""
+    """Running means of a target step by (streams decoding, rows), and of one drafter step by
+    method (seconds). Costs are relative to c_B(1), the plain step of the same batch B: a
+    batch of B streams that does not draft emits B tokens for c_B(1), so a stream's step pays
+    when its tokens exceed c_B(rows) / c_B(1). The engine measures a batch's curve once
+    (`known`, `record`: cost_probe.py) before it relies on it; live steps then refine it."""
 
     def __init__(self):
-        self.step: dict[int, tuple[float, int]] = {}  # T -> (mean seconds, samples)
+        self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
         self.draft: dict[str, tuple[float, int]] = {}  # method -> (mean seconds a token, n)
 
     @staticmethod
@@ -75,44 +81,61 @@ class StepCosts:
         w = max(DECAY, 1.0 / (n + 1))
         table[key] = ((1 - w) * mean + w * seconds, n + 1)
 
-    def observe_step(self, rows: int, seconds: float) -> None:
-        self._update(self.step, rows, seconds)
+    def observe_step(self, batch: int, rows: int, seconds: float) -> None:
+        self._update(self.step, (batch, rows), seconds)
 
     def observe_draft(self, method: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
             self._update(self.draft, method, seconds / tokens)
 
-    def _unit(self) -> float | None:
-        """c(1) in seconds, from the smallest measured step size and the prior ratio."""
-        known = [(t, m) for t, (m, n) in self.step.items() if n >= MIN_SAMPLES]
+    def record(self, batch: int, rows: int, seconds: float) -> None:
+        """A measured cost (a probe's median): counts as MIN_SAMPLES live steps."""
+        self.step[(batch, rows)] = (seconds, MIN_SAMPLES)
+
+    def known(self, batch: int) -> bool:
+        """Whether c_B(1) is measured for this batch size."""
+        return self.step.get((batch, 1), (0.0, 0))[1] >= MIN_SAMPLES
+
+    def _unit(self, batch: int) -> float | None:
+        """c_B(1) in seconds: measured, else from the batch's smallest measured step and the
+        prior ratio."""
+        known = [(t, m) for (b, t), (m, n) in self.step.items() if b == batch and n >= MIN_SAMPLES]
         if not known:
             return None
         t, mean = min(known)
         return mean / prior_cost(t)
 
-    def ratio(self, t: int) -> float:
-        """c(t) / c(1)."""
-        unit = self._unit()
-        mean, n = self.step.get(t, (0.0, 0))
+    def ratio(self, t: int, batch: int = 1) -> float:
+        """c_B(t) / c_B(1)."""
+        unit = self._unit(batch)
+        mean, n = self.step.get((batch, t), (0.0, 0))
         if unit is None or n < MIN_SAMPLES:
             return prior_cost(t)
         return mean / unit
 
-    def draft_ratio(self, method: str) -> float:
-        unit = self._unit()
+    def draft_ratio(self, method: str, batch: int = 1) -> float:
+        unit = self._unit(batch)
         mean, n = self.draft.get(method, (0.0, 0))
         if unit is None or n < MIN_SAMPLES:
             return PRIOR_DRAFT
         return mean / unit
 
-    def step_cost(self, method: str, rows: int, drafted: int) -> float:
-        """A step verifying `rows` rows after `drafted` drafter steps, in plain steps c(1)."""
-        return self.ratio(rows) + drafted * self.draft_ratio(method)
+    def step_cost(self, method: str, rows: int, drafted: int, batch: int = 1) -> float:
+        """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
+        plain steps c_B(1)."""
+        return self.ratio(rows, batch) + drafted * self.draft_ratio(method, batch)
 
-    def marginal(self, method: str, drafted: int) -> float:
-        """The cost of drafting token drafted+1, in plain decoding steps."""
+    def in_plain_steps(self, seconds: float, batch: int) -> float | None:
+        """A measured time in plain steps c_B(1) (None: c_B(1) not measured yet)."""
+        unit = self._unit(batch) if self.known(batch) else None
+        return seconds / unit if unit else None
+
+    def marginal(self, method: str | None, drafted: int, batch: int = 1) -> float:
+        """The cost of drafting token drafted+1, in plain decoding steps (method None: a
+        lookup, whose drafting is free)."""
         t = drafted + 1  # rows verified now: the last token and the drafts
-        return max(self.ratio(t + 1) - self.ratio(t), 0.0) + self.draft_ratio(method)
+        draft = self.draft_ratio(method, batch) if method is not None else 0.0
+        return max(self.ratio(t + 1, batch) - self.ratio(t, batch), 0.0) + draft
 
 
 class DraftLength:
@@ -121,30 +144,38 @@ class DraftLength:
     def __init__(self):
         self.costs = StepCosts()
         self.calibration: dict[str, Calibration] = {}
+        self.positions: dict[tuple[str, bool], PositionAcceptance] = {}  # (method, sampled)
+
+    def acceptance(self, method: str, sampled: bool) -> PositionAcceptance:
+        return self.positions.setdefault((method, sampled), PositionAcceptance())
 
     def calib(self, method: str) -> Calibration:
         return self.calibration.setdefault(method, Calibration())
 
-    def gate(self, method: str, adaptive: list[bool]) -> "DraftGate":
-        return DraftGate(self, method, adaptive)
+    def gate(self, method: str, adaptive: list[bool], batch: int = 1) -> "DraftGate":
+        """batch: the streams decoding in this step (what the costs are measured at)."""
+        return DraftGate(self, method, adaptive, batch)
 
-    def plan(self, key: str, k_max: int) -> int:
+    def plan(self, key: str, k_max: int, batch: int = 1) -> int:
         """How many tokens to draft before drafting, from acceptance by position (calibration
         `key`): for drafters whose cost depends on how regularly each position is drafted
         (MTP: module i catches up on every row it skipped, so a per-step stop costs more
         later)."""
-        return self._by_position(key, k_max, True)[0]
+        return self._by_position(key, k_max, True, batch)[0]
 
-    def cut(self, key: str, tokens, adaptive: bool) -> tuple[object, list[float]]:
+    def cut(self, key: str, tokens, adaptive: bool, batch: int = 1
+            ) -> tuple[object, list[float]]:
         """A lookup's draft (n-gram, suffix: no confidence) cut where the next token no longer
         pays, with acceptance calibrated by position instead (calibration `key`) -> (the
         tokens kept, the pseudo-confidences to calibrate with)."""
-        n, confidences = self._by_position(key, len(tokens), adaptive)
+        n, confidences = self._by_position(key, len(tokens), adaptive, batch)
         return tokens[:n], confidences
 
-    def _by_position(self, key: str, n: int, adaptive: bool) -> tuple[int, list[float]]:
+    def _by_position(self, key: str, n: int, adaptive: bool, batch: int
+                     ) -> tuple[int, list[float]]:
         """Of n positions, how many pay (the first always does), and their pseudo-confidences."""
-        gate = DraftGate(self, key, [adaptive])
+        method, _, kind = key.partition("/")  # "mtp/position": mtp's drafter; lookups: free
+        gate = DraftGate(self, key, [adaptive], batch, method if kind == "position" else None)
         for j in range(n):
             if not gate.more(0, position_confidence(j)):
                 return j + 1, gate.confidences[0]
@@ -161,10 +192,16 @@ class DraftGate:
     """One proposer call's decisions: `more(i, conf)` after stream i's draft of that
     confidence says whether to draft another; the confidences are kept for calibration."""
 
-    def __init__(self, rule: DraftLength, method: str, adaptive: list[bool]):
+    def __init__(self, rule: DraftLength, method: str, adaptive: list[bool], batch: int = 1,
+                 drafter: str | None = "same"):
+        """method: the calibration key; drafter: the method whose drafter step each token
+        costs ("same": method; None: drafting is free, a lookup); batch: the streams
+        decoding in this step."""
         self.rule = rule
         self.method = method
+        self.drafter = method if drafter == "same" else drafter
         self.adaptive = adaptive
+        self.batch = batch
         self.confidences: list[list[float]] = [[] for _ in adaptive]
         self.gain = [1.0] * len(adaptive)
         self.calib = rule.calib(method)
@@ -178,4 +215,43 @@ class DraftGate:
         rate = self.calib.rate(conf)
         self.gain[i] *= rate
         drafted = len(self.confidences[i])
-        return self.gain[i] * rate >= self.rule.costs.marginal(self.method, drafted)
+        return self.gain[i] * rate >= self.rule.costs.marginal(self.drafter, drafted, self.batch)
+
+
+class PositionAcceptance:
+    """How often a method's draft at position j is accepted, given it was verified (decayed
+    counts, so it follows the workload): what a step of k drafts is expected to emit,
+    1 + sum_j P(d_1..d_j accepted). Engine-wide, per method and sampling mode, so a new
+    request starts from what earlier ones measured. Before anything is measured a position
+    is assumed to pay (PRIOR_ACCEPTANCE), so speculation is tried and measured."""
+
+    def __init__(self):
+        self.proposed: list[float] = []
+        self.accepted: list[float] = []
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        while len(self.proposed) < proposed:
+            self.proposed.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(proposed):
+            self.proposed[j] = self.proposed[j] * (1 - POSITION_DECAY) + 1
+            self.accepted[j] = self.accepted[j] * (1 - POSITION_DECAY) + (j < accepted)
+
+    def rate(self, j: int) -> float:
+        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted."""
+        if j >= len(self.proposed) or self.proposed[j] < 1:
+            return PRIOR_ACCEPTANCE ** (j + 1)
+        return self.accepted[j] / self.proposed[j]
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a step of k drafts emits on average (the bonus token included)."""
+        return 1 + sum(self.rate(j) for j in range(k))
+
+    def gain(self, costs: StepCosts, method: str, k: int, batch: int, drafters: int = 1,
+             best_of: bool = False) -> float:
+        """Expected tokens per unit of cost (plain decoding: 1) of drafting k at this batch
+        size, `drafters` streams of it drafting (every stream waits for the whole step: its
+        cost is the step's); best_of: the best k' <= k (an `auto` stream picks its length)."""
+        ks = range(1, k + 1) if best_of else [k]
+        return max(self.expected_tokens(j) / costs.step_cost(method, j + 1, drafters * j, batch)
+                   for j in ks)

@@ -31,7 +31,8 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
-from trt_spec.runtime.draft_length import DraftLength, position_confidence
+from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
+from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.proposers.base import Drafts, Proposer
@@ -179,6 +180,7 @@ class StepMetrics:
     accepted_tokens: int = 0
     emitted_tokens: int = 0
     target_forwards: int = 0  # 0, 1 or 2: prefill, then decode/verify
+    probe_forwards: int = 0  # timing forwards (cost_probe.py): once per batch size, else 0
     accepted_per_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     propose_s: float = 0.0
@@ -363,12 +365,13 @@ class Engine:
                 groups.setdefault(s.method, []).append(i)
         for method, idx in groups.items():
             proposer = self.proposers(method)
-            gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx])
+            gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx],
+                                           len(streams))
                     if proposer.gated else None)
             kk = [ks[i] for i in idx]
             plans = getattr(proposer, "plans", not proposer.gated) and method not in LOOKUPS
             if plans:
-                kk = [self.draft_length.plan(position_key(method), k)
+                kk = [self.draft_length.plan(position_key(method), k, len(streams))
                       if streams[i].adaptive and k > 0 else k for i, k in zip(idx, kk)]
             t0 = time.perf_counter()
             d = proposer.propose([streams[i] for i in idx], kk, gate)
@@ -380,7 +383,8 @@ class Engine:
                 if len(tokens[i]) and by in LOOKUPS:
                     # a lookup's draft: deterministic, cut by position when adaptive
                     key = lookup_key(method)
-                    tokens[i], conf = self.draft_length.cut(key, tokens[i], streams[i].adaptive)
+                    tokens[i], conf = self.draft_length.cut(key, tokens[i], streams[i].adaptive,
+                                                            len(streams))
                     confidences[i] = (key, conf)
                 elif gate is not None and gate.confidences[j]:
                     confidences[i] = (method, gate.confidences[j])
@@ -391,16 +395,53 @@ class Engine:
                     streams[i].stats.drafted_by[by] = streams[i].stats.drafted_by.get(by, 0) + 1
         return Drafts(tokens, probs), confidences
 
+    def measure_costs(self, streams: list[Stream], m: StepMetrics) -> None:
+        """The first time this many streams decode with a drafter whose length or fallback
+        is decided from costs, time c_B(T) on them (cost_probe.py; m.probe_forwards)."""
+        costs = self.draft_length.costs
+        if costs.known(len(streams)):
+            return
+        spec = [s for s in streams if s.num_draft_tokens and self.proposer(s) is not None
+                and (s.adaptive or self.policy.config.fallback)]
+        if not spec:
+            return
+        widest = min(max(s.num_draft_tokens for s in spec),
+                     min(self.policy.room(s) for s in streams))
+        if widest >= 1:
+            widths = range(1, widest + 2)
+            probe_step_costs(self.target, self.cache, streams, widths, costs, PROBE_REPEATS)
+            m.probe_forwards += (PROBE_REPEATS + 1) * len(widths)
+
+    def acceptance(self, s: Stream) -> PositionAcceptance:
+        """What s's method has been accepted at, engine-wide, in s's sampling mode."""
+        return self.draft_length.acceptance(s.method, s.params.temperature > 0)
+
+    def expected_gain(self, s: Stream, k: int, batch: int, drafting: int) -> float:
+        """Tokens per unit of cost s can expect from drafting k (auto: at most k) now, in a
+        batch of `batch` streams of which `drafting` may draft. A
+        lookup (ngram, suffix, hybrid's first choice) drafts only where the context matches,
+        for free, and how often a match is right depends on the match (a request repeated
+        matches earlier answers whole): not predicted here (inf); the per-stream fallback
+        still judges it."""
+        if s.method in LOOKUPS or s.method == "hybrid":
+            return float("inf")
+        return self.acceptance(s).gain(self.draft_length.costs, s.method, k, batch,
+                                       max(drafting, 1), s.adaptive)
+
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
         t0 = time.perf_counter()
-        ks = self.policy.plan(streams)
+        self.measure_costs(streams, m)
+        t0 = time.perf_counter()  # (the probe, once per batch size, is not this step's cost)
+        drafting = sum(1 for s in streams if s.num_draft_tokens and self.proposer(s) is not None)
+        ks = self.policy.plan(streams, lambda s, k: self.expected_gain(s, k, len(streams),
+                                                                       drafting))
         drafts, confidences = self.propose(streams, ks)
         t1 = time.perf_counter()
         scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()
         rows = 1 + max(len(d) for d in drafts.tokens)  # the step's widest request
-        self.draft_length.costs.observe_step(rows, t2 - t1)
+        self.draft_length.costs.observe_step(len(streams), rows, t2 - t1)
         spec = [i for i, s in enumerate(streams) if self.proposer(s) is not None]
         result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
                               [scores.logits[i] for i in spec],
@@ -417,7 +458,7 @@ class Engine:
                     self.draft_length.calib(key).observe(conf, emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
-        self.commit(streams, drafts, emitted, scores, rows, m)
+        self.commit(streams, drafts, emitted, scores, rows, t2 - t0, m)
         t3 = time.perf_counter()
         n = len(streams)
         for s in streams:  # the step's time, shared out per stream
@@ -427,15 +468,23 @@ class Engine:
         m.propose_s, m.score_s, m.sample_s = t1 - t0, t2 - t1, t3 - t2
 
     def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores, rows: int,
-               m: StepMetrics) -> None:
+               step_s: float, m: StepMetrics) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
         hands each proposer the target's rows for the accepted positions. rows: the widest
-        request of the step (what its cost is measured by)."""
+        request of the step; step_s: its drafting and verification time."""
         costs = self.draft_length.costs
+        # what the step cost every stream (each waits for all of it), in plain steps: measured,
+        # or from the model until c_B(1) is measured
+        step_cost = costs.in_plain_steps(step_s, len(streams))
+        if step_cost is None:
+            drafted = sum(len(d) for d in drafts.tokens)
+            step_cost = costs.step_cost(streams[0].method, rows, drafted, len(streams))
         for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
             proposed = len(drafts.tokens[i])
             s.stats.record(proposed, accepted)
-            cost = costs.step_cost(s.method, rows, proposed) if s.adaptive and proposed else None
+            if proposed:
+                self.acceptance(s).observe(proposed, accepted)
+            cost = step_cost if proposed and self.policy.config.fallback else None
             self.policy.observe(s, proposed, accepted, cost)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed

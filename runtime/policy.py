@@ -9,18 +9,31 @@ decode step for that stream, in the same target forward as the others):
     - the stream's acceptance rate over its last `window` speculative steps fell below
       `min_acceptance`                                   -> 0 for `cooldown` steps, then it
       tries again (the condition clears when acceptance recovers)
-    - an adaptive stream (`auto` k) whose tokens per unit of cost over its last `window`
-      steps fell below 1 (plain decoding would have been faster)   -> 0 for `cooldown`
-      steps, then it tries again
+    - the method's expected tokens per unit of cost at k (engine-wide acceptance by
+      position, costs measured at this batch size: draft_length.PositionAcceptance) is
+      below 1, plain decoding's                                  -> 0, but the first
+      such step of a request and every `PROBE_EVERY`-th after it draft, so the
+      measurements follow the workload (`fallback`)
+    - a speculating stream whose tokens per unit of cost over its last `window` steps fell
+      below 1 (plain decoding would have been faster; costs measured at the batch size
+      decoding, runtime/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
+      a probe that fails again doubles the cooldown (up to `max_cooldown`), one that
+      pays resets it (`fallback`; on by default)
     - else its k, capped by the tokens still allowed and the room left in the cache.
+The gain rules (`fallback`) leave out a sampled request that gives a seed: they depend on
+timings and on what earlier requests measured, and a step drafted or not draws different
+random numbers, so its seed would no longer reproduce its output; it drafts its k.
 The policy keeps its own per-stream state (the windows and the cooldown), by stream id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from trt_spec.runtime.settings import SpeculationConfig
+
+PROBE_EVERY = 16  # of the steps the expected gain says to skip, one in this many drafts
 
 
 @dataclass
@@ -28,6 +41,9 @@ class _StreamState:
     window: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted)
     gains: list[tuple[int, float]] = field(default_factory=list)  # (emitted, cost in c(1))
     cooldown: int = 0  # plain steps left before drafting again
+    losses: int = 0  # gain windows lost in a row (each doubles the next cooldown)
+    probing: bool = False  # the first gain window since a cooldown
+    skipped: int = 0  # steps the expected gain said not to draft
 
 
 class SpeculationPolicy:
@@ -43,8 +59,11 @@ class SpeculationPolicy:
         room = self.max_len - cached - 1  # rows left after the last token's
         return max(0, min(remaining - 1, room))
 
-    def plan(self, streams: list) -> list[int]:
-        """Tokens to draft per stream this step; counts down the cooldowns it passes."""
+    def plan(self, streams: list, gain: Callable[[object, int], float] | None = None
+             ) -> list[int]:
+        """Tokens to draft per stream this step; counts down the cooldowns it passes.
+        gain(s, k): the expected tokens per unit of cost of s drafting k now (None: not
+        known)."""
         c = self.config
         over = c.spec_max_batch is not None and len(streams) > c.spec_max_batch
         ks = []
@@ -56,22 +75,37 @@ class SpeculationPolicy:
                 st.cooldown -= 1
                 ks.append(0)
             else:
-                ks.append(min(s.num_draft_tokens, self.room(s)))
+                k = min(s.num_draft_tokens, self.room(s))
+                if k and self.judged(s) and gain is not None and gain(s, k) < 1:
+                    st = self._state.setdefault(s.id, _StreamState())
+                    st.skipped += 1  # the first such step of a request probes too
+                    k = k if st.skipped % PROBE_EVERY == 1 else 0
+                ks.append(k)
         return ks
+
+    def judged(self, s) -> bool:
+        """Whether the gain rules apply to s (see the module's docstring)."""
+        return self.config.fallback and not (s.params.temperature > 0
+                                             and s.params.seed is not None)
 
     def observe(self, s, proposed: int, accepted: int, cost: float | None = None) -> None:
         """Records a speculative step (cost: its share of time in plain decoding steps, c(1));
         may start a cooldown."""
         c = self.config
-        if proposed and s.adaptive and cost:
+        if proposed and cost and self.judged(s):
             st = self._state.setdefault(s.id, _StreamState())
             st.gains.append((accepted + 1, cost))
             if len(st.gains) > c.window:
                 st.gains.pop(0)
-            if len(st.gains) == c.window and (sum(e for e, _ in st.gains)
-                                              < sum(x for _, x in st.gains)):
-                st.cooldown = c.cooldown
-                st.gains.clear()
+            if len(st.gains) == c.window:
+                pays = sum(e for e, _ in st.gains) >= sum(x for _, x in st.gains)
+                if not pays:
+                    st.cooldown = min(c.cooldown << min(st.losses, 16), c.max_cooldown)
+                    st.losses += 1
+                    st.gains.clear()
+                elif st.probing:
+                    st.losses = 0
+                st.probing = not pays
         if proposed == 0 or c.min_acceptance == 0:
             return
         st = self._state.setdefault(s.id, _StreamState())

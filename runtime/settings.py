@@ -67,8 +67,12 @@ class SpeculationConfig:
     ngram_max: int = 4  # ... and the longest it tries first
     spec_max_batch: int | None = None  # more streams decoding: no drafting (None: no limit)
     min_acceptance: float = 0.0  # a stream's acceptance below this: plain steps (0: never)
-    window: int = 8  # speculative steps in that acceptance window
-    cooldown: int = 16  # plain steps before such a stream drafts again
+    # a stream whose tokens per unit of cost (measured: runtime/cost_probe.py) fall below 1,
+    # plain decoding's, over its last `window` speculative steps: plain steps for a cooldown
+    fallback: bool = True
+    window: int = 32  # speculative steps in the acceptance and the gain windows
+    cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
+    max_cooldown: int = 256  # a probe that fails again, up to this
 
     def __post_init__(self):
         if isinstance(self.num_draft_tokens, str):
@@ -84,9 +88,10 @@ class SpeculationConfig:
                              "no limit)")
         if not 0 <= self.min_acceptance <= 1:
             raise ValueError(f"min_acceptance={self.min_acceptance}: must be in [0, 1]")
-        if self.window < 1 or self.cooldown < 0:
-            raise ValueError(f"window={self.window}, cooldown={self.cooldown}: need window >= 1, "
-                             "cooldown >= 0")
+        if self.window < 1 or self.cooldown < 0 or self.max_cooldown < self.cooldown:
+            raise ValueError(f"window={self.window}, cooldown={self.cooldown}, max_cooldown="
+                             f"{self.max_cooldown}: need window >= 1, 0 <= cooldown <= "
+                             "max_cooldown")
 
 
 @dataclass(frozen=True)

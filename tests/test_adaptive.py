@@ -5,6 +5,7 @@ Greedy output stays the plain one; sampled output stays distributed as the targe
 import numpy as np
 import pytest
 
+from trt_spec.runtime.cost_probe import probe_step_costs
 from trt_spec.runtime.draft_length import BINS, Calibration, DraftLength, StepCosts, prior_cost
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixCache
@@ -48,13 +49,47 @@ def test_calibration_learns_acceptance_by_confidence():
 
 def test_step_costs_replace_the_prior_once_measured():
     costs = StepCosts()
-    assert costs.ratio(3) == prior_cost(3)
+    assert costs.ratio(3) == prior_cost(3) and not costs.known(1)
     for _ in range(10):
-        costs.observe_step(1, 0.010)
-        costs.observe_step(2, 0.010)
-        costs.observe_step(3, 0.020)
-    assert costs.ratio(3) == pytest.approx(2.0)
+        costs.observe_step(1, 1, 0.010)
+        costs.observe_step(1, 2, 0.010)
+        costs.observe_step(1, 3, 0.020)
+    assert costs.known(1) and costs.ratio(3) == pytest.approx(2.0)
     assert costs.marginal("m", 1) == pytest.approx(1.0 + 0.07)  # c(3) - c(2), prior drafting
+    assert costs.marginal(None, 1) == pytest.approx(1.0)  # a lookup drafts for free
+
+
+def test_step_costs_are_per_batch_size():
+    """At batch 4 a row costs more than at batch 1: each batch size has its own curve."""
+    costs = StepCosts()
+    for t, ms in ((1, 10), (2, 10.5), (3, 12)):
+        costs.record(1, t, ms / 1000)
+    for t, ms in ((1, 20), (2, 30), (3, 40)):
+        costs.record(4, t, ms / 1000)
+    assert costs.known(1) and costs.known(4) and not costs.known(2)
+    assert costs.ratio(2, 1) == pytest.approx(1.05) and costs.ratio(2, 4) == pytest.approx(1.5)
+    assert costs.step_cost("m", 3, 2, batch=4) == pytest.approx(2.0 + 2 * 0.07)
+    assert costs.ratio(2, 2) == prior_cost(2)  # batch 2 not measured: the prior
+
+
+def test_probe_measures_the_batch_and_leaves_the_cache_as_it_was(tiny_heads_engine):
+    gen = Generator(tiny_heads_engine, max_batch=2)
+    streams = [gen.stream(p, GREEDY, "mtp", "auto:3") for p in PROMPTS[:2]]
+    for s in streams:
+        gen.engine.admit(s)
+    gen.engine.step(streams)  # prefill: each stream has its first token
+    before = [int(gen.cache.lengths[s.slot]) for s in streams]
+    costs = StepCosts()
+    medians = probe_step_costs(gen.target, gen.cache, streams, range(1, 5), costs)
+    assert sorted(medians) == [1, 2, 3, 4] and all(v > 0 for v in medians.values())
+    assert costs.known(2) and not costs.known(1)
+    assert [int(gen.cache.lengths[s.slot]) for s in streams] == before
+    # the engine probes on its own the first time 2 streams decode, then decodes exactly
+    while not all(s.finished for s in streams):
+        gen.engine.step(streams)
+    assert gen.engine.draft_length.costs.known(2)
+    plain = Generator(tiny_heads_engine, max_batch=2).generate_ids(PROMPTS[:2], GREEDY)
+    assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
 
 
 def test_gate_stops_where_a_token_no_longer_pays():
@@ -162,3 +197,79 @@ def test_sampled_adaptive_output_follows_the_target(tiny_heads_engine, method, k
     # sampling noise alone: E|f - p| ~ sqrt(2 p (1 - p) / (pi n)) per token
     noise = 0.5 * np.sqrt(2 * exact * (1 - exact) / (np.pi * n)).sum()
     assert tv < 1.5 * noise + 0.01, (tv, noise)
+
+
+# --- the policy's fallback from measured gain -----------------------------------------------
+
+def test_fallback_backs_off_while_speculation_loses_and_resets_once_it_pays():
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.policy import SpeculationPolicy
+    from trt_spec.runtime.settings import SpeculationConfig
+
+    policy = SpeculationPolicy(SpeculationConfig(window=4, cooldown=2, max_cooldown=8), 1000)
+    s = SimpleNamespace(id=1, num_draft_tokens=2, adaptive=False, prompt_ids=[1] * 8,
+                        output_ids=[1], params=SamplingParams(max_tokens=500))
+
+    def window(accepted: int) -> None:  # 4 speculative steps, each costing 1.5 plain steps
+        for i in range(4):
+            if i:  # (the first step's plan() was the one that ended the cooldown)
+                assert policy.plan([s]) == [2]
+            policy.observe(s, 2, accepted, cost=1.5)
+
+    def plain_steps() -> int:
+        n = 0
+        while policy.plan([s]) == [0]:
+            n += 1
+        return n  # the plan() that ended the loop drafted: the probe's first step
+
+    window(0)  # 1 token per 1.5: plain decoding is faster
+    assert plain_steps() == 2
+    window(0)  # the probe loses again: twice as long
+    assert plain_steps() == 4
+    window(0)
+    assert plain_steps() == 8
+    window(0)
+    assert plain_steps() == 8  # capped at max_cooldown
+    window(1)  # 2 tokens per 1.5: pays; the next loss starts from the first cooldown again
+    steps = 0
+    while policy.plan([s]) == [2]:  # the rolling window turns once losses outweigh the gains
+        policy.observe(s, 2, 0, cost=1.5)
+        steps += 1
+    assert steps == 3 and plain_steps() == 1  # (this plan() was the cooldown's first step)
+    off = SpeculationPolicy(SpeculationConfig(window=4, fallback=False), 1000)
+    for _ in range(8):
+        assert off.plan([s]) == [2]
+        off.observe(s, 2, 0, cost=1.5)
+
+
+def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.draft_length import PositionAcceptance
+    from trt_spec.runtime.policy import PROBE_EVERY, SpeculationPolicy
+    from trt_spec.runtime.settings import SpeculationConfig
+
+    acc = PositionAcceptance()
+    assert acc.expected_tokens(2) == pytest.approx(1 + 0.8 + 0.64)  # the optimistic prior
+    for _ in range(300):
+        acc.observe(2, 1)  # the first draft always accepted, the second never
+    assert acc.expected_tokens(2) == pytest.approx(2.0, abs=0.01)
+    costs = StepCosts()
+    for t, ms in ((1, 10), (2, 11), (3, 12)):
+        costs.record(1, t, ms / 1000)
+    for t, ms in ((1, 20), (2, 35), (3, 45)):
+        costs.record(4, t, ms / 1000)
+    assert acc.gain(costs, "m", 2, batch=1) > 1 > acc.gain(costs, "m", 2, batch=4, drafters=4)
+    # auto: the best length up to k (one draft: 2 tokens for 1.1 + 0.07)
+    assert acc.gain(costs, "m", 2, 1, best_of=True) == pytest.approx(2 / (1.1 + 0.07))
+
+    policy = SpeculationPolicy(SpeculationConfig(), 1000)
+    s = SimpleNamespace(id=1, num_draft_tokens=2, adaptive=False, prompt_ids=[1] * 8,
+                        output_ids=[1], params=SamplingParams(max_tokens=500))
+    ks = [policy.plan([s], lambda s, k: 0.9)[0] for _ in range(2 * PROBE_EVERY)]
+    assert ks[0] == 2 and ks[PROBE_EVERY] == 2 and sum(ks) == 4  # probes, plain otherwise
+    assert policy.plan([s], lambda s, k: 1.2) == [2]
+    seeded = SimpleNamespace(**{**vars(s), "id": 2, "params": SamplingParams(
+        max_tokens=500, temperature=0.8, seed=1)})  # its seed must reproduce: never judged
+    assert all(policy.plan([seeded], lambda s, k: 0.1) == [2] for _ in range(5))

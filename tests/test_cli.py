@@ -80,7 +80,9 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
         if r["method"] not in ("none", "none-fast"):
             assert r["identical_to_baseline"] == 1.0  # greedy on an fp32 graph: lossless
         if r["method"] not in ("none", "none-fast") and r["workload"] == "prompts":  # predicted
-            k, ms, drafted = r["num_draft_tokens"], costs["ms"], r["drafted_per_position"]
+            # (a run whose policy found drafting did not pay may have drafted nothing)
+            k, ms = r["num_draft_tokens"], costs["ms"]
+            drafted = r["drafted_per_position"] + [0] * (k + 1)
             # steps that drafted exactly j tokens weigh c(j + 1)
             counts = [r["decode_steps"] - drafted[0]] + [
                 drafted[j - 1] - (drafted[j] if j < len(drafted) else 0) for j in range(1, k + 1)]

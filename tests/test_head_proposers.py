@@ -22,13 +22,14 @@ def plain_outputs(tiny_heads_engine):
 
 
 def run(gen: Generator, method: str, k: int, prompts, params, modules: int | None = None):
-    """Random heads draft every step (min_acceptance 0: no cooldown). modules: an MTP
-    checkpoint with fewer modules (the first `modules`)."""
+    """Random heads draft every step when gen's policy has no fallback (min_acceptance 0:
+    no cooldown). modules: an MTP checkpoint with fewer modules (the first `modules`)."""
     if modules is None:
         return gen.generate_ids(prompts, params, method, k)
     full = gen.proposer(method)
     engine = engine_with(gen, MtpProposer(full.modules[:modules], full.caches[:modules]),
-                         SpeculationConfig(num_draft_tokens=k))
+                         SpeculationConfig(num_draft_tokens=k,
+                                           fallback=gen.speculation.fallback))
     streams = [custom_stream(p, params, k) for p in prompts]
     for s in streams:
         engine.admit(s)
@@ -42,7 +43,8 @@ def run(gen: Generator, method: str, k: int, prompts, params, modules: int | Non
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_heads_equal_plain(tiny_heads_engine, plain_outputs, method, modules, k, batch):
-    gen = Generator(tiny_heads_engine, max_batch=batch)
+    # every step drafts (no fallback, though random heads do not pay): the proposer is tested
+    gen = Generator(tiny_heads_engine, max_batch=batch, fallback=False)
     streams = run(gen, method, k, PROMPTS[:batch], GREEDY, modules)
     assert [s.output_ids for s in streams] == plain_outputs[:batch]
     for s in streams:  # every step but prefill and the last one drafted: speculation ran
@@ -65,7 +67,7 @@ def test_manifest_lists_the_drafters(tiny_heads_engine):
 def test_drafts_hit_and_miss(tiny_heads_engine):
     """Some of the time the random heads draft what the target says, so the runs above pass
     through accepted prefixes of several lengths, not only rejections."""
-    gen = Generator(tiny_heads_engine, max_batch=3)
+    gen = Generator(tiny_heads_engine, max_batch=3, fallback=False)  # as the runs above
     accepted = {}
     for method in ("mtp", "eagle", "eagle3"):
         streams = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=48, ignore_eos=True),

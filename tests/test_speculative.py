@@ -56,8 +56,9 @@ def test_draft_equal_to_target_accepts_everything(tiny_self_engine):
     """p = q: every draft is accepted, so each target forward emits k + 1 tokens (greedy and
     sampled alike), and the output is still the plain one."""
     k = 4
+    # (no fallback: a draft model as large as the target does not pay, and every step drafts)
     gen = Generator(tiny_self_engine, method="vanilla", max_batch=3,
-                    speculation=SpeculationConfig(num_draft_tokens=k))
+                    speculation=SpeculationConfig(num_draft_tokens=k, fallback=False))
     params = SamplingParams(max_tokens=21, ignore_eos=True)  # 1 (prefill) + 4 x 5
     streams = gen.generate_ids(PROMPTS, params)
     assert [s.output_ids for s in streams] == plain(tiny_self_engine, PROMPTS, params)
@@ -129,7 +130,8 @@ class ConstantProposer(Proposer):
 def test_low_acceptance_turns_speculation_off_then_on(tiny_spec_engine):
     """Drafts that are never accepted: after `window` speculative steps below min_acceptance
     the stream decodes plainly for `cooldown` steps, then tries again."""
-    config = SpeculationConfig(num_draft_tokens=2, min_acceptance=0.5, window=2, cooldown=3)
+    config = SpeculationConfig(num_draft_tokens=2, min_acceptance=0.5, window=2, cooldown=3,
+                               fallback=False)  # the acceptance rule alone
     gen = Generator(tiny_spec_engine)
     constant = ConstantProposer()
     engine = Engine(gen.target, gen.cache, gen.stops, SpeculationPolicy(config, gen.cache.max_len),
@@ -175,7 +177,8 @@ def test_streams_switch_method_between_steps(tiny_spec_engine):
 
 def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
     """Streams of none, ngram (k 2) and vanilla (k 4) side by side, one admitted late: each
-    step runs at most one prefill and one decode/verify forward of the target, and every
+    step runs at most one prefill and one decode/verify forward of the target (besides the
+    timing forwards of the cost probe, the first time a batch size decodes), and every
     stream's output is the plain one."""
     gen = Generator(tiny_spec_engine, max_batch=4)
     calls = []
@@ -185,17 +188,21 @@ def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
     streams = [gen.stream(p, GREEDY, m, k) for p, (m, k) in zip(PROMPTS + [[7, 7, 9]], asks)]
     for s in streams[:3]:
         gen.engine.admit(s)
-    i = 0
+    i, probes = 0, []
     while not all(s.finished for s in streams):
         if i == 2:
             gen.engine.admit(streams[3])
         before = len(calls)
         m = gen.engine.step([s for s in streams if s.slot is not None and not s.finished])
-        assert len(calls) - before == m.target_forwards <= 2
+        assert len(calls) - before == m.target_forwards + m.probe_forwards
+        assert m.target_forwards <= 2
+        probes.append((m.decode_streams, m.probe_forwards))
         assert m.target_forwards == (m.prefill_streams > 0) + (m.decode_streams > 0)
         i += 1
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS + [[7, 7, 9]])
     assert all(s.stats.proposed > 0 for s in streams[1:])
+    probed = [b for b, n in probes if n]  # each batch size at most once
+    assert probed and len(probed) == len(set(probed)), probes
 
 
 def test_ngram_match():

@@ -236,7 +236,7 @@ class BenchConfig:
     pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths
     repeats: int = 2
     temperature: float = 0.0
-    seed: int = 0
+    seed: int | None = None  # sampling: None draws fresh randomness each run
     batch: int = 1
     stop_at_eos: bool = False
     peers: tuple[str, ...] = ()
@@ -320,7 +320,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
             return
         t0 = time.perf_counter()
         try:
-            r = p.peer.generate(ids, max_new_tokens, temperature, seed)
+            r = p.peer.generate(ids, max_new_tokens, temperature, seed if seed is not None
+                                else 0)
         except Exception as e:  # reported as skipped; bench goes on with the others
             p.peer.close()
             active.remove(p)

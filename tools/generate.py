@@ -36,6 +36,7 @@ def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) 
 def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
                  num_draft_tokens: int | str = 4, ngram: tuple[int, int] = (1, 4),
                  spec_max_batch: int | None = None, spec_min_acceptance: float = 0.0,
+                 spec_fallback: bool = True,
                  max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (),
                  chat: bool | None = None, threads: int | None = None, backend: str = "ort",
@@ -56,7 +57,8 @@ def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
                                   parse_num_draft_tokens(num_draft_tokens)[0])
     config = RuntimeConfig.from_options(
         method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram[0], ngram_max=ngram[1],
-        spec_max_batch=spec_max_batch, min_acceptance=spec_min_acceptance, max_len=max_len,
+        spec_max_batch=spec_max_batch, min_acceptance=spec_min_acceptance,
+        fallback=spec_fallback, max_len=max_len,
         threads=threads, backend=backend, device=device)
     gen = Generator(engine, config, tokenizer=tokenizer)
     result = gen.generate([prompt], params, chat=chat)[0]

@@ -43,10 +43,10 @@ def predict(result: dict, costs_ms: dict[int, float], none: dict | None = None) 
     """Adds the prediction fields to one speculative bench result (in place); `none` is the
     same engine and workload's plain-decoding result."""
     k, c1 = k_max(result["num_draft_tokens"]), costs_ms[1]
-    steps, drafted = result["decode_steps"], result["drafted_per_position"] + [0] * k
+    steps, drafted = result["decode_steps"], result["drafted_per_position"] + [0] * (k + 1)
     # steps that drafted exactly j tokens: drafted[j-1] - drafted[j]; none: steps - drafted[0]
     exactly = [max(steps - drafted[0], 0)] + [drafted[j - 1] - drafted[j] for j in range(1, k + 1)]
-    verify = sum(n * costs_ms[j + 1] for j, n in enumerate(exactly)) / sum(exactly) / c1
+    verify = sum(n * costs_ms[j + 1] for j, n in enumerate(exactly)) / max(sum(exactly), 1) / c1
     drafting = result["propose_us_per_step"] / 1000 / c1
     result["verify_cost_ratio"] = verify  # E[c(k_i + 1)] / c(1)
     result["drafting_cost_ratio"] = drafting  # drafting per step / c(1)

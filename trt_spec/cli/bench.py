@@ -51,7 +51,8 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None,
               help="Only the first N prompts of the file.")
 @click.option("--methods", default="none", show_default=True, callback=checked(parse_methods),
-              help="Comma-separated: none, vanilla, ngram, mtp, eagle, eagle3. At temperature 0 "
+              help="Comma-separated: none, vanilla, ngram, suffix, mtp, eagle, eagle3, hybrid. "
+                   "At temperature 0 "
                    "'none' always runs "
                    "(the baseline for identical_to_baseline).")
 @click.option("--num-draft-tokens", "ks", default=str(SPECULATION.num_draft_tokens),
@@ -66,6 +67,10 @@ def parse_peers(text: str) -> list[str]:
                    "measures the answers only; runs differ in length).")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0 = greedy.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Sampling: the requests' seed, for repeatable runs (a seeded request drafts "
+                   "its k on every step: the policy's gain rules depend on timings) "
+                   "[default: fresh randomness].")
 @click.option("--past", "pasts", default="", callback=checked(parse_past),
               help="Also time decoding after synthetic prompts of these lengths "
                    "(comma-separated, e.g. 0,512,1024).")
@@ -93,7 +98,7 @@ def parse_peers(text: str) -> list[str]:
 @threads_option
 @backend_options
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
-          temperature, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
+          temperature, seed, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
           fast_decode, threads, backend, device):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.tools.bench import BenchConfig, bench_report, step_costs_report
@@ -106,7 +111,8 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
         else:
             config = BenchConfig(tuple(engines), tuple(methods), tuple(ks), max_new_tokens,
                                  prompts_file, num_prompts, tuple(pasts), repeats, temperature,
-                                 batch=batch, stop_at_eos=stop_at_eos, peers=tuple(peers),
+                                 seed=seed, batch=batch, stop_at_eos=stop_at_eos,
+                                 peers=tuple(peers),
                                  threads=threads, exact_decode=not fast_decode,
                                  backend=backend, device=device)
             text = bench_report(config, lambda msg: click.echo(msg, err=True), json_out,

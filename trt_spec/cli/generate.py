@@ -26,7 +26,7 @@ from trt_spec.cli.options import (backend_options, engine_option, fail, sampling
 @backend_options
 @click.argument("prompt")
 def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_batch,
-             spec_min_acceptance, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
+             spec_min_acceptance, spec_fallback, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
              threads, backend, device, prompt):
     """Generate an answer to PROMPT."""
     from trt_spec.tools.generate import generate_one, summary_line
@@ -34,7 +34,8 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
     try:
         answer = generate_one(engine, prompt, method, num_draft_tokens=num_draft_tokens,
                               ngram=(ngram_min, ngram_max), spec_max_batch=spec_max_batch,
-                              spec_min_acceptance=spec_min_acceptance, max_tokens=max_tokens,
+                              spec_min_acceptance=spec_min_acceptance,
+                              spec_fallback=spec_fallback, max_tokens=max_tokens,
                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                               stop=stop, chat=chat, threads=threads, backend=backend,
                               device=device)

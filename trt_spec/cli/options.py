@@ -101,6 +101,10 @@ def speculation_options(f):
                      show_default=True,
                      help="Turn speculation off for a stream whose rolling acceptance rate "
                           "falls below this (0: never)."),
+        click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
+                     show_default=True,
+                     help="Plain steps for a while for a stream whose speculation, measured, "
+                          "emits fewer tokens per unit of time than plain decoding would."),
     ]):
         f = opt(f)
     return f

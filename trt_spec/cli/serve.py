@@ -74,7 +74,7 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
 @click.option("--ray-num-cpus", type=click.IntRange(min=1), default=None,
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
-          spec_max_batch, spec_min_acceptance, max_num_seqs, max_model_len, max_waiting,
+          spec_max_batch, spec_min_acceptance, spec_fallback, max_num_seqs, max_model_len, max_waiting,
           shutdown_timeout, max_prefill_tokens, max_body_bytes, debug_step_delay, threads,
           backend, device, use_ray, replicas, ray_address,
           min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
@@ -89,7 +89,7 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
         runtime = RuntimeConfig.from_options(
             method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
             ngram_max=ngram_max, spec_max_batch=spec_max_batch,
-            min_acceptance=spec_min_acceptance, max_batch=max_num_seqs, max_len=max_model_len,
+            min_acceptance=spec_min_acceptance, fallback=spec_fallback, max_batch=max_num_seqs, max_len=max_model_len,
             max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens, threads=threads,
             backend=backend, device=device)
     except ValueError as e:
