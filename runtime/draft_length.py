@@ -69,11 +69,15 @@ class StepCosts:
     method (seconds). Costs are relative to c_B(1), the plain step of the same batch B: a
     batch of B streams that does not draft emits B tokens for c_B(1), so a stream's step pays
     when its tokens exceed c_B(rows) / c_B(1). The engine measures a batch's curve once
-    (`known`, `record`: cost_probe.py) before it relies on it; live steps then refine it."""
+    (`known`, `record`: cost_probe.py) before it relies on it; live steps then refine it.
+    A step also spends time around the forward (sampling, verification, bookkeeping: o_B,
+    measured on every step), plain or not, so the ratios are (c_B(T) + o_B) / (c_B(1) + o_B):
+    without it a drafted row looks dearer than it is against a whole plain step."""
 
     def __init__(self):
         self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
         self.draft: dict[str, tuple[float, int]] = {}  # method -> (mean seconds a token, n)
+        self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a step, n)
 
     @staticmethod
     def _update(table: dict, key, seconds: float) -> None:
@@ -83,6 +87,9 @@ class StepCosts:
 
     def observe_step(self, batch: int, rows: int, seconds: float) -> None:
         self._update(self.step, (batch, rows), seconds)
+
+    def observe_overhead(self, batch: int, seconds: float) -> None:
+        self._update(self.overhead, batch, seconds)
 
     def observe_draft(self, method: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -96,22 +103,25 @@ class StepCosts:
         """Whether c_B(1) is measured for this batch size."""
         return self.step.get((batch, 1), (0.0, 0))[1] >= MIN_SAMPLES
 
+    def _overhead(self, batch: int) -> float:
+        return self.overhead.get(batch, (0.0, 0))[0]
+
     def _unit(self, batch: int) -> float | None:
-        """c_B(1) in seconds: measured, else from the batch's smallest measured step and the
-        prior ratio."""
+        """A plain step in seconds, c_B(1) + o_B: c_B(1) measured, else from the batch's
+        smallest measured step and the prior ratio."""
         known = [(t, m) for (b, t), (m, n) in self.step.items() if b == batch and n >= MIN_SAMPLES]
         if not known:
             return None
         t, mean = min(known)
-        return mean / prior_cost(t)
+        return mean / prior_cost(t) + self._overhead(batch)
 
     def ratio(self, t: int, batch: int = 1) -> float:
-        """c_B(t) / c_B(1)."""
+        """(c_B(t) + o_B) / (c_B(1) + o_B)."""
         unit = self._unit(batch)
         mean, n = self.step.get((batch, t), (0.0, 0))
         if unit is None or n < MIN_SAMPLES:
             return prior_cost(t)
-        return mean / unit
+        return (mean + self._overhead(batch)) / unit
 
     def draft_ratio(self, method: str, batch: int = 1) -> float:
         unit = self._unit(batch)
@@ -124,11 +134,6 @@ class StepCosts:
         """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
         plain steps c_B(1)."""
         return self.ratio(rows, batch) + drafted * self.draft_ratio(method, batch)
-
-    def in_plain_steps(self, seconds: float, batch: int) -> float | None:
-        """A measured time in plain steps c_B(1) (None: c_B(1) not measured yet)."""
-        unit = self._unit(batch) if self.known(batch) else None
-        return seconds / unit if unit else None
 
     def marginal(self, method: str | None, drafted: int, batch: int = 1) -> float:
         """The cost of drafting token drafted+1, in plain decoding steps (method None: a

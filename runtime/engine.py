@@ -458,8 +458,9 @@ class Engine:
                     self.draft_length.calib(key).observe(conf, emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
-        self.commit(streams, drafts, emitted, scores, rows, t2 - t0, m)
+        self.commit(streams, drafts, emitted, scores, rows, m)
         t3 = time.perf_counter()
+        self.draft_length.costs.observe_overhead(len(streams), t3 - t2)
         n = len(streams)
         for s in streams:  # the step's time, shared out per stream
             s.stats.propose_s += (t1 - t0) / n
@@ -468,17 +469,16 @@ class Engine:
         m.propose_s, m.score_s, m.sample_s = t1 - t0, t2 - t1, t3 - t2
 
     def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores, rows: int,
-               step_s: float, m: StepMetrics) -> None:
+               m: StepMetrics) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
         hands each proposer the target's rows for the accepted positions. rows: the widest
-        request of the step; step_s: its drafting and verification time."""
+        request of the step (what its cost is measured by)."""
         costs = self.draft_length.costs
-        # what the step cost every stream (each waits for all of it), in plain steps: measured,
-        # or from the model until c_B(1) is measured
-        step_cost = costs.in_plain_steps(step_s, len(streams))
-        if step_cost is None:
-            drafted = sum(len(d) for d in drafts.tokens)
-            step_cost = costs.step_cost(streams[0].method, rows, drafted, len(streams))
+        # what the step cost every stream (each waits for all of it), in plain steps, from the
+        # measured means (smoother than this one step's time)
+        batch = len(streams)
+        step_cost = costs.ratio(rows, batch) + sum(
+            len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts.tokens))
         for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
             proposed = len(drafts.tokens[i])
             s.stats.record(proposed, accepted)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from trt_spec.runtime.draft_length import DraftLength
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
@@ -295,13 +296,16 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         gen = gens[c.engine]
         gen.use_suffix_cache(c.suffix_cache)
         fast = c.method == NONE_FAST
-        if fast:  # the fastest plain decoding: 1-token steps on one-row kernels
-            gen.target.exact_decode = False
+        rule = gen.engine.draft_length
+        if fast:  # the fastest plain decoding: 1-token steps on one-row kernels; its steps
+            gen.target.exact_decode = False  # are not the engine's plain steps: not measured
+            gen.engine.draft_length = DraftLength()
         t0 = time.perf_counter()
         try:
             streams = gen.generate_ids(prompts_ids, params, "none" if fast else c.method, c.k)
         finally:
             gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
+            gen.engine.draft_length = rule
         c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
                                               time.perf_counter() - t0))
         for s in streams:
