@@ -154,8 +154,9 @@ class DeviceLoop:
         the first q [B] of them new (the rest padding, q = 0: an idle row); logits at
         logits_index [B, N]. -> (logits [B, N, V], per-token outputs [B, T, D] ...)."""
         t = ids.shape[1]
-        positions = (past[:, None] + torch.arange(t, device=ids.device)).clamp(
-            0, graph.max_positions - 1)
+        # padding columns repeat the last new token's position (step_inputs.py's rule)
+        cols = torch.minimum(torch.arange(t, device=ids.device)[None], (q - 1).clamp(min=0)[:, None])
+        positions = (past[:, None] + cols).clamp(0, graph.max_positions - 1)
         seqlens_k = (past + q - 1).clamp(min=0).to(torch.int32)
         inputs = {"input_ids": ids, "position_ids": positions, "seqlens_k": seqlens_k,
                   "query_seqlens": q.to(torch.int32),
@@ -186,6 +187,7 @@ class DeviceLoop:
         new = np.zeros(b, dtype=bool)
         for st, n in zip(streams, lens):
             ids[st.slot - lo, :n] = st.prompt_ids
+            ids[st.slot - lo, n:] = st.prompt_ids[-1]  # padding: a real token (see _score)
             q[st.slot - lo], new[st.slot - lo] = n, True
             p = st.params
             s.temperature[st.slot] = p.temperature if p.temperature > 0 else 1.0
@@ -233,8 +235,11 @@ class DeviceLoop:
         s = self.state
         n, active = s.n[:nb], s.active[:nb]
         last = s.seq[:nb].gather(1, (n - 1).clamp(min=0)[:, None])  # (nb, 1)
-        pad = torch.zeros(nb, self.width - 1 - self.k, dtype=torch.long, device=self.device)
-        ids = torch.cat([last, out["drafts"], pad], 1)  # (nb, W)
+        # padding and invalid drafts repeat the last token: a real token's activations (a
+        # never-trained id such as 0 can drive CPU kernels into denormals, ~30x slower)
+        drafts = torch.where(out["valid"], out["drafts"], last)
+        pad = last.expand(nb, self.width - 1 - self.k)
+        ids = torch.cat([last, drafts, pad], 1)  # (nb, W)
         q = torch.where(active, self.k + 1, 0)
         index = torch.arange(self.width, device=self.device).expand(nb, -1)
         res = self.forward(self.target, self.cache, 0, nb, ids, (n - 1).clamp(min=0), q, index)

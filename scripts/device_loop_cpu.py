@@ -28,6 +28,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--fast-decode", action="store_true",
                     help="both loops without exact decoding (device: k + 1 rows a step)")
+    ap.add_argument("--keep-denormals", action="store_true",
+                    help="leave denormal floats on (CPU kernels slow ~10-30x on them; by default "
+                         "both loops run with torch.set_flush_denormal(True))")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -37,6 +40,7 @@ def main() -> None:
     from trt_spec.runtime.sampling import SamplingParams
     from trt_spec.tools.bench import load_prompts
 
+    torch.set_flush_denormal(not args.keep_denormals)
     batches = [int(b) for b in args.batches.split(",")]
     gen = Generator(args.engine, backend="torch-cuda", device=args.device,
                     max_batch=max(batches), max_len=512, exact_decode=not args.fast_decode,
