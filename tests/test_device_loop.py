@@ -97,6 +97,10 @@ def test_fallback_and_required(engine):
         strict.generate_ids(PROMPTS[:1], GREEDY, "mtp", "auto")
     with pytest.raises(ValueError, match="ort backend"):
         Generator(engine, device_loop=True).generate_ids(PROMPTS[:1], GREEDY)
+    from trt_spec.runtime.scheduler import Scheduler
+
+    with pytest.raises(ValueError, match="the scheduler"):
+        Scheduler(strict)
 
 
 def test_metrics_are_reported(engine):
@@ -172,3 +176,31 @@ def test_sampled_generation_runs_and_is_seeded(engine):
     greedy_like = [s.output_ids for s in gen.generate_ids(PROMPTS, top_k, "vanilla", 2)]
     assert greedy_like == [s.output_ids for s in gen.generate_ids(
         PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True), "none")]
+
+
+@pytest.mark.parametrize("method,params", [
+    ("ngram", GREEDY), ("vanilla", GREEDY), ("mtp", GREEDY), ("eagle3", GREEDY),
+    ("eagle", SamplingParams(max_tokens=20, temperature=0.9, top_k=20, top_p=0.9, seed=1))])
+def test_a_step_never_reads_the_device(engine, method, params, monkeypatch):
+    """What CUDA-graph capture needs, checked on the CPU: the three phases of a step make no
+    host round trip (no .item(), bool(), int(), tolist(), nonzero: each would sync a GPU)."""
+    gen = torch_gen(engine, device_loop=True)
+    streams = [gen.stream(p, params, method, 3) for p in PROMPTS]
+    loop = gen.device_loop(streams)
+    for s in streams:
+        gen.engine.admit(s)
+    loop.any_sampled = not params.greedy
+    loop.filtered = not params.greedy
+    loop.admit(streams)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("a host read of a device tensor inside a step")
+
+    for name in ("item", "__bool__", "__int__", "__float__", "tolist", "numpy", "nonzero",
+                 "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    with torch.no_grad():
+        out, _ = loop._phases(3, timed=False)
+    monkeypatch.undo()
+    host = out["host"].numpy()
+    assert host.shape == (3, 3 + 3) and (host[:, -2] <= host[:, -1]).all()  # accepted <= proposed
