@@ -92,8 +92,7 @@ class DeviceLoop:
         self.gen = gen
         self.method, self.k = method, k
         self.target = gen.target
-        self.device = gen.graphs.device if hasattr(gen.graphs, "device") else torch.device("cuda")
-        self.device = torch.device(self.device)
+        self.device = torch.device(getattr(gen.graphs, "device", None) or "cuda")
         self.dtype = getattr(gen.graphs, "dtype", torch.float32)
         self.config = gen.config
         self.vocab_size = gen.config.vocab_size
