@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per (method, loop), interleaved; median and best reported")
     ap.add_argument("--fast-decode", action="store_true",
@@ -43,9 +45,11 @@ def main() -> None:
     from trt_spec.tools.bench import load_prompts
 
     torch.set_flush_denormal(not args.keep_denormals)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     gen = Generator(args.engine, backend="torch-cuda", device=args.device,
-                    max_batch=max(batches), max_len=512, exact_decode=not args.fast_decode,
+                    max_batch=max(batches), max_len=args.max_len, exact_decode=not args.fast_decode,
                     cuda_graphs=args.device != "cpu")
     prompts = [gen.encode(p) for p in load_prompts(None)]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
