@@ -234,8 +234,8 @@ class DeviceLoop:
         s = self.state
         n, active = s.n[:nb], s.active[:nb]
         last = s.seq[:nb].gather(1, (n - 1).clamp(min=0)[:, None])  # (nb, 1)
-        # padding and invalid drafts repeat the last token: a real token's activations (a
-        # never-trained id such as 0 can drive CPU kernels into denormals, ~30x slower)
+        # padding and invalid drafts repeat the last token, so every row carries a real
+        # token's activations (no never-trained id such as 0 in the rows nobody reads)
         drafts = torch.where(out["valid"], out["drafts"], last)
         pad = last.expand(nb, self.width - 1 - self.k)
         ids = torch.cat([last, drafts, pad], 1)  # (nb, W)

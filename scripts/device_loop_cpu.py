@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--fast-decode", action="store_true",
                     help="both loops without exact decoding (device: k + 1 rows a step)")
     ap.add_argument("--keep-denormals", action="store_true",
-                    help="leave denormal floats on (CPU kernels slow ~10-30x on them; by default "
-                         "both loops run with torch.set_flush_denormal(True))")
+                    help="leave denormal floats on (by default both loops run with "
+                         "torch.set_flush_denormal(True): CPU kernels slow down on them)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
