@@ -108,14 +108,17 @@ edge-report: $(ENGINE)-random-heads  ## runtime-only env size, cold start, peak 
 # GPU check. The reference is made here, on the CPU, with the ORT fp32 engine; the
 # check runs on the GPU machine from a plain checkout (its own python, no .venv, no setup).
 GPU_MODEL  ?= smollm2-135m
-GPU_REF    ?= gpu-reference.json
+GPU_REF    ?= docs/gpu/gpu-reference.json
 GPU_OUT    ?= gpu-check
 GPU_PYTHON ?= python3
-GPU_ARGS   ?=
+# the shipped drafters of GPU_MODEL (override GPU_ARGS= for another model)
+GPU_ARGS   ?= --eagle3 drafters/smollm2-135m/eagle3 --mtp drafters/smollm2-135m/mtp \
+              --eagle drafters/smollm2-135m/eagle --draft drafters/smollm2-135m/draft
 gpu-reference: setup  ## CPU: greedy reference of GPU_MODEL (ORT fp32) for gpu-check -> GPU_REF
-	$(BIN)/python scripts/gpu_reference.py --model $(GPU_MODEL) --out $(GPU_REF)
+	$(BIN)/python scripts/gpu_reference.py --model $(GPU_MODEL) --out $(GPU_REF) \
+		$(if $(filter smollm2-135m,$(GPU_MODEL)),$(if $(wildcard engines/smollm2-135m-fp32),--engine engines/smollm2-135m-fp32))
 
-gpu-check:  ## GPU: torch-cuda + CUDA graphs vs GPU_REF, tokens/s, plugins, TensorRT if present
+gpu-check:  ## GPU: device loop + CUDA graphs vs GPU_REF, tokens/s per method, plot, plugins, TRT
 	$(GPU_PYTHON) scripts/gpu_check.py --model $(GPU_MODEL) --reference $(GPU_REF) \
 		--out $(GPU_OUT) $(GPU_ARGS)
 

@@ -114,6 +114,7 @@ class Generator:
         self.speculation = config.speculation
         self._proposers: dict[str, Proposer | None] = {"none": None}
         self._suffix_cache = None
+        self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self.engine = Engine(self.target, self.cache, self.stops,
                              SpeculationPolicy(config.speculation, self.cache.max_len),
                              self.proposer)
@@ -125,7 +126,7 @@ class Generator:
         """Changes the settings that need no reload (method, speculation and its fields,
         max_prefill_tokens, max_waiting), validated as RuntimeConfig.replace; returns self."""
         new = self.settings.replace(**options)
-        fixed = [f for f in ("backend", "device", "threads", "cuda_graphs", "exact_decode",
+        fixed = [f for f in ("backend", "device", "threads", "cuda_graphs", "exact_decode", "dtype",
                              "verify", "max_batch", "max_len")
                  if getattr(new, f) != getattr(self.settings, f)]
         if fixed:
@@ -229,6 +230,9 @@ class Generator:
                      ) -> list[Stream]:
         """Runs every prompt to completion, at most `cache.slots` at a time."""
         streams = [self.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
+        loop = self.device_loop(streams)
+        if loop is not None:
+            return loop.run(streams)
         waiting, running = list(streams), []
         while waiting or running:
             while waiting and len(running) < self.cache.slots:
@@ -238,6 +242,26 @@ class Generator:
             self.engine.step(running)
             running = [s for s in running if not s.finished]
         return streams
+
+    def device_loop(self, streams: list[Stream]):
+        """The device loop (runtime/device_loop.py) these streams run on, or None for the host
+        loop: settings.device_loop None takes it where it covers the run, True requires it
+        (ValueError saying why not), False never; the ort backend has none."""
+        want = self.settings.device_loop
+        if want is False or not streams or (want is None and self.backend == "ort"):
+            return None
+        from trt_spec.runtime.device_loop import DeviceLoop, unsupported
+
+        why = "the ort backend runs on the host" if self.backend == "ort" else unsupported(
+            self, streams)
+        if why is not None:
+            if want:
+                raise ValueError(f"device_loop=True, but this run cannot use it: {why}")
+            return None
+        key = (streams[0].method, streams[0].num_draft_tokens)
+        if key not in self._device_loops:
+            self._device_loops[key] = DeviceLoop(self, *key, exact=self.settings.exact_decode)
+        return self._device_loops[key]
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
                  chat: bool | None = None, method: str | None = None,

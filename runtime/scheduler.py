@@ -90,6 +90,10 @@ class Scheduler:
         """The generator's settings (gen.settings) give the default method and k, the prefill
         budget per step (max_prefill_tokens) and the waiting queue's bound (max_waiting).
         step_delay: seconds slept after each step (tests: a slower model)."""
+        if gen.settings.device_loop:
+            raise ValueError("device_loop=True: the scheduler (LLM, serve) steps streams on the "
+                             "host loop, joining and leaving at any step; the device loop runs "
+                             "whole batches (Generator.generate_ids, trt-spec generate / bench)")
         self.gen = gen
         self.max_prefill_tokens = gen.settings.max_prefill_tokens
         self.max_waiting = gen.settings.max_waiting

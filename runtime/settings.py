@@ -15,6 +15,7 @@ from trt_spec.runtime.methods import METHOD_NAMES
 
 BACKENDS = ("ort", "torch-cuda", "trt")
 VERIFY = ("sha256", "size", "none")
+DTYPES = ("float32", "float16", "bfloat16")
 MAX_DRAFT_TOKENS = 64  # k is 1..MAX_DRAFT_TOKENS
 SERVE_MAX_BATCH = 8  # KV slots of `serve` and `LLM` (one-shot `generate`: 1)
 # Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
@@ -103,6 +104,11 @@ class RuntimeConfig:
     device: str | None = None  # torch-cuda / trt: the device (default: cuda when available)
     threads: int | None = None  # ort: intra-op threads (default: TRT_SPEC_THREADS or all cores)
     cuda_graphs: bool = True  # torch-cuda / trt: one CUDA graph per shape bucket
+    # torch-cuda / trt: drafts, verification and sampling on the device (runtime/device_loop.py)
+    # for the runs it covers; None: wherever it can, else the host loop; True: a run it cannot
+    # take raises, saying why; False: always the host loop
+    device_loop: bool | None = None
+    dtype: str = "float32"  # torch-cuda: the weights' and caches' dtype (float16, bfloat16)
     # ort: a token's logits do not depend on how many rows its step has, so speculative and
     # plain greedy decoding give the same tokens; False (`--fast-decode`) saves ~1-10% of a
     # plain step, and outputs can then differ at near-ties
@@ -133,6 +139,10 @@ class RuntimeConfig:
                                              or self.max_waiting < 0):
             raise ValueError(f"max_waiting={self.max_waiting!r}: must be >= 0 (or None for no "
                              "bound)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.device_loop is not None and not isinstance(self.device_loop, bool):
+            raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
         if not isinstance(self.speculation, SpeculationConfig):
             raise ValueError(f"speculation={self.speculation!r}: expected a SpeculationConfig")
 

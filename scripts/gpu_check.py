@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU check of issue 8, one script (<= 5 minutes on an H200):
+"""The GPU check, one script (<= 8 minutes on an H200):
 
     python scripts/gpu_check.py --model MODEL --reference gpu-reference.json --out OUT \
         [--eagle3 DIR] [--mtp DIR] [--eagle DIR] [--draft DIR | --draft-layers N] \
@@ -14,8 +14,12 @@ section; one failing section never stops the others):
     methods       every method available (none, ngram, + drafters): greedy output with CUDA
                   graphs, identical-to-reference count, and lossless by teacher forcing on the
                   GPU target (each emitted token within tie_tol of the argmax); tokens/s
-    speed         tokens/s with and without CUDA graphs, batch 1 and 8 (none, and the best
-                  drafter)
+    device_loop   the device-resident loop (runtime/device_loop.py, one CUDA graph per phase):
+                  tokens/s at batch 1 and 8 for every method, its speed-up over plain decoding
+                  and tau, beside the host loop's plain decoding; device_loop.json and a plot,
+                  device_loop.png (tokens/s per method and batch)
+    speed         the host loop: tokens/s with and without CUDA graphs, batch 1 and 8 (none,
+                  and the best drafter)
     plugins       trt_spec.plugins.kernel_check.run(results), when that module exists
     tensorrt      when `tensorrt` imports: build the engines and run the trt backend
 
@@ -146,6 +150,9 @@ def load(args) -> dict:
     from trt_spec.runtime.generator import available_methods
 
     args.methods = available_methods(manifest)
+    from trt_spec.runtime.device_loop import DEVICE_METHODS
+
+    args.methods_device = [m for m in args.methods if m in DEVICE_METHODS]
     return {"methods": args.methods, "max_len": max_len, "cuda_graphs": graphs.cuda_graphs,
             "config": c.to_dict()}
 
@@ -247,6 +254,99 @@ def methods(args, check: Check) -> dict:
     return report
 
 
+def device_loop(args, check: Check) -> dict:
+    """Every method on the device loop at batch 1 and 8 (greedy, speed_tokens new tokens, k =
+    --k), plain decoding on the host loop beside it; writes device_loop.json and the plot."""
+    gen = args.gen
+    prompts = [i["prompt_ids"] for i in args.ref["items"]]
+    report: dict = {"k": args.k, "new_tokens": args.speed_tokens, "runs": {}}
+    runs = report["runs"]
+    for batch in (1, 8):
+        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+        for loop, methods in (("device", args.methods_device), ("host", ["none"])):
+            gen.configure(device_loop=loop == "device")
+            for method in methods:
+                name = f"{loop}/{method}/batch{batch}"
+                if check.left() < 15:
+                    runs[name] = {"skipped": "time budget"}
+                    continue
+                try:
+                    generate(gen, method, batch_prompts, 8, args.k)  # warm-up: capture
+                    streams, seconds = generate(gen, method, batch_prompts, args.speed_tokens,
+                                                args.k)
+                    runs[name] = summary(streams, seconds)
+                except Exception as e:  # noqa: BLE001 - one run failing does not stop the rest
+                    runs[name] = {"error": f"{type(e).__name__}: {e}",
+                                  "traceback": traceback.format_exc()[-2000:]}
+                log(f"  {name}: {json.dumps({k: v for k, v in runs[name].items() if k != 'traceback'})}")
+    gen.configure(device_loop=None)
+    for name, r in runs.items():  # speed-up over plain decoding on the same loop and batch
+        loop, method, batch = name.split("/")
+        plain = runs.get(f"{loop}/none/{batch}", {}).get("tokens_per_s")
+        if plain and r.get("tokens_per_s"):
+            r["speedup"] = round(r["tokens_per_s"] / plain, 3)
+    report["loops"] = {f"{method}/{k}": dict(loop.stats)
+                       for (method, k), loop in gen._device_loops.items()}
+    (check.out / "device_loop.json").write_text(json.dumps(report, indent=1))
+    report["plot"] = plot_device_loop(runs, check.out / "device_loop.png", args)
+    return report
+
+
+def plot_device_loop(runs: dict, path: Path, args) -> str:
+    """Tokens/s per method (bars) at batch 1 and 8, the host loop's plain decoding beside."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return svg_bars(runs, path.with_suffix(".svg"), args)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, batch in zip(axes, (1, 8)):
+        names = [n for n in runs if n.endswith(f"/batch{batch}") and runs[n].get("tokens_per_s")]
+        labels = [n.rsplit("/", 1)[0].replace("device/", "").replace("host/none", "host plain")
+                  for n in names]
+        values = [runs[n]["tokens_per_s"] for n in names]
+        bars = ax.bar(labels, values, color=["C1" if n.startswith("host") else "C0"
+                                             for n in names])
+        for b, n in zip(bars, names):
+            tau = runs[n].get("tau")
+            ax.annotate(f"tau {tau:.2f}" if tau else "", (b.get_x() + b.get_width() / 2,
+                        b.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"batch {batch} (aggregate tokens/s)")
+        ax.set_ylabel("tokens/s")
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"device loop, greedy, k={args.k}, {args.speed_tokens} new tokens, "
+                 f"{args.device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def svg_bars(runs: dict, path: Path, args) -> str:
+    """The same plot as plain SVG, for a machine without matplotlib."""
+    bars = [(n, r["tokens_per_s"], r.get("tau")) for n, r in runs.items() if r.get("tokens_per_s")]
+    top = max((v for _, v, _ in bars), default=1.0)
+    width, height, bar = 60 + 70 * len(bars), 340, 50
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="10">',
+             f'<text x="10" y="16" font-size="12">device loop, greedy, k={args.k}, '
+             f'{args.speed_tokens} new tokens, {args.device}: tokens/s</text>']
+    for i, (name, value, tau) in enumerate(bars):
+        x, h = 40 + 70 * i, 240 * value / top
+        color = "#e08030" if name.startswith("host") else "#3070c0"
+        parts += [f'<rect x="{x}" y="{280 - h:.1f}" width="{bar}" height="{h:.1f}" '
+                  f'fill="{color}"/>',
+                  f'<text x="{x}" y="{275 - h:.1f}">{value:.0f}'
+                  + (f" τ{tau:.2f}" if tau else "") + "</text>",
+                  f'<text x="{x}" y="295">{name.split("/")[1]}</text>',
+                  f'<text x="{x}" y="308">{name.split("/")[0]} {name.split("/")[2]}</text>']
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n")
+    return str(path)
+
+
 def set_graphs(graphs, on: bool) -> None:
     """CUDA graphs (and bucket padding) on or off for every loaded module."""
     for t in graphs.loaded.values():
@@ -255,6 +355,7 @@ def set_graphs(graphs, on: bool) -> None:
 
 
 def speed(args, check: Check) -> dict:
+    args.gen.configure(device_loop=False)  # this section times the host loop's graphs
     prompt = args.ref["items"][0]["prompt_ids"]
     drafters = [m for m in ("eagle3", "mtp", "eagle", "vanilla") if m in args.methods]
     report = {}
@@ -275,6 +376,7 @@ def speed(args, check: Check) -> dict:
                     report[name] = {"error": f"{type(e).__name__}: {e}"}
                 log(f"  {name}: {report[name]}")
     set_graphs(args.graphs, True)
+    args.gen.configure(device_loop=None)
     for method in ["none"] + drafters[:1]:
         for batch in (1, 8):
             g, e = (report.get(f"{method}/batch{batch}/{m}", {}).get("tokens_per_s")
@@ -327,9 +429,10 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--speed-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per step (device_loop)")
     ap.add_argument("--tie-tol", type=float, default=0.01,
                     help="logit gap under which two tokens count as a near-tie")
-    ap.add_argument("--budget-s", type=float, default=280.0,
+    ap.add_argument("--budget-s", type=float, default=480.0,
                     help="later sections are skipped once this much time has passed")
     args = ap.parse_args()
     out = Path(args.out)
@@ -345,6 +448,7 @@ def main() -> int:
     if loaded is not None:
         check.run("reference", reference_fidelity, args, min_left=30)
         check.run("methods", methods, args, check, min_left=30)
+        check.run("device_loop", device_loop, args, check, min_left=30)
         check.run("speed", speed, args, check, min_left=20)
     check.run("plugins", plugins, check)
     check.run("tensorrt", tensorrt_section, args)

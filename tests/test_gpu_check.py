@@ -61,6 +61,14 @@ def test_every_section_on_cpu(tiny_models, tiny_hf_dir, tmp_path):
     assert {"none", "ngram", "vanilla", "mtp", "eagle", "eagle3"} <= set(methods)
     for m in ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3"):
         assert methods[m]["identical_to_reference"] == 2, (m, methods[m])
+    runs = sections["device_loop"]["runs"]  # the device loop, every method, batch 1 and 8
+    for m in ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3"):
+        for batch in (1, 8):
+            assert runs[f"device/{m}/batch{batch}"]["tokens_per_s"] > 0, (m, batch, runs)
+    assert runs["host/none/batch8"]["tokens_per_s"] > 0 and runs["device/mtp/batch1"]["speedup"]
+    assert json.loads((tmp_path / "device_loop.json").read_text())["runs"].keys() == runs.keys()
+    plot = sections["device_loop"]["plot"]
+    assert plot.endswith(("device_loop.png", "device_loop.svg")) and Path(plot).exists()
     speed = sections["speed"]
     assert {"none/batch1/graphs", "none/batch8/eager", "eagle3/batch8/graphs"} <= set(speed)
     assert "speedup" in " ".join(speed)

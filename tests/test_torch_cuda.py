@@ -82,7 +82,8 @@ def test_every_method_equals_ort(tiny_all_engine, ort_outputs, pad):
     the CUDA-graph buckets (idle rows, padded tokens and logits) as on a GPU."""
     manifest = load_manifest(tiny_all_engine)
     graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False, pad=pad)
-    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64)
+    # the host loop's step() path (the device loop: tests/test_device_loop.py)
+    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, device_loop=False)
     assert isinstance(gen.cache, TorchKVCache)
     for method in METHODS:
         streams = run(gen, method)

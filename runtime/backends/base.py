@@ -129,7 +129,8 @@ def load_graphs(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
         except ImportError as e:
             raise ValueError(f"backend 'torch-cuda' needs torch ({e}); install the export "
                              "extra: pip install -e '.[export]'") from None
-        return TorchGraphs.from_manifest(manifest, config.device, config.cuda_graphs)
+        return TorchGraphs.from_manifest(manifest, config.device, config.cuda_graphs,
+                                         dtype=config.dtype)
     if config.backend == "trt":
         from trt_spec.runtime.backends.trt import TrtGraphs
 

@@ -91,12 +91,12 @@ class TorchKVCache(KVCache):
     host."""
 
     def __init__(self, config: ModelConfig, slots: int, max_len: int, device: torch.device,
-                 num_layers: int | None = None):
-        self.device = device
+                 num_layers: int | None = None, dtype: torch.dtype = torch.float32):
+        self.device, self.dtype = device, dtype
         super().__init__(config, slots, max_len, num_layers)
 
     def zeros(self, shape: tuple[int, ...]):
-        return torch.zeros(shape, dtype=torch.float32, device=self.device)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
 
 def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
@@ -151,8 +151,16 @@ class TorchTarget(StepGraph):
         out = self.module(*args, *views)
         return out[:1 + len(self.outputs)]
 
+    def device_forward(self, inputs: dict[str, torch.Tensor], views: list[torch.Tensor]):
+        """The device loop's runner (runtime/device_loop.py): inputs already on the device,
+        views the cache rows of the step's slots -> (logits, *per-token outputs), on the
+        device, no copy and no sync (the loop captures its phases whole)."""
+        return self._forward(inputs, views)
+
     def _to_device(self, feeds: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {n: torch.from_numpy(v).to(self.device) for n, v in feeds.items()}
+        dtype = next(self.module.parameters()).dtype  # hidden states in the weights' dtype
+        return {n: torch.from_numpy(v).to(self.device, dtype if v.dtype.kind == "f" else None)
+                for n, v in feeds.items()}
 
     def _capture(self, inputs: dict[str, torch.Tensor], views: list[torch.Tensor]) -> tuple:
         """Warm up on a side stream, then capture. Both run the real step: writing the new
@@ -232,7 +240,8 @@ class TorchFunction:
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            out = self.module(*(torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+            dtype = next(self.module.parameters()).dtype
+            out = self.module(*(torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
                                 for a in arrays))
         return (out[0] if isinstance(out, tuple) else out).float().cpu().numpy()
 
@@ -249,10 +258,14 @@ class TorchGraphs(GraphSet):
 
     def __init__(self, manifest: Manifest | None, modules: dict[str, torch.nn.Module],
                  maps: dict[str, np.ndarray], device: str | None = None,
-                 cuda_graphs: bool = True, pad: bool | None = None):
+                 cuda_graphs: bool = True, pad: bool | None = None, dtype: str = "float32"):
         """maps: the drafters' draft vocabularies (d2t [draft_vocab] int64) by the file name a
-        manifest entry's "d2t" gives ("eagle3_d2t.npy", ...)."""
+        manifest entry's "d2t" gives ("eagle3_d2t.npy", ...). dtype: the weights' and caches'
+        ("float16" / "bfloat16": half the bytes a token reads; logits are compared in fp32)."""
         super().__init__(manifest)
+        self.dtype = getattr(torch, dtype)
+        if self.dtype != torch.float32:
+            modules = {name: m.to(self.dtype) for name, m in modules.items()}
         self.modules = modules
         self._maps = maps
         self.device = torch.device(device or default_device())
@@ -282,7 +295,8 @@ class TorchGraphs(GraphSet):
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, device: str | None = None,
-                      cuda_graphs: bool = True, pad: bool | None = None) -> "TorchGraphs":
+                      cuda_graphs: bool = True, pad: bool | None = None,
+                      dtype: str = "float32") -> "TorchGraphs":
         """Loads the modules from the folder's source checkpoint (manifest "source")."""
         from trt_spec.export.pipeline import load_models, restrict_heads
         from trt_spec.runtime.manifest import source_path
@@ -301,12 +315,12 @@ class TorchGraphs(GraphSet):
         # the heads as exported: over the folder's draft vocabulary (older folders: full)
         d2t = restrict_heads(source.get("draft_vocab", "none"), draft, drafters)
         return cls(manifest, *cls._modules(target, draft, drafters, d2t), device, cuda_graphs,
-                   pad)
+                   pad, dtype)
 
     @classmethod
     def from_model(cls, model: str, heads: dict[str, str] | None = None, draft_layers: int = 0,
                    draft_model: str | None = None, device: str | None = None,
-                   cuda_graphs: bool = True, pad: bool | None = None
+                   cuda_graphs: bool = True, pad: bool | None = None, dtype: str = "float32"
                    ) -> tuple["TorchGraphs", Manifest]:
         """Straight from a model (name, .gguf or HF folder) and drafter folders: the graphs
         and an in-memory Manifest (folder: the HF folder, for the tokenizer) listing them."""
@@ -333,7 +347,7 @@ class TorchGraphs(GraphSet):
                 "source": {"model": model, "draft_layers": draft_layers,
                            "draft_model": draft_model, "heads": heads}}
         manifest = Manifest(Path(hf_dir), data, target.config)
-        return cls(manifest, modules, maps, device, cuda_graphs, pad), manifest
+        return cls(manifest, modules, maps, device, cuda_graphs, pad, dtype), manifest
 
     # --- the GraphSet contract --------------------------------------------------------------
 
@@ -348,12 +362,16 @@ class TorchGraphs(GraphSet):
     def function(self, name: str) -> TorchFunction:
         return TorchFunction(self.modules[name], self.device)
 
+    def device_function(self, name: str) -> torch.nn.Module:
+        """A graph without a cache as a module on the device (tensors in, tensor out)."""
+        return self.function(name).module
+
     def d2t(self, file: str) -> np.ndarray:
         assert file in self._maps, (file, sorted(self._maps))
         return self._maps[file]
 
     def cache(self, config: ModelConfig, slots: int, max_len: int) -> TorchKVCache:
-        return TorchKVCache(config, slots, max_len, self.device)
+        return TorchKVCache(config, slots, max_len, self.device, dtype=self.dtype)
 
     def stats(self) -> dict[str, dict]:
         return {name: dict(t.stats, failed=dict((str(b), why) for b, why in t.failed.items()))

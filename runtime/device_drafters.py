@@ -1,0 +1,224 @@
+"""The drafters of the device loop (runtime/device_loop.py): each proposes k tokens per stream
+with fixed shapes and no host round trip, from state kept on the device.
+
+    NgramDrafts    prompt lookup over the token history `seq`: the latest earlier match of
+                   the last n tokens (n from max_n down to min_n), runtime/proposers/ngram.py's
+                   rule; fewer than k tokens marks the rest invalid
+    VanillaDrafts  the draft model over its own cache: catch up (1 or 2 tokens: the last
+                   accepted draft it had not fed, and the new target token), then k - 1 steps
+    HeadDrafts     MTP (N modules, the last one loops), Eagle (N = 1) and Eagle3 (N = 1, fc on
+                   the target's features, a draft vocabulary): every module catches up on rows
+                   [start, anchor] from the target's rows kept in `hist`, then the last module
+                   loops one row at a time (runtime/proposers/mtp.py's bookkeeping, with
+                   `start` kept per slot on the device)
+
+Row p of a drafter cache sits at position p, as on the host. `propose` writes the drafts into
+`seq` at positions n .. n + k - 1 (scratch until verified), so a later module reads them as
+its input tokens. `commit(n_old, accepted)` moves the per-slot bookkeeping after verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trt_spec.runtime import device_verify
+
+
+class DeviceDrafter:
+    """What the loop asks of a drafter; `loop` is the DeviceLoop (state and helpers)."""
+
+    num_modules = 0  # N: head modules (0: none)
+
+    def prefill(self, loop, lo: int, hi: int, new: torch.Tensor, prompt_len: torch.Tensor,
+                rows: dict[str, torch.Tensor]) -> None:
+        """After the target's prefill of slots [lo, hi): new [B] the slots prefilled now,
+        prompt_len [B], rows: the target's per-token outputs [B, T, D]."""
+
+    def propose(self, loop, nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Slots [0, nb) -> (drafts [nb, k] int64, valid [nb, k] bool, q [nb, k, V] or None)."""
+        raise NotImplementedError
+
+    def commit(self, loop, nb: int, n_old: torch.Tensor, accepted: torch.Tensor,
+               rows: dict[str, torch.Tensor]) -> None:
+        """After verification: n_old [nb] tokens known before the step, accepted [nb], rows:
+        the target's per-token outputs of the verify forward [nb, W, D]."""
+
+
+def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None
+         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A draft per row from a drafter's logits [nb, head_vocab] -> (target ids [nb], q [nb, V]
+    over the target's vocabulary, or None when every row is greedy). runtime/proposers/base.py
+    pick_draft's rule: greedy rows take the argmax, others draw from q (the request's
+    temperature / top-k / top-p applied to the head)."""
+    s = loop.state
+    if not loop.any_sampled:
+        d = logits.argmax(-1)
+        return (d if d2t is None else d2t[d]), None
+    d, q = device_verify.sample(logits[:, None], s.temperature[:nb], s.top_k[:nb],
+                                s.top_p[:nb], s.greedy[:nb], loop.filtered, loop.generator)
+    d, q = d[:, 0], q[:, 0]
+    if d2t is None:
+        return d, q
+    full = torch.zeros(nb, loop.vocab_size, dtype=q.dtype, device=q.device)
+    return d2t[d], full.index_copy_(1, d2t, q)
+
+
+class NgramDrafts(DeviceDrafter):
+    def __init__(self, k: int, min_n: int, max_n: int):
+        self.k, self.min_n, self.max_n = k, min_n, max_n
+
+    def propose(self, loop, nb):
+        s = loop.state
+        seq, n = s.seq[:nb], s.n[:nb]  # (nb, L), (nb,)
+        length = seq.shape[1]
+        start = torch.full_like(n, -1)  # (nb,) where the continuation starts; -1: no match
+        for m in range(self.max_n, self.min_n - 1, -1):
+            last = seq.gather(1, (n[:, None] - m + torch.arange(m, device=n.device)).clamp(min=0))
+            windows = seq.unfold(1, m, 1)  # (nb, L - m + 1, m): every n-gram
+            hit = (windows == last[:, None, :]).all(-1)  # (nb, L - m + 1)
+            j = torch.arange(hit.shape[1], device=n.device)
+            # an earlier n-gram: it ends before the last token (tokens[:-1]); m <= n - 1
+            hit &= (j[None] + m <= n[:, None] - 1) & (n[:, None] - 1 >= m)
+            best = torch.where(hit, j[None], -1).max(-1).values  # (nb,) the most recent
+            start = torch.where((start < 0) & (best >= 0), best + m, start)
+        cols = torch.arange(self.k, device=n.device)
+        at = start[:, None] + cols  # (nb, k)
+        valid = (start[:, None] >= 0) & (at < n[:, None]) & s.active[:nb, None]
+        drafts = seq.gather(1, at.clamp(0, length - 1))
+        return torch.where(valid, drafts, 0), valid, None
+
+
+class VanillaDrafts(DeviceDrafter):
+    CATCH_UP = 2  # tokens the draft has not fed at a step: <= 2 (module docstring)
+
+    def __init__(self, loop, graph, config, d2t: torch.Tensor | None):
+        self.graph, self.config, self.d2t = graph, config, d2t
+        self.k = loop.k
+        self.cache = loop.new_cache(config)
+        self.fed = torch.zeros(loop.slots, dtype=torch.long, device=loop.device)  # rows held
+
+    def prefill(self, loop, lo, hi, new, prompt_len, rows):
+        # the prompt but its last token (the first step feeds it with the first new token)
+        q = torch.where(new, (prompt_len - 1).clamp(min=0), 0)
+        t = int(q.max())
+        if t:
+            ids = loop.state.seq[lo:hi, :t]
+            past = torch.zeros_like(q)
+            loop.forward(self.graph, self.cache, lo, hi, ids, past, q, (q - 1).clamp(min=0)[:, None])
+        self.fed[lo:hi] = torch.where(new, q, self.fed[lo:hi])
+
+    def propose(self, loop, nb):
+        s = loop.state
+        n, fed, active = s.n[:nb], self.fed[:nb], s.active[:nb]
+        cols = torch.arange(self.CATCH_UP, device=n.device)
+        q = torch.where(active, (n - fed).clamp(1, self.CATCH_UP), 0)
+        ids = s.seq[:nb].gather(1, (fed[:, None] + cols).clamp(max=s.seq.shape[1] - 1))
+        logits, = loop.forward(self.graph, self.cache, 0, nb, ids, fed, q,
+                               (q - 1).clamp(min=0)[:, None])[:1]
+        drafts, probs = [], []
+        for j in range(self.k):
+            if j:
+                pos = n - 1 + j  # d_j sits at position n - 1 + j
+                logits, = loop.forward(self.graph, self.cache, 0, nb, drafts[-1][:, None], pos,
+                                       active.long(), torch.zeros_like(pos)[:, None])[:1]
+            d, qd = pick(loop, logits[:, 0], nb, self.d2t)
+            loop.write_tokens(nb, n + j, d)
+            drafts.append(d)
+            probs.append(qd)
+        q_all = None if probs[0] is None else torch.stack(probs, 1)
+        valid = active[:, None].expand(nb, self.k)
+        return torch.stack(drafts, 1), valid, q_all
+
+    def commit(self, loop, nb, n_old, accepted, rows):
+        # the draft fed up to d_{k-1}; the accepted ones are kept
+        kept = n_old + torch.minimum(accepted, torch.full_like(accepted, self.k - 1))
+        self.fed[:nb] = torch.where(loop.state.active[:nb], kept, self.fed[:nb])
+
+
+class HeadDrafts(DeviceDrafter):
+    """MTP / Eagle / Eagle3. reads: the target output the first module's hidden input comes
+    from ("hidden_states"; Eagle3 "eagle3_features" through fc)."""
+
+    def __init__(self, loop, graphs: list, config, reads: str, d2t: torch.Tensor | None,
+                 fc=None):
+        self.num_modules = min(len(graphs), loop.k)  # modules past k never run
+        self.graphs = graphs[:self.num_modules]
+        self.config, self.reads, self.d2t, self.fc = config, reads, d2t, fc
+        self.k = loop.k
+        self.width = loop.k + self.num_modules  # catch-up rows per step: accepted + N
+        self.caches = [loop.new_cache(config) for _ in self.graphs]
+        # the first module's hidden input per position (fc applied: Eagle3)
+        self.hist = torch.zeros(loop.slots, loop.length, config.hidden_size,
+                                dtype=loop.dtype, device=loop.device)
+        self.start = torch.zeros(loop.slots, dtype=torch.long, device=loop.device)
+
+    def _first_hidden(self, rows: torch.Tensor) -> torch.Tensor:
+        x = rows[self.reads]
+        return (self.fc(x) if self.fc is not None else x).to(self.hist.dtype)
+
+    def _catch_up(self, loop, lo, hi, start, q, width):
+        """Every module over rows [start, start + q) of slots [lo, hi) (width columns);
+        -> (last module's logits at row q - 1 [B, 1, V'], its hidden there [B, 1, H],
+        drafts of each module [B] when drafting else None)."""
+        rows = start[:, None] + torch.arange(width, device=start.device)  # (B, W) positions
+        at = rows.clamp(max=loop.length - 1)
+        hidden = self.hist[lo:hi].gather(1, at[..., None].expand(-1, -1, self.hist.shape[-1]))
+        seq = loop.state.seq[lo:hi]
+        out = None
+        for i, (graph, cache) in enumerate(zip(self.graphs, self.caches)):
+            ids = seq.gather(1, (rows + i + 1).clamp(max=seq.shape[1] - 1))
+            out = loop.forward(graph, cache, lo, hi, ids, start, q, (q - 1).clamp(min=0)[:, None],
+                               hidden)
+            hidden = out[1]  # module i's rows: module i + 1's hidden input
+            yield i, out
+
+    def prefill(self, loop, lo, hi, new, prompt_len, rows):
+        t = rows[self.reads].shape[1]
+        h = self._first_hidden({self.reads: rows[self.reads]})  # (B, T, H)
+        keep = new[:, None, None]
+        self.hist[lo:hi, :t] = torch.where(keep, h, self.hist[lo:hi, :t])
+        # rows every module may commit now: p + N <= P - 1 + 1 (module docstring)
+        s0 = torch.where(new, (prompt_len - self.num_modules).clamp(min=0), 0)
+        width = int(s0.max())
+        if width:
+            zero = torch.zeros_like(s0)
+            for _ in self._catch_up(loop, lo, hi, zero, s0, width):
+                pass
+        self.start[lo:hi] = torch.where(new, s0, self.start[lo:hi])
+
+    def propose(self, loop, nb):
+        s = loop.state
+        n, start, active = s.n[:nb], self.start[:nb], s.active[:nb]
+        anchor = n - 2
+        q = torch.where(active, (anchor - start + 1).clamp(0, self.width), 0)
+        drafts, probs = [], []
+        last = None
+        for i, out in self._catch_up(loop, 0, nb, start, q, self.width):
+            d, qd = pick(loop, out[0][:, 0], nb, self.d2t)
+            loop.write_tokens(nb, n + i, d)
+            drafts.append(d)
+            probs.append(qd)
+            last = out
+        row = (q - 1).clamp(min=0)[:, None, None].expand(-1, 1, last[1].shape[-1])
+        hidden = last[1].gather(1, row)  # (nb, 1, H) the last module's hidden at the anchor
+        for j in range(self.num_modules, self.k):  # the last module loops, one row each
+            pos = n - 1 + j - self.num_modules
+            out = loop.forward(self.graphs[-1], self.caches[-1], 0, nb, drafts[-1][:, None],
+                               pos, active.long(), torch.zeros_like(pos)[:, None], hidden)
+            d, qd = pick(loop, out[0][:, 0], nb, self.d2t)
+            loop.write_tokens(nb, n + j, d)
+            drafts.append(d)
+            probs.append(qd)
+            hidden = out[1]
+        q_all = None if probs[0] is None else torch.stack(probs, 1)
+        return torch.stack(drafts, 1), active[:, None].expand(nb, self.k), q_all
+
+    def commit(self, loop, nb, n_old, accepted, rows):
+        active = loop.state.active[:nb]
+        h = self._first_hidden(rows)  # (nb, W, H) positions n_old - 1 ..
+        pos = (n_old - 1)[:, None] + torch.arange(h.shape[1], device=h.device)
+        pos = torch.where(active[:, None], pos, loop.length - 1).clamp(max=loop.length - 1)
+        self.hist[:nb].scatter_(1, pos[..., None].expand_as(h), h)
+        # committed rows of module i: n_old - 1 - i; the next step catches up from the least
+        nxt = (n_old - self.num_modules).clamp(min=0)
+        self.start[:nb] = torch.where(active, nxt, self.start[:nb])

@@ -1,0 +1,394 @@
+"""The device-resident speculative loop of the GPU backends (torch-cuda and trt): drafts,
+verification and sampling stay on the device; each step copies back only the emitted tokens
+and counts, with one synchronisation.
+
+    run(streams):
+        admit + prefill (one forward, eager)            # first token sampled on the device
+        while streams run:
+            propose  drafts [B, k] (+ q)                # runtime/device_drafters.py
+            score    target over [last, d1..dk] (W rows)
+            sample   verify + commit on the device       # runtime/device_verify.py
+            host <- tokens [B, k + 1], counts [B]       # the one sync of the step
+            append, stop checks; finished slots idle; waiting streams admitted
+
+State on the device, per cache slot: the token history `seq` (prompt, output, then scratch
+drafts), `n` (tokens known: the target's cache holds n - 1 rows), `active`, the sampling
+settings; the KV caches of the target and the drafters; the drafters' own bookkeeping. Every
+tensor has a fixed address and every step over slots [0, nb) has fixed shapes, so on CUDA each
+phase (propose, score, sample) of a step is captured once per nb as a CUDA graph (the first
+step of an nb runs eagerly and is the warm-up) and replayed: three launches a step, whatever k
+and the drafter. A graph runner is any StepGraph with `device_forward(inputs, views)`: the
+torch-cuda backend's modules, or a TensorRT engine enqueued on the current stream.
+
+Exact decoding (the runtime's `exact_decode`, on by default): matrix kernels give a row
+results that depend on how many rows run with it (cuBLAS and MKL pick kernels by shape), so
+every decode / verify forward of a run has one shape, [nb, W] with W = max(EXACT_ROWS, k + 1),
+plain decoding included: plain and speculative greedy output are then the same token for token
+for any k < EXACT_ROWS. Without it (`--fast-decode`) W = k + 1.
+
+What the loop does not do (Generator falls back to the host loop of runtime/engine.py, see
+`unsupported`): logprobs, `auto` k, the suffix and hybrid lookups, the speculation policy's
+per-stream switches (min_acceptance, spec_max_batch), chunked prefill (prompts are read whole).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trt_spec.runtime import device_verify
+from trt_spec.runtime.device_drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
+                                              VanillaDrafts)
+from trt_spec.runtime.engine import StepMetrics, Stream, append
+from trt_spec.runtime.graph_io import HIDDEN_INPUT
+
+EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
+DEVICE_METHODS = ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3")
+
+
+def unsupported(gen, streams: list[Stream]) -> str | None:
+    """Why these streams cannot run on the device loop of `gen`, or None when they can."""
+    graphs = gen.graphs
+    if not hasattr(gen.target, "device_forward"):
+        return f"the {gen.backend} backend has no device runner"
+    methods = {s.method for s in streams}
+    if methods - set(DEVICE_METHODS):
+        return f"method {sorted(methods - set(DEVICE_METHODS))} drafts on the host"
+    if len(methods) > 1 or len({s.num_draft_tokens for s in streams}) > 1:
+        return "one method and one k per run"
+    if any(s.adaptive for s in streams):
+        return "auto k plans on the host"
+    if any(s.params.logprobs is not None for s in streams):
+        return "logprobs need the target's logits on the host"
+    spec = gen.speculation
+    if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
+        return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
+    if "eagle3" in methods and not hasattr(graphs, "device_function"):
+        return f"eagle3's fc has no device form on the {gen.backend} backend"
+    return None
+
+
+@dataclass
+class DeviceState:
+    """Per cache slot, on the device."""
+
+    seq: torch.Tensor  # [slots, length] int64: prompt + output (+ drafts, scratch); col -1: dump
+    n: torch.Tensor  # [slots] int64 tokens known
+    active: torch.Tensor  # [slots] bool
+    temperature: torch.Tensor  # [slots] f32 (> 0; greedy rows: 1)
+    top_k: torch.Tensor  # [slots] int64 (0: off)
+    top_p: torch.Tensor  # [slots] f32 (1: off)
+    greedy: torch.Tensor  # [slots] bool
+    end: torch.Tensor  # [slots] int64 prompt + max_tokens: no draft past what may be emitted
+
+
+class DeviceLoop:
+    """One Generator's device loop for one (method, k): caches, state and graphs."""
+
+    def __init__(self, gen, method: str, k: int, exact: bool = True):
+        self.gen = gen
+        self.method, self.k = method, k
+        self.target = gen.target
+        self.device = torch.device(getattr(gen.graphs, "device", None) or "cuda")
+        self.dtype = getattr(gen.graphs, "dtype", torch.float32)
+        self.config = gen.config
+        self.vocab_size = gen.config.vocab_size
+        self.slots = gen.cache.slots
+        self.max_len = gen.cache.max_len
+        self.width = max(EXACT_ROWS, k + 1) if exact else k + 1  # W: rows of a verify forward
+        # rows past max_len a step may write: the verify rows, drafts, the heads' loop rows
+        self.length = self.max_len + self.width + 2 * k + 2
+        self.use_graphs = self.device.type == "cuda" and getattr(gen.graphs, "cuda_graphs", True)
+        dev = self.device
+        self.state = DeviceState(
+            seq=torch.zeros(self.slots, self.length, dtype=torch.long, device=dev),
+            n=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            active=torch.zeros(self.slots, dtype=torch.bool, device=dev),
+            temperature=torch.ones(self.slots, dtype=torch.float32, device=dev),
+            top_k=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            top_p=torch.ones(self.slots, dtype=torch.float32, device=dev),
+            greedy=torch.ones(self.slots, dtype=torch.bool, device=dev),
+            end=torch.zeros(self.slots, dtype=torch.long, device=dev))
+        self.cache = self.new_cache(gen.config)
+        self.drafter = self._drafter(gen, method)
+        self.generator = None if dev.type == "cuda" else torch.Generator(dev)
+        self.any_sampled, self.filtered = False, False
+        self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
+        self.pool = None
+        self.stats = {"steps": 0, "eager_steps": 0, "replayed": 0, "captured": 0}
+
+    # --- building blocks ----------------------------------------------------------------------
+
+    def new_cache(self, config) -> list[torch.Tensor]:
+        """2L buffers [slots, kv_heads, length + 1, head_dim] (the last row: padding's scratch
+        row, backends/torch_cuda.py attention_in_place)."""
+        shape = (self.slots, config.num_kv_heads, self.length + 1, config.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                for _ in range(2 * config.num_layers)]
+
+    def _drafter(self, gen, method: str) -> DeviceDrafter | None:
+        if method == "none":
+            return None
+        if method == "ngram":
+            c = gen.speculation
+            return NgramDrafts(self.k, c.ngram_min, c.ngram_max)
+        entry = gen.drafters[method]
+        vocab = gen.vocab(entry)
+        d2t = (None if vocab is None else
+               torch.from_numpy(vocab.draft_to_target).to(self.device))
+        graphs = [gen.step_graph(g, entry.config) for g in entry.graphs]
+        if method == "vanilla":
+            return VanillaDrafts(self, graphs[0], entry.config, d2t)
+        fc = gen.graphs.device_function(entry.fc_graph) if entry.fc_graph else None
+        reads = "eagle3_features" if method == "eagle3" else "hidden_states"
+        return HeadDrafts(self, graphs, entry.config, reads, d2t, fc)
+
+    def forward(self, graph, cache: list[torch.Tensor], lo: int, hi: int, ids: torch.Tensor,
+                past: torch.Tensor, q: torch.Tensor, logits_index: torch.Tensor,
+                hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """One forward of `graph` over slots [lo, hi): ids [B, T] at positions past + 0..T-1,
+        the first q [B] of them new (the rest padding, q = 0: an idle row); logits at
+        logits_index [B, N]. -> (logits [B, N, V], per-token outputs [B, T, D] ...)."""
+        t = ids.shape[1]
+        # padding columns repeat the last new token's position (step_inputs.py's rule)
+        cols = torch.minimum(torch.arange(t, device=ids.device)[None], (q - 1).clamp(min=0)[:, None])
+        positions = (past[:, None] + cols).clamp(0, graph.max_positions - 1)
+        seqlens_k = (past + q - 1).clamp(min=0).to(torch.int32)
+        inputs = {"input_ids": ids, "position_ids": positions, "seqlens_k": seqlens_k,
+                  "query_seqlens": q.to(torch.int32),
+                  "total_sequence_length": (seqlens_k.max() + 1).to(torch.int32),
+                  "logits_index": logits_index}
+        if hidden is not None:
+            inputs[HIDDEN_INPUT] = hidden.to(self.dtype)
+        return graph.device_forward(inputs, [c[lo:hi] for c in cache])
+
+    def write_tokens(self, nb: int, at: torch.Tensor, tokens: torch.Tensor) -> None:
+        """seq[b, at[b]] = tokens[b] for the active slots of [0, nb)."""
+        at = torch.where(self.state.active[:nb], at, self.length - 1).clamp(max=self.length - 1)
+        self.state.seq[:nb].scatter_(1, at[:, None], tokens[:, None])
+
+    # --- admission and prefill -----------------------------------------------------------------
+
+    def admit(self, streams: list[Stream]) -> list[int]:
+        """Prefills the streams (their slots allocated) in one forward and samples each one's
+        first token on the device; -> the first tokens."""
+        s = self.state
+        slots = [st.slot for st in streams]
+        lo, hi = min(slots), max(slots) + 1
+        b = hi - lo
+        lens = [len(st.prompt_ids) for st in streams]
+        t = max(lens)
+        ids = np.zeros((b, t), dtype=np.int64)
+        q = np.zeros(b, dtype=np.int64)
+        new = np.zeros(b, dtype=bool)
+        for st, n in zip(streams, lens):
+            ids[st.slot - lo, :n] = st.prompt_ids
+            ids[st.slot - lo, n:] = st.prompt_ids[-1]  # padding: a real token (see _score)
+            q[st.slot - lo], new[st.slot - lo] = n, True
+            p = st.params
+            s.temperature[st.slot] = p.temperature if p.temperature > 0 else 1.0
+            s.top_k[st.slot] = p.top_k
+            s.top_p[st.slot] = p.top_p
+            s.greedy[st.slot] = p.greedy
+            s.end[st.slot] = n + p.max_tokens
+        ids_d = torch.from_numpy(ids).to(self.device)
+        q_d = torch.from_numpy(q).to(self.device)
+        new_d = torch.from_numpy(new).to(self.device)
+        s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
+        out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
+                           (q_d - 1).clamp(min=0)[:, None])
+        first, _ = device_verify.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
+                                        s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
+        first = first[:, 0]
+        at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
+        s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
+        s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
+        if self.drafter is not None:
+            rows = dict(zip(self.target_outputs(), out[1:]))
+            self.drafter.prefill(self, lo, hi, new_d, q_d, rows)
+        tokens = first.cpu().numpy()
+        s.active[lo:hi] |= new_d
+        return [int(tokens[st.slot - lo]) for st in streams]
+
+    def target_outputs(self) -> list[str]:
+        return list(self.target.outputs)
+
+    # --- one step --------------------------------------------------------------------------------
+
+    def _propose(self, nb: int, out: dict) -> None:
+        if self.drafter is None:
+            z = torch.zeros(nb, self.k, dtype=torch.long, device=self.device)
+            out.update(drafts=z, valid=z.bool(), q=None)
+            return
+        drafts, valid, out["q"] = self.drafter.propose(self, nb)
+        # policy.py's room: below the remaining max_tokens and the cache rows left
+        n = self.state.n[:nb]
+        room = torch.minimum(self.state.end[:nb] - n - 1, self.max_len - n)  # (nb,)
+        valid = valid & (torch.arange(self.k, device=self.device)[None] < room[:, None])
+        out["drafts"], out["valid"] = torch.where(valid, drafts, 0), valid
+
+    def _score(self, nb: int, out: dict) -> None:
+        s = self.state
+        n, active = s.n[:nb], s.active[:nb]
+        last = s.seq[:nb].gather(1, (n - 1).clamp(min=0)[:, None])  # (nb, 1)
+        # padding and invalid drafts repeat the last token, so every row carries a real
+        # token's activations (no never-trained id such as 0 in the rows nobody reads)
+        drafts = torch.where(out["valid"], out["drafts"], last)
+        pad = last.expand(nb, self.width - 1 - self.k)
+        ids = torch.cat([last, drafts, pad], 1)  # (nb, W)
+        q = torch.where(active, self.k + 1, 0)
+        index = torch.arange(self.width, device=self.device).expand(nb, -1)
+        res = self.forward(self.target, self.cache, 0, nb, ids, (n - 1).clamp(min=0), q, index)
+        out["logits"] = res[0]
+        out["rows"] = dict(zip(self.target_outputs(), res[1:]))
+
+    def _sample(self, nb: int, out: dict) -> None:
+        s = self.state
+        active = s.active[:nb]
+        tokens, accepted = device_verify.verify(
+            out["drafts"], out["valid"], out["q"], out["logits"], s.temperature[:nb],
+            s.top_k[:nb], s.top_p[:nb], s.greedy[:nb], self.any_sampled, self.filtered,
+            self.generator)
+        n_old = s.n[:nb].clone()
+        cols = torch.arange(self.k + 1, device=self.device)
+        keep = (cols[None] <= accepted[:, None]) & active[:, None]
+        at = torch.where(keep, n_old[:, None] + cols, self.length - 1).clamp(max=self.length - 1)
+        s.seq[:nb].scatter_(1, at, tokens)
+        s.n[:nb] = torch.where(active, n_old + accepted + 1, n_old)
+        if self.drafter is not None:
+            self.drafter.commit(self, nb, n_old, accepted, out["rows"])
+        proposed = out["valid"].sum(-1)
+        # what the host reads: [tokens (k + 1) | accepted | proposed]
+        out["host"] = torch.cat([tokens, accepted[:, None], proposed[:, None]], 1)
+
+    PHASES = ("propose", "score", "sample")
+
+    def _phases(self, nb: int, timed: bool) -> tuple[dict, list[float]]:
+        """Runs the three phases eagerly -> (outputs, seconds per phase when timed)."""
+        out, seconds = {}, []
+        for fn in (self._propose, self._score, self._sample):
+            t = time.perf_counter()
+            fn(nb, out)
+            if timed:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                seconds.append(time.perf_counter() - t)
+        return out, seconds
+
+    def _capture(self, key: tuple, nb: int) -> None:
+        """One CUDA graph per phase over slots [0, nb); a later phase reads the static outputs
+        of the earlier ones (one memory pool, captured and replayed in order)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        out, graphs = {}, []
+        for fn in (self._propose, self._score, self._sample):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                fn(nb, out)
+            graphs.append(g)
+        self.graphs[key] = (graphs, out)
+        self.stats["captured"] += 1
+
+    def step(self, nb: int) -> tuple[np.ndarray, list[float]]:
+        """One propose -> score -> sample over slots [0, nb) -> (host array [nb, k + 3]:
+        emitted tokens, accepted, proposed; seconds of each phase)."""
+        self.stats["steps"] += 1
+        key = (nb, self.any_sampled, self.filtered)
+        entry = self.graphs.get(key) if self.use_graphs else None
+        if entry is None:
+            self.stats["eager_steps"] += 1
+            if self.use_graphs:  # the first step of this shape is the warm-up: a real step
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    out, seconds = self._phases(nb, timed=True)
+                    host = out["host"].cpu().numpy()
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                self._capture(key, nb)
+                return host, seconds
+            out, seconds = self._phases(nb, timed=True)
+            return out["host"].cpu().numpy(), seconds
+        graphs, out = entry
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        events[0].record()
+        for g, e in zip(graphs, events[1:]):
+            g.replay()
+            e.record()
+        host = out["host"].cpu()  # the one sync of the step (after every event above)
+        self.stats["replayed"] += 1
+        return host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+
+    # --- streams -----------------------------------------------------------------------------------
+
+    def run(self, streams: list[Stream], on_step=None) -> list[Stream]:
+        """Runs every stream to completion, at most `slots` at a time (streams wait for a free
+        slot in order); on_step(StepMetrics) after each step."""
+        gen = self.gen
+        params = [s.params for s in streams]
+        self.any_sampled = any(not p.greedy for p in params)
+        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
+        if self.device.type == "cuda" and self.any_sampled:
+            seeds = {p.seed for p in params if not p.greedy}
+            if len(seeds) == 1 and None not in seeds:
+                torch.cuda.manual_seed(seeds.pop())
+        elif self.generator is not None:
+            seeds = {p.seed for p in params}
+            self.generator.manual_seed(seeds.pop() if len(seeds) == 1 and None not in seeds
+                                       else int(torch.seed() % (1 << 62)))
+        waiting, running = list(streams), []
+        with torch.no_grad():
+            while waiting or running:
+                admitted = []
+                while waiting and gen.cache.free_slots:
+                    s = waiting.pop(0)
+                    gen.engine.admit(s)
+                    admitted.append(s)
+                    running.append(s)
+                if admitted:
+                    t0 = time.perf_counter()
+                    firsts = self.admit(admitted)
+                    m = StepMetrics(len(admitted), sum(len(s.prompt_ids) for s in admitted))
+                    m.target_forwards = 1
+                    for s, tok in zip(admitted, firsts):
+                        s.stats.record(0, 0)
+                        append(s, [tok], gen.stops, None)
+                    m.prefill_s = m.total_s = time.perf_counter() - t0
+                    running = self._retire(running)
+                    if on_step:
+                        on_step(m)
+                    continue
+                nb = max(s.slot for s in running) + 1
+                t0 = time.perf_counter()
+                host, seconds = self.step(nb)
+                m = StepMetrics(decode_streams=len(running), target_forwards=1)
+                m.propose_s, m.score_s, m.sample_s = seconds
+                for s in running:
+                    row = host[s.slot]
+                    accepted, proposed = int(row[-2]), int(row[-1])
+                    s.stats.record(proposed, accepted)
+                    m.speculating_streams += proposed > 0
+                    m.proposed_tokens += proposed
+                    m.accepted_tokens += accepted
+                    if accepted >= len(m.accepted_per_position):
+                        m.accepted_per_position += [0] * (accepted - len(m.accepted_per_position))
+                    for i in range(accepted):
+                        m.accepted_per_position[i] += 1
+                    m.emitted_tokens += append(s, row[:accepted + 1].tolist(), gen.stops, None)
+                    for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
+                        setattr(s.stats, name, getattr(s.stats, name) + sec / len(running))
+                running = self._retire(running)
+                m.total_s = time.perf_counter() - t0
+                if on_step:
+                    on_step(m)
+        return streams
+
+    def _retire(self, running: list[Stream]) -> list[Stream]:
+        """Finished streams: their slots idle on the device, released on the host."""
+        done = [s for s in running if s.finished and s.slot is not None]
+        for s in done:
+            self.state.active[s.slot] = False
+            self.gen.engine.release(s)
+        return [s for s in running if not s.finished]
