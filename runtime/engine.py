@@ -418,12 +418,12 @@ class Engine:
 
     def expected_gain(self, s: Stream, k: int, batch: int, drafting: int) -> float:
         """Tokens per unit of cost s can expect from drafting k (auto: at most k) now, in a
-        batch of `batch` streams of which `drafting` may draft. A
-        lookup (ngram, suffix, hybrid's first choice) drafts only where the context matches,
-        for free, and how often a match is right depends on the match (a request repeated
-        matches earlier answers whole): not predicted here (inf); the per-stream fallback
-        still judges it."""
-        if s.method in LOOKUPS or s.method == "hybrid":
+        batch of `batch` streams of which `drafting` may draft. n-gram lookup's acceptance
+        is measured on the steps that found a match, so it predicts a match. The suffix
+        cache (and hybrid, which tries it first) matches earlier requests too, and a request
+        asked again matches their answers whole, which no average predicts: inf (the
+        per-stream fallback still judges it)."""
+        if s.method in ("suffix", "hybrid"):
             return float("inf")
         return self.acceptance(s).gain(self.draft_length.costs, s.method, k, batch,
                                        max(drafting, 1), s.adaptive)

@@ -335,8 +335,9 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         p.groups.setdefault(name, []).append((r["completion_tokens"], time.perf_counter() - t0))
         p.runs.setdefault(name, []).append(r)
 
-    for c in configs:  # warm-up, not recorded
-        run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]])
+    for c in configs:  # warm-up, not recorded: `batch` streams, so one-time work per batch
+        # size (the engine's cost probe, runtime/cost_probe.py) is done here, not in a run
+        run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]] * batch)
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
         c.suffix_cache = SuffixCache()  # what the warm-up wrote is not a request
     for p in list(active):
