@@ -159,28 +159,28 @@ class DraftLength:
 
     def gate(self, method: str, adaptive: list[bool], batch: int = 1) -> "DraftGate":
         """batch: the streams decoding in this step (what the costs are measured at)."""
-        return DraftGate(self, method, adaptive, batch)
+        return DraftGate(self, method, adaptive, batch, drafter=method)
 
-    def plan(self, key: str, k_max: int, batch: int = 1) -> int:
-        """How many tokens to draft before drafting, from acceptance by position (calibration
-        `key`): for drafters whose cost depends on how regularly each position is drafted
-        (MTP: module i catches up on every row it skipped, so a per-step stop costs more
-        later)."""
-        return self._by_position(key, k_max, True, batch)[0]
+    def plan(self, key: str, drafter: str, k_max: int, batch: int = 1) -> int:
+        """How many tokens `drafter` drafts before drafting, from acceptance by position
+        (calibration `key`): for drafters whose cost depends on how regularly each position
+        is drafted (MTP: module i catches up on every row it skipped, so a per-step stop
+        costs more later)."""
+        return self._by_position(key, drafter, k_max, True, batch)[0]
 
     def cut(self, key: str, tokens, adaptive: bool, batch: int = 1
             ) -> tuple[object, list[float]]:
         """A lookup's draft (n-gram, suffix: no confidence) cut where the next token no longer
         pays, with acceptance calibrated by position instead (calibration `key`) -> (the
         tokens kept, the pseudo-confidences to calibrate with)."""
-        n, confidences = self._by_position(key, len(tokens), adaptive, batch)
+        n, confidences = self._by_position(key, None, len(tokens), adaptive, batch)
         return tokens[:n], confidences
 
-    def _by_position(self, key: str, n: int, adaptive: bool, batch: int
+    def _by_position(self, key: str, drafter: str | None, n: int, adaptive: bool, batch: int
                      ) -> tuple[int, list[float]]:
-        """Of n positions, how many pay (the first always does), and their pseudo-confidences."""
-        method, _, kind = key.partition("/")  # "mtp/position": mtp's drafter; lookups: free
-        gate = DraftGate(self, key, [adaptive], batch, method if kind == "position" else None)
+        """Of n positions, how many pay (the first always does), and their pseudo-confidences
+        (drafter None: a lookup, drafting for free)."""
+        gate = DraftGate(self, key, [adaptive], batch, drafter)
         for j in range(n):
             if not gate.more(0, position_confidence(j)):
                 return j + 1, gate.confidences[0]
@@ -197,14 +197,14 @@ class DraftGate:
     """One proposer call's decisions: `more(i, conf)` after stream i's draft of that
     confidence says whether to draft another; the confidences are kept for calibration."""
 
-    def __init__(self, rule: DraftLength, method: str, adaptive: list[bool], batch: int = 1,
-                 drafter: str | None = "same"):
+    def __init__(self, rule: DraftLength, method: str, adaptive: list[bool], batch: int,
+                 drafter: str | None):
         """method: the calibration key; drafter: the method whose drafter step each token
-        costs ("same": method; None: drafting is free, a lookup); batch: the streams
-        decoding in this step."""
+        costs (None: drafting is free, a lookup); batch: the streams decoding in this
+        step."""
         self.rule = rule
         self.method = method
-        self.drafter = method if drafter == "same" else drafter
+        self.drafter = drafter
         self.adaptive = adaptive
         self.batch = batch
         self.confidences: list[list[float]] = [[] for _ in adaptive]

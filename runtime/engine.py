@@ -371,7 +371,7 @@ class Engine:
             kk = [ks[i] for i in idx]
             plans = getattr(proposer, "plans", not proposer.gated) and method not in LOOKUPS
             if plans:
-                kk = [self.draft_length.plan(position_key(method), k, len(streams))
+                kk = [self.draft_length.plan(position_key(method), method, k, len(streams))
                       if streams[i].adaptive and k > 0 else k for i, k in zip(idx, kk)]
             t0 = time.perf_counter()
             d = proposer.propose([streams[i] for i in idx], kk, gate)
@@ -484,8 +484,7 @@ class Engine:
             s.stats.record(proposed, accepted)
             if proposed:
                 self.acceptance(s).observe(proposed, accepted)
-            cost = step_cost if proposed and self.policy.config.fallback else None
-            self.policy.observe(s, proposed, accepted, cost)
+            self.policy.observe(s, proposed, accepted, step_cost)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted

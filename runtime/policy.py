@@ -89,8 +89,8 @@ class SpeculationPolicy:
                                              and s.params.seed is not None)
 
     def observe(self, s, proposed: int, accepted: int, cost: float | None = None) -> None:
-        """Records a speculative step (cost: its share of time in plain decoding steps, c(1));
-        may start a cooldown."""
+        """Records a step (cost: what the whole step cost, in plain decoding steps c_B(1);
+        each stream waits for all of it); a speculative one may start a cooldown."""
         c = self.config
         if proposed and cost and self.judged(s):
             st = self._state.setdefault(s.id, _StreamState())
