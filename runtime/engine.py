@@ -430,7 +430,6 @@ class Engine:
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
-        t0 = time.perf_counter()
         self.measure_costs(streams, m)
         t0 = time.perf_counter()  # (the probe, once per batch size, is not this step's cost)
         drafting = sum(1 for s in streams if s.num_draft_tokens and self.proposer(s) is not None)
