@@ -23,9 +23,10 @@ import torch
 
 from trt_spec.export.drafter_checkpoint import load_draft, save_draft
 from trt_spec.export.model import TargetModel
+from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.forward import causal_forward
 from trt_spec.train.loop import Batch
-from trt_spec.train.unroll import distill_loss
+from trt_spec.train.unroll import distill_loss, shift, top1_hits
 
 SHARED = ("embed_tokens.weight", "lm_head.weight")  # the target's: frozen, never saved
 
@@ -51,17 +52,27 @@ def init_draft(target: TargetModel, layers: tuple[int, ...]) -> TargetModel:
     return draft
 
 
-def draft_loss(draft: TargetModel, batch: Batch) -> tuple[torch.Tensor, dict]:
+def draft_loss(draft: TargetModel, batch: Batch, chain: int = 0) -> tuple[torch.Tensor, dict]:
+    """chain > 0: also train/curve.py's chain acceptance of `chain` draft steps. Row p drafts
+    the token after x_p; with the drafts right so far, draft step j from anchor p is row p + j
+    (teacher forcing reads the same tokens), so its hits are row p's shifted by j."""
     hidden, _ = causal_forward(draft, batch.input_ids)
     identity = torch.arange(draft.config.vocab_size, device=batch.input_ids.device)
-    loss, acc = distill_loss(draft.head(hidden), batch, -1, identity, identity)
-    return loss, {"loss": float(loss.detach()), "loss_0": float(loss.detach()), "acc_0": acc}
+    logits = draft.head(hidden)
+    loss, acc = distill_loss(logits, batch, -1, identity, identity)
+    metrics = {"loss": float(loss.detach()), "loss_0": float(loss.detach()), "acc_0": acc}
+    if chain:
+        hit, valid = top1_hits(logits, batch, -1, identity)
+        metrics.update(chain_accept([(shift(hit, j), shift(valid, j)) for j in range(chain)]))
+    return loss, metrics
 
 
 def train_draft(store, target: TargetModel, out, config, layers: tuple[int, ...],
                 resume: bool = False, device: str = "cpu", log=None,
-                max_steps: int | None = None, max_seconds: float | None = None) -> dict:
-    """As train_eagle3: state `out/draft-state.pt`, the draft `out/draft/`."""
+                max_steps: int | None = None, max_seconds: float | None = None,
+                heldout=None) -> dict:
+    """As train_eagle3: state `out/draft-state.pt`, the draft `out/draft/`, the learning curve
+    `out/draft-curve.jsonl`."""
     from trt_spec.train.loop import train_loop
 
     out = Path(out)
@@ -69,9 +80,11 @@ def train_draft(store, target: TargetModel, out, config, layers: tuple[int, ...]
     draft = init_draft(target, layers).to(device)
     extra = {"kind": "draft", "plan": store.manifest["plan"], "shards": store.shards,
              "layers": list(layers)}
+    curve = make_curve(config, heldout, lambda batch: draft_loss(draft, batch, CHAIN),
+                       out / "draft-curve.jsonl")
     metrics = train_loop(store, {"draft": draft}, lambda batch: draft_loss(draft, batch), config,
                          out / "draft-state.pt", extra, resume, device, log, max_steps,
-                         max_seconds)
+                         max_seconds, curve)
     save_draft(draft.to("cpu").eval(), out / "draft", layers)
     return metrics
 

@@ -32,9 +32,10 @@ import torch
 from trt_spec.export.drafter_checkpoint import layer_config, target_head
 from trt_spec.export.drafters import Drafter, Eagle3Fc, Eagle3Step
 from trt_spec.export.model import TargetModel
+from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.features import FeatureStore
 from trt_spec.train.loop import Batch
-from trt_spec.train.unroll import distill_loss, unroll
+from trt_spec.train.unroll import distill_loss, top1_hits, unroll
 
 # --- the draft vocabulary -----------------------------------------------------------------
 
@@ -99,19 +100,24 @@ def init_eagle3(target: TargetModel, d2t: torch.Tensor, seed: int = 0,
 
 
 def eagle3_loss(drafter: Drafter, batch: Batch, t2d_index: torch.Tensor, steps: int,
-                step_decay: float) -> tuple[torch.Tensor, dict]:
+                step_decay: float, chain: bool = False) -> tuple[torch.Tensor, dict]:
     """Soft cross entropy per unrolled step (see the module docstring), weighed
-    step_decay ** j, and per step the accuracy (the head's argmax is the target's)."""
+    step_decay ** j, and per step the accuracy (the head's argmax is the target's); chain:
+    also train/curve.py's chain acceptance accept_j of the `steps` steps."""
     d2t_ids = torch.arange(len(drafter.d2t), device=batch.input_ids.device)
     d2t_ids = d2t_ids + drafter.d2t.to(d2t_ids.device)
     hidden = drafter.fc(batch.eagle3)  # (B, T, H)
-    total, metrics = 0.0, {}
+    total, metrics, hits = 0.0, {}, []
     for j, (logits, _) in enumerate(unroll(drafter.modules[0], batch.input_ids, hidden, steps)):
         loss_j, acc_j = distill_loss(logits, batch, j, t2d_index, d2t_ids)
         total = total + step_decay ** j * loss_j
         metrics[f"loss_{j}"] = float(loss_j.detach())
         metrics[f"acc_{j}"] = acc_j
+        if chain:
+            hits.append(top1_hits(logits, batch, j, d2t_ids))
     metrics["loss"] = float(total.detach())
+    if chain:
+        metrics.update(chain_accept(hits))
     return total, metrics
 
 
@@ -127,9 +133,10 @@ def to_device(drafter: Drafter, device: str) -> Drafter:
 def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vocab_size: int,
                  resume: bool = False, device: str = "cpu", log=None,
                  max_steps: int | None = None, max_seconds: float | None = None,
-                 intermediate_size: int | None = None) -> dict:
+                 intermediate_size: int | None = None, heldout=None) -> dict:
     """Trains a head on `store`; the training state is `out/eagle3-state.pt` (every
-    config.checkpoint_every steps), the head `out/eagle3/` (save_drafter) when this run stops.
+    config.checkpoint_every steps), the head `out/eagle3/` (save_drafter) when this run stops,
+    the learning curve on `heldout` `out/eagle3-curve.jsonl` (config.eval_every > 0).
     Returns the loop's metrics plus the draft vocabulary's coverage of the training tokens."""
     from pathlib import Path
 
@@ -149,11 +156,15 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
     t2d_index = target_to_draft(d2t, vocab).to(device)
     extra = {"kind": "eagle3", "plan": store.manifest["plan"], "shards": store.shards,
              "draft_vocab": draft_vocab_size, "intermediate_size": drafter.config.intermediate_size}
+    curve = make_curve(config, heldout, lambda batch: eagle3_loss(
+        drafter, batch, t2d_index, max(config.ttt_steps, CHAIN), config.step_decay, chain=True),
+        out / "eagle3-curve.jsonl")
     metrics = train_loop(
         store, {"fc": drafter.fc, "step": drafter.modules[0]},
         lambda batch: eagle3_loss(drafter, batch, t2d_index, config.ttt_steps,
                                   config.step_decay),
-        config, out / "eagle3-state.pt", extra, resume, device, log, max_steps, max_seconds)
+        config, out / "eagle3-state.pt", extra, resume, device, log, max_steps, max_seconds,
+        curve)
     save_drafter(to_device(drafter, "cpu").eval(), out / "eagle3")
     metrics["draft_vocab_coverage"] = float(counts[t2d.numpy()].sum() / max(1, counts.sum()))
     return metrics

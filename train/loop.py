@@ -2,7 +2,9 @@
 schedule, and a resumable loop that checkpoints every N steps.
 
 The batch order is a function of (seed, epoch) only, so a resumed run sees the same batches
-as an uninterrupted one from the step it stopped at.
+as an uninterrupted one from the step it stopped at. With a train/curve.py Curve the loop
+also evaluates on held-out data every `eval_every` training tokens (the learning curve); the
+tokens seen and training seconds are part of the saved state, so the curve resumes too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class TrainConfig:
     step_decay: float = 0.8  # loss weight of unrolled step j: step_decay ** j
     checkpoint_every: int = 200
     seed: int = 0
+    eval_every: int = 0  # training tokens between held-out evaluations (train/curve.py); 0: off
+    eval_sequences: int = 64  # held-out sequences each of those evaluates (the first ones)
 
     def __post_init__(self):
         if self.epochs <= 0:
@@ -43,6 +47,19 @@ class TrainConfig:
             raise ValueError(f"ttt_steps {self.ttt_steps}: must be >= 1")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every {self.checkpoint_every}: must be >= 1")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every {self.eval_every}: must be >= 0 tokens (0: off)")
+        if self.eval_sequences < 1:
+            raise ValueError(f"eval_sequences {self.eval_sequences}: must be >= 1")
+
+
+# Settings that do not change the trained weights: a resumed run may change them.
+RUN_ONLY = ("eval_every", "eval_sequences")
+
+
+def train_settings(config: TrainConfig) -> dict:
+    """The settings a training state was written with (compared on resume)."""
+    return {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
 
 
 @dataclass
@@ -81,6 +98,14 @@ def read_batch(store, indices: list[int], device) -> Batch:
     return collate([store[i] for i in indices], device)
 
 
+def sequence_lengths(store) -> np.ndarray:
+    """[N] tokens of each sequence of a FeatureStore or LiveFeatures, no features read."""
+    if hasattr(store, "examples"):
+        return np.array([len(ex.input_ids) for ex in store.examples], dtype=np.int64)
+    return np.concatenate([np.diff(np.asarray(store.arrays(s)["offsets"], dtype=np.int64))
+                           for s in store.shards])
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
 
@@ -97,6 +122,12 @@ def batch_indices(n: int, step: int, config: TrainConfig) -> list[int]:
     return order[i * config.batch_size:(i + 1) * config.batch_size].tolist()
 
 
+def tokens_before(store, step: int, config: TrainConfig) -> int:
+    """Sequence tokens the first `step` steps train on (for a state saved without them)."""
+    lengths = sequence_lengths(store)
+    return int(sum(lengths[batch_indices(len(lengths), s, config)].sum() for s in range(step)))
+
+
 def lr_factor(step: int, total: int, config: TrainConfig) -> float:
     """Linear warm-up over min(warmup_steps, a tenth of the run), then cosine down to
     min_lr_ratio (a short run is not all warm-up)."""
@@ -109,10 +140,13 @@ def lr_factor(step: int, total: int, config: TrainConfig) -> float:
 
 
 def save_state(path: Path, step: int, modules: dict[str, torch.nn.Module],
-               optimizer: torch.optim.Optimizer, extra: dict) -> None:
-    """Atomic: written beside, then renamed over the previous one."""
+               optimizer: torch.optim.Optimizer, extra: dict, tokens_seen: int = 0,
+               seconds: float = 0.0) -> None:
+    """Atomic: written beside, then renamed over the previous one. tokens_seen / seconds:
+    training tokens and seconds (held-out evaluations excluded) up to `step`, all runs."""
     state = {"step": step, "optimizer": optimizer.state_dict(), "extra": extra,
-             "modules": {k: m.state_dict() for k, m in modules.items()}}
+             "modules": {k: m.state_dict() for k, m in modules.items()},
+             "tokens_seen": tokens_seen, "seconds": seconds}
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -125,23 +159,25 @@ class StepLog:
     lr: float
     metrics: dict  # floats from the loss function
     tokens_per_s: float  # sequence tokens (padding excluded) per second, this run
+    heldout: dict | None = None  # the learning-curve record written at this step, if any
 
 
 def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
                loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]], config: TrainConfig,
                state_path: Path, extra: dict, resume: bool, device: str = "cpu",
                log: Callable[[StepLog], None] | None = None, max_steps: int | None = None,
-               max_seconds: float | None = None) -> dict:
+               max_seconds: float | None = None, curve=None) -> dict:
     """Trains the parameters of `modules` that require grad. `extra` (JSON-able) is saved in
     the state and must match on resume. Returns the final metrics. max_steps stops this run
     early (a later --resume continues), for tests and short runs; max_seconds likewise once
-    that much time has passed (the state is saved at the stop)."""
+    that much time has passed (the state is saved at the stop). curve: a train/curve.py Curve,
+    evaluated at step 0, every curve.every training tokens and at the schedule's end."""
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, 0.95))
     total = total_steps(len(store), config)
-    step = 0
-    extra = dict(extra, config=asdict(config), sequences=len(store))
+    step, tokens_seen, seconds = 0, 0, 0.0
+    extra = dict(extra, config=train_settings(config), sequences=len(store))
     if resume and state_path.exists():
         state = torch.load(state_path, map_location=device, weights_only=False)
         if state["extra"] != extra:
@@ -151,9 +187,26 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
             m.load_state_dict(state["modules"][k])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    start, tokens, metrics = time.perf_counter(), 0, {}
+        tokens_seen = state.get("tokens_seen")
+        if tokens_seen is None:  # a state saved before tokens were counted
+            tokens_seen = tokens_before(store, step, config)
+        seconds = state.get("seconds", 0.0)
+    per_epoch = steps_per_epoch(len(store), config.batch_size)
+
+    def record(lr: float, losses: list[float]) -> dict:
+        return curve.record(modules, config.batch_size, device, step=step,
+                            tokens_seen=tokens_seen, epoch=step / per_epoch, lr=lr,
+                            train_loss=sum(losses) / len(losses) if losses else None,
+                            seconds=seconds)
+
+    if curve is not None:
+        curve.restart(step)
+        if step == 0:
+            record(config.lr * lr_factor(0, total, config), [])
+    start, tokens, metrics, losses = time.perf_counter(), 0, {}, []
     stop = total if max_steps is None else min(total, step + max_steps)
     while step < stop:
+        t0 = time.perf_counter()
         batch = read_batch(store, batch_indices(len(store), step, config), device)
         lr = config.lr * lr_factor(step, total, config)
         for group in optimizer.param_groups:
@@ -164,24 +217,36 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         optimizer.step()
         step += 1
-        tokens += int(batch.lengths.sum())
+        n = int(batch.lengths.sum())
+        tokens += n
+        tokens_seen += n
+        seconds += time.perf_counter() - t0
+        losses.append(metrics["loss"])
+        heldout = None
+        # the record before the state: a crash between them re-evaluates, never skips one
+        if curve is not None and (curve.due(tokens_seen - n, tokens_seen) or step == total):
+            heldout, losses = record(lr, losses), []
         if max_seconds is not None and time.perf_counter() - start > max_seconds:
             stop = step
         if step % config.checkpoint_every == 0 or step == stop:
-            save_state(state_path, step, modules, optimizer, extra)
+            save_state(state_path, step, modules, optimizer, extra, tokens_seen, seconds)
         if log is not None:
-            log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start)))
+            log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start),
+                        heldout))
     return {"step": step, "total_steps": total, "done": step >= total, **metrics,
+            "tokens_seen": tokens_seen,
             "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9)}
 
 
 @torch.no_grad()
 def evaluate(store: FeatureStore, loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]],
-             batch_size: int, device: str = "cpu") -> dict:
-    """loss_fn's metrics over every sequence of `store`, weighted by assistant tokens."""
+             batch_size: int, device: str = "cpu", limit: int | None = None) -> dict:
+    """loss_fn's metrics over every sequence of `store` (the first `limit` ones), weighted by
+    assistant tokens."""
     sums, weight = {}, 0
-    for lo in range(0, len(store), batch_size):
-        batch = read_batch(store, list(range(lo, min(lo + batch_size, len(store)))), device)
+    size = len(store) if limit is None else min(limit, len(store))
+    for lo in range(0, size, batch_size):
+        batch = read_batch(store, list(range(lo, min(lo + batch_size, size))), device)
         _, metrics = loss_fn(batch)
         n = int(batch.loss_mask.sum())
         weight += n

@@ -25,9 +25,10 @@ import torch
 from trt_spec.export.drafter_checkpoint import layer_config, target_head
 from trt_spec.export.drafters import Drafter, MTPModule
 from trt_spec.export.model import TargetModel
+from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.features import FeatureStore
 from trt_spec.train.loop import Batch
-from trt_spec.train.unroll import distill_loss, unroll
+from trt_spec.train.unroll import distill_loss, top1_hits, unroll
 
 KINDS = ("mtp", "eagle")
 
@@ -56,8 +57,11 @@ def init_mtp(target: TargetModel, n: int, seed: int = 0, kind: str = "mtp",
     return Drafter(kind, modules)
 
 
-def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float):
-    """-> (loss, metrics loss_i / acc_i per module (mtp) or per unrolled step (eagle))."""
+def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float,
+             chain: bool = False):
+    """-> (loss, metrics loss_i / acc_i per module (mtp) or per unrolled step (eagle)).
+    chain: also train/curve.py's chain acceptance accept_j of max(modules, steps) draft steps
+    (mtp: past its modules the last one loops, as the runtime drafts; those steps weigh 0)."""
     vocab = drafter.config.vocab_size
     identity = torch.arange(vocab, device=batch.input_ids.device)
     total, metrics = 0.0, {}
@@ -65,25 +69,33 @@ def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float):
         outs = unroll(drafter.modules[0], batch.input_ids, batch.hidden, steps)
         weights = [step_decay ** j for j in range(steps)]
     else:
-        outs, hidden = [], batch.hidden
+        outs, hidden, n = [], batch.hidden, len(drafter.modules)
         for i, module in enumerate(drafter.modules):
-            logits, hidden = unroll(module, batch.input_ids, hidden, 1, token_offset=i)[0]
-            outs.append((logits, hidden))
-        weights = [1.0] * len(outs)
+            loops = 1 + (max(0, steps - n) if chain and i == n - 1 else 0)
+            rows = unroll(module, batch.input_ids, hidden, loops, token_offset=i)
+            outs += rows
+            hidden = rows[0][1]
+        weights = [1.0] * n + [0.0] * (len(outs) - n)
+    hits = []
     for j, ((logits, _), w) in enumerate(zip(outs, weights)):
         loss_j, acc_j = distill_loss(logits, batch, j, identity, identity)
         total = total + w * loss_j
         metrics[f"loss_{j}"] = float(loss_j.detach())
         metrics[f"acc_{j}"] = acc_j
+        if chain:
+            hits.append(top1_hits(logits, batch, j, identity))
     metrics["loss"] = float(total.detach())
+    if chain:
+        metrics.update(chain_accept(hits))
     return total, metrics
 
 
 def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str = "mtp",
               num_modules: int = 3, resume: bool = False, device: str = "cpu", log=None,
               max_steps: int | None = None, max_seconds: float | None = None,
-              intermediate_size: int | None = None) -> dict:
-    """As train_eagle3: state `out/<kind>-state.pt`, the drafter `out/<kind>/`."""
+              intermediate_size: int | None = None, heldout=None) -> dict:
+    """As train_eagle3: state `out/<kind>-state.pt`, the drafter `out/<kind>/`, the learning
+    curve `out/<kind>-curve.jsonl`."""
     from trt_spec.export.drafter_checkpoint import save_drafter
     from trt_spec.train.loop import train_loop
 
@@ -96,10 +108,14 @@ def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str =
     extra = {"kind": kind, "plan": store.manifest["plan"], "shards": store.shards,
              "modules": len(drafter.modules),
              "intermediate_size": drafter.config.intermediate_size}
+    curve = make_curve(config, heldout, lambda batch: mtp_loss(
+        drafter, batch, max(config.ttt_steps, CHAIN), config.step_decay, chain=True),
+        out / f"{kind}-curve.jsonl")
     metrics = train_loop(
         store, {f"module_{i}": m for i, m in enumerate(drafter.modules)},
         lambda batch: mtp_loss(drafter, batch, config.ttt_steps, config.step_decay),
-        config, out / f"{kind}-state.pt", extra, resume, device, log, max_steps, max_seconds)
+        config, out / f"{kind}-state.pt", extra, resume, device, log, max_steps, max_seconds,
+        curve)
     for m in drafter.modules:
         m.to("cpu").eval()
     save_drafter(drafter, out / kind)

@@ -7,6 +7,7 @@ drafters, every stage resumable. Layout of the output folder:
     OUT/features/           train/features.py (the training split; --features disk)
     OUT/features-heldout/   the same for the held-out split
     OUT/<method>-state.pt   the training state, every --checkpoint-every steps
+    OUT/<method>-curve.jsonl  the learning curve, every --eval-every tokens (train/curve.py)
     OUT/<method>/           the drafter in trt-spec's own format (`trt-spec export --<method>
                             OUT/<method>`; `--draft-model OUT/draft` for the vanilla draft)
     OUT/metrics.json        per method: training and held-out metrics, tokens seen, seconds
@@ -77,6 +78,9 @@ class RunConfig:
                              f"{', '.join(FEATURES)}")
         if self.head_intermediate is not None and self.head_intermediate < 1:
             raise ValueError(f"head intermediate size {self.head_intermediate}: must be >= 1")
+        if self.train.eval_every and not self.heldout_tokens:
+            raise ValueError("--eval-every evaluates on held-out data: heldout_tokens is 0 "
+                             "(--heldout-tokens must be > 0)")
 
 
 def check_device(device: str) -> None:
@@ -176,11 +180,15 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
             extract(target, heldout_ex, out / "features-heldout", config.features, model_id)
         store = FeatureStore(out / "features")
         heldout = FeatureStore(out / "features-heldout") if heldout_ex else None
+    if heldout is None and config.train.eval_every:
+        raise ValueError("no held-out conversation made it into the held-out set: the "
+                         "learning curve needs one (raise --heldout-tokens)")
     metrics_path = out / "metrics.json"
     everything = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     for method in config.methods:
         t0 = time.perf_counter()
-        metrics = train_method(config, method, store, target, resume, on_step, max_steps)
+        metrics = train_method(config, method, store, target, resume, on_step, max_steps,
+                               heldout)
         metrics["seconds"] = time.perf_counter() - t0
         metrics["train_tokens"] = store.tokens
         metrics["answers"] = config.answers
@@ -196,7 +204,9 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
 
 
 def train_method(config: RunConfig, method: str, store, target, resume, on_step,
-                 max_steps) -> dict:
+                 max_steps, heldout=None) -> dict:
+    """One method's training on `store`; with config.train.eval_every, its learning curve on
+    `heldout` (OUT/<method>-curve.jsonl)."""
     from trt_spec.train.draft import train_draft
     from trt_spec.train.eagle3 import train_eagle3
     from trt_spec.train.mtp import train_mtp
@@ -204,12 +214,14 @@ def train_method(config: RunConfig, method: str, store, target, resume, on_step,
     seconds = config.max_minutes * 60 if config.max_minutes else None
     if method == "eagle3":
         return train_eagle3(store, target, config.out, config.train, config.draft_vocab, resume,
-                            config.device, on_step, max_steps, seconds, config.head_intermediate)
+                            config.device, on_step, max_steps, seconds, config.head_intermediate,
+                            heldout)
     if method == "draft":
         return train_draft(store, target, config.out, config.train, config.draft_layers, resume,
-                           config.device, on_step, max_steps, seconds)
+                           config.device, on_step, max_steps, seconds, heldout)
     return train_mtp(store, target, config.out, config.train, method, config.num_modules,
-                     resume, config.device, on_step, max_steps, seconds, config.head_intermediate)
+                     resume, config.device, on_step, max_steps, seconds, config.head_intermediate,
+                     heldout)
 
 
 def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> dict:
@@ -260,12 +272,18 @@ def progress_line(stage: str, p) -> str:
 
 
 def step_line(s) -> str | None:
-    """A training step's line: the 1st, every 10th and the last; None for the others."""
-    if not (s.step == 1 or s.step % 10 == 0 or s.step == s.total):
+    """A training step's line: the 1st, every 10th, the last and those with a learning-curve
+    record; None for the others."""
+    if not (s.step == 1 or s.step % 10 == 0 or s.step == s.total or s.heldout):
         return None
     accs = " ".join(f"{v:.2f}" for k, v in sorted(s.metrics.items()) if k.startswith("acc_"))
-    return (f"train: step {s.step}/{s.total}, loss {s.metrics['loss']:.3f}, acc by step {accs}, "
+    line = (f"train: step {s.step}/{s.total}, loss {s.metrics['loss']:.3f}, acc by step {accs}, "
             f"lr {s.lr:.2e}, {s.tokens_per_s:.0f} tokens/s")
+    if s.heldout:
+        h = s.heldout
+        line += (f"; held-out at {h['tokens_seen']} tokens: acc by step "
+                 + " ".join(f"{a:.2f}" for a in h["acc"]) + f", tau_est {h['tau_est']:.2f}")
+    return line
 
 
 def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
@@ -279,7 +297,8 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
                    ttt_steps: int = 3, top_k: int = 32, max_disk_gb: float = 10.0,
                    checkpoint_every: int = 200, max_steps: int | None = None,
                    max_minutes: float | None = None, device: str = "cpu", resume: bool = False,
-                   seed: int = 0, log=print) -> dict:
+                   seed: int = 0, eval_every: int = 0, eval_sequences: int = 64,
+                   log=print) -> dict:
     """`trt-spec train`: the RunConfig of the command's options (features live on cuda, on
     disk on cpu, unless `features_mode`), run with every stage's progress as lines to `log`.
     Returns {method: {"drafter": OUT/method, **metrics}} for the methods asked for."""
@@ -293,7 +312,8 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
         device=device, max_minutes=max_minutes,
         features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
         train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
-                          checkpoint_every=checkpoint_every, seed=seed),
+                          checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
+                          eval_sequences=eval_sequences),
         regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed))
 
     def on_step(s):

@@ -96,20 +96,29 @@ def soft_labels(topk_ids: torch.Tensor, topk_probs: torch.Tensor, t2d_index: tor
     return ids.clamp(min=0), p / mass.clamp(min=1e-12), mass[..., 0] > 0
 
 
+def top1_hits(logits: torch.Tensor, batch: Batch, ahead: int,
+              head_to_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, T, head_vocab] at anchor rows predicting x_{a+ahead+2} -> (hit [B, T] bool:
+    the head's argmax, as a target id, is the target's argmax at position a+ahead+1; valid
+    [B, T] bool: the predicted token exists and is an assistant token)."""
+    t = batch.input_ids.shape[1]
+    rows = torch.arange(t, device=logits.device)
+    valid = (rows + ahead + 2 < batch.lengths[:, None]) & shift(batch.loss_mask, ahead + 2)
+    hit = head_to_target[logits.argmax(-1)] == shift(batch.topk_ids, ahead + 1)[..., 0]
+    return hit, valid
+
+
 def distill_loss(logits: torch.Tensor, batch: Batch, ahead: int, t2d_index: torch.Tensor,
                  head_to_target: torch.Tensor) -> tuple[torch.Tensor, float]:
     """logits [B, T, head_vocab] at anchor rows predicting x_{a+ahead+2} -> (soft cross
     entropy against the target's top-k at position a+ahead+1, averaged over anchors whose
-    predicted token exists and is an assistant token; accuracy: the head's argmax, as a
-    target id, is the target's argmax). head_to_target [head_vocab]: target id of each."""
-    t = batch.input_ids.shape[1]
-    rows = torch.arange(t, device=logits.device)
+    predicted token exists and is an assistant token; accuracy: top1_hits over those
+    anchors). head_to_target [head_vocab]: target id of each."""
     ids, probs, has_mass = soft_labels(shift(batch.topk_ids, ahead + 1),
                                        shift(batch.topk_probs, ahead + 1), t2d_index)
-    valid = (rows + ahead + 2 < batch.lengths[:, None]) & shift(batch.loss_mask, ahead + 2)
+    hit, valid = top1_hits(logits, batch, ahead, head_to_target)
     weight = (valid & has_mass).float()  # (B, T)
     ce = -(probs * logits.float().log_softmax(-1).gather(-1, ids)).sum(-1)  # (B, T)
     loss = (ce * weight).sum() / weight.sum().clamp(min=1)
-    hit = head_to_target[logits.argmax(-1)] == shift(batch.topk_ids, ahead + 1)[..., 0]
     acc = float((hit.float() * valid).sum() / valid.float().sum().clamp(min=1))
     return loss, acc

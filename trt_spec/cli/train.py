@@ -21,6 +21,24 @@ def parse_layers(text: str) -> tuple[int, ...]:
     return parse(text)
 
 
+SUFFIXES = {"k": 1_000, "m": 1_000_000}
+
+
+def parse_tokens(text: str, minimum: int = 0) -> int:
+    """`--eval-every`, `--scan-tokens`: '50000', '50k' or '2M' -> tokens (>= minimum)."""
+    t = text.strip().lower()
+    scale = SUFFIXES.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if scale > 1 else t) * scale
+        whole = n == int(n)  # int() raises on inf and nan
+    except (ValueError, OverflowError):
+        n, whole = None, False
+    if not whole or n < minimum:
+        raise ValueError(f"{text!r}: expected a whole number of tokens >= {minimum}, e.g. "
+                         "50000, 50k or 2M")
+    return int(n)
+
+
 @click.command()
 @click.option("--method", "methods", required=True,
               callback=checked(parse_methods),
@@ -92,10 +110,19 @@ def parse_layers(text: str) -> tuple[int, ...]:
               help="Continue the training states in --out (answers and features always resume).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Random seed of the training and of the target's sampled answers.")
+@click.option("--eval-every", metavar="TOKENS", default="0", show_default=True,
+              callback=checked(parse_tokens),
+              help="Learning curve: every TOKENS training tokens (50000, 50k, 2M; 0: off) "
+                   "evaluate on the held-out data and append held-out accuracy by draft step "
+                   "and an estimated tau to OUT/<method>-curve.jsonl "
+                   "(scripts/plot_curve.py plots it).")
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Held-out conversations each --eval-every evaluation reads (the first N).")
 def train(methods, model, data, out, answers, max_conversations, answer_tokens, answer_batch,
           max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
           head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
-          checkpoint_every, max_steps, max_minutes, device, resume, seed):
+          checkpoint_every, max_steps, max_minutes, device, resume, seed, eval_every,
+          eval_sequences):
     """Train drafters for a target by self-distillation: the target's features and top-k
     probabilities over chat conversations (optionally its own answers to their prompts), then
     each drafter on them. Every stage resumes: run the same command again with --resume."""
@@ -112,6 +139,7 @@ def train(methods, model, data, out, answers, max_conversations, answer_tokens, 
             batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, top_k=top_k,
             max_disk_gb=max_disk_gb, checkpoint_every=checkpoint_every, max_steps=max_steps,
             max_minutes=max_minutes, device=device, resume=resume, seed=seed,
+            eval_every=eval_every, eval_sequences=eval_sequences,
             log=lambda line: click.echo(line, err=True))
     except DiskBudgetExceeded as e:
         raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
