@@ -1,8 +1,10 @@
-"""train/curve.py on the tiny target: the learning curve is written every eval_every tokens,
-resumes without duplicates and does not change training; the τ estimate counts chains, not
-marginals; bad option values say what is allowed."""
+"""train/curve.py and train/scan.py on the tiny target: the learning curve is written every
+eval_every tokens, resumes without duplicates and does not change training; the τ estimate
+counts chains, not marginals; the scan keeps the best run and skips finished ones; bad
+option values say what is allowed."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -158,7 +160,7 @@ def test_tau_counts_chains_not_marginals():
     assert 1 + sum(np.cumprod(marginals)) != pytest.approx(1 + sum(accept.values()))
 
 
-# --- the CLI ---------------------------------------------------------------
+# --- the scan and the CLI ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -167,6 +169,38 @@ def args(tiny_hf_dir, tmp_path):
     return ["train", "--method", "eagle3", "--model", str(tiny_hf_dir), "--data", str(data),
             "--out", str(tmp_path / "run"), "--max-tokens", "400", "--max-len", "48",
             "--draft-vocab", "48", "--batch-size", "4", "--top-k", "8"]
+
+
+def test_scan_keeps_the_best_and_skips_finished_runs(args, tmp_path):
+    scan = args + ["--lr-scan", "1e-5,3e-3", "--scan-tokens", "800"]
+    first = CliRunner().invoke(main, scan + ["--scan-only"])
+    assert first.exit_code == 0, first.output
+    table = json.loads((tmp_path / "run" / "scan.json").read_text())["eagle3"]
+    runs = table["runs"]
+    assert [r["lr"] for r in runs] == [1e-5, 3e-3] and all(r["steps"] > 4 for r in runs)
+    top = max(runs, key=lambda r: (r["acc"][0], r["acc_mean"]))
+    assert table["best"] == {"lr": top["lr"], "warmup": 20}
+    assert "scan eagle3: 800 tokens per run" in first.stderr
+    assert json.loads(first.stdout)["eagle3"]["scan"]["best"] == table["best"]
+    assert not (tmp_path / "run" / "eagle3-state.pt").exists()  # --scan-only: no full run
+    results = sorted((tmp_path / "run" / "scan").glob("*/result.json"))
+    assert [p.parent.name for p in results] == ["eagle3-lr0.003-wu20", "eagle3-lr1e-05-wu20"]
+    stamps = [p.stat().st_mtime_ns for p in results]
+    again = CliRunner().invoke(main, scan + ["--max-steps", "2", "--eval-every", "100"])
+    assert again.exit_code == 0, again.output
+    assert again.stderr.count("(done before)") == 2
+    assert [p.stat().st_mtime_ns for p in results] == stamps
+    done = json.loads(again.stdout)["eagle3"]
+    assert done["lr"] == top["lr"] and done["step"] == 2
+    curve = read_curve(tmp_path / "run" / "eagle3-curve.jsonl")
+    assert [r["step"] for r in curve][0] == 0 and curve[-1]["tokens_seen"] >= 100
+
+
+def test_two_warmups_that_run_the_same_schedule_are_an_error(args):
+    result = CliRunner().invoke(main, args + ["--warmup-scan", "50,100", "--scan-tokens",
+                                              "400", "--scan-only"])
+    assert result.exit_code != 0
+    assert "so 50 and 100 run the same schedule; raise --scan-tokens" in result.output
 
 
 def test_the_cli_writes_the_curve(args, tmp_path):
@@ -182,7 +216,25 @@ def test_the_cli_writes_the_curve(args, tmp_path):
     (["--eval-every", "-5"], "'-5': expected a whole number of tokens >= 0"),
     (["--eval-sequences", "0"], "Invalid value for '--eval-sequences'"),
     (["--eval-every", "1k", "--heldout-tokens", "0"], "--eval-every evaluates on held-out data"),
+    (["--lr-scan", "1e-3,0"], "'1e-3,0': expected comma-separated learning rates > 0"),
+    (["--lr-scan", "fast"], "'fast': expected comma-separated learning rates > 0"),
+    (["--warmup-scan", "20,-1"], "'20,-1': expected comma-separated warm-up steps >= 0"),
+    (["--scan-tokens", "0"], "'0': expected a whole number of tokens >= 1"),
+    (["--lr-scan", "1e-3"], "give --scan-tokens"),
+    (["--scan-only"], "--scan-tokens / --scan-only go with --lr-scan or --warmup-scan"),
+    (["--lr-scan", "1e-3", "--scan-tokens", "5k", "--heldout-tokens", "0"],
+     "a scan evaluates on held-out data"),
 ])
-def test_bad_curve_options_say_what_is_allowed(args, extra, message):
+def test_bad_curve_and_scan_options_say_what_is_allowed(args, extra, message):
     result = CliRunner().invoke(main, args + extra)
     assert result.exit_code != 0 and message in result.output, result.output
+
+
+def test_scan_best_breaks_ties_by_mean_accuracy():
+    from trt_spec.train.scan import best
+
+    runs = [{"lr": 1, "acc": [0.5, 0.1], "acc_mean": 0.3},
+            {"lr": 2, "acc": [0.5, 0.3], "acc_mean": 0.4},
+            {"lr": 3, "acc": [0.4, 0.9], "acc_mean": 0.65},
+            {"lr": 4, "acc": [0.5, 0.3], "acc_mean": 0.4}]
+    assert best(runs)["lr"] == 2  # acc_0 first, then the mean, then the first of equals

@@ -8,6 +8,7 @@ drafters, every stage resumable. Layout of the output folder:
     OUT/features-heldout/   the same for the held-out split
     OUT/<method>-state.pt   the training state, every --checkpoint-every steps
     OUT/<method>-curve.jsonl  the learning curve, every --eval-every tokens (train/curve.py)
+    OUT/scan/, OUT/scan.json  the --lr-scan / --warmup-scan runs and their table (train/scan.py)
     OUT/<method>/           the drafter in trt-spec's own format (`trt-spec export --<method>
                             OUT/<method>`; `--draft-model OUT/draft` for the vanilla draft)
     OUT/metrics.json        per method: training and held-out metrics, tokens seen, seconds
@@ -30,6 +31,7 @@ from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenize
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
 from trt_spec.train.regen import RegenConfig
+from trt_spec.train.scan import ScanConfig, scan_method, scan_table, with_best, write_scan
 
 METHODS = TRAIN_NAMES  # runtime/methods.py ("draft": the vanilla method's draft model)
 ANSWERS = ("target", "data")
@@ -57,6 +59,7 @@ class RunConfig:
     features: FeatureConfig = FeatureConfig()
     train: TrainConfig = TrainConfig()
     regen: RegenConfig = RegenConfig()
+    scan: ScanConfig | None = None  # lr / warm-up chosen from short runs first
 
     def __post_init__(self):
         if isinstance(self.methods, str):
@@ -78,9 +81,10 @@ class RunConfig:
                              f"{', '.join(FEATURES)}")
         if self.head_intermediate is not None and self.head_intermediate < 1:
             raise ValueError(f"head intermediate size {self.head_intermediate}: must be >= 1")
-        if self.train.eval_every and not self.heldout_tokens:
-            raise ValueError("--eval-every evaluates on held-out data: heldout_tokens is 0 "
-                             "(--heldout-tokens must be > 0)")
+        for name, on in (("--eval-every", self.train.eval_every), ("a scan", self.scan)):
+            if on and not self.heldout_tokens:
+                raise ValueError(f"{name} evaluates on held-out data: heldout_tokens is 0 "
+                                 "(--heldout-tokens must be > 0)")
 
 
 def check_device(device: str) -> None:
@@ -98,10 +102,11 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict], None] | None = None,
-        on_progress=None, on_step=None, max_steps: int | None = None) -> dict:
+        on_progress=None, on_step=None, max_steps: int | None = None, on_scan=None) -> dict:
     """The whole recipe for each method of config.methods. on_stage(name, info) is called as
-    each stage ends; on_progress(stage, progress) / on_step are the long stages' callbacks.
-    Returns {method: metrics}; also written to OUT/metrics.json."""
+    each stage ends; on_progress(stage, progress) / on_step are the long stages' callbacks;
+    on_scan(method, result) as a method's scan ends (config.scan). Returns {method: metrics};
+    also written to OUT/metrics.json (a scan-only method: {"scan": result}, not written)."""
     from trt_spec.export.checkpoint import load_target, resolve_model
     from trt_spec.train.regen import regenerate
 
@@ -180,27 +185,44 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
             extract(target, heldout_ex, out / "features-heldout", config.features, model_id)
         store = FeatureStore(out / "features")
         heldout = FeatureStore(out / "features-heldout") if heldout_ex else None
-    if heldout is None and config.train.eval_every:
+    if heldout is None and (config.train.eval_every or config.scan):
         raise ValueError("no held-out conversation made it into the held-out set: the "
-                         "learning curve needs one (raise --heldout-tokens)")
+                         "learning curve and a scan need one (raise --heldout-tokens)")
     metrics_path = out / "metrics.json"
     everything = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    scanned = {}
     for method in config.methods:
+        method_config = config
+        if config.scan is not None:
+            stage = f"scan {method}"
+            result = scan_method(config, method, store, heldout, target, on_stage and (
+                lambda r: on_stage(stage, {"lr": f"{r['lr']:g}", "warmup": r["warmup"],
+                                           "steps": r["steps"], "acc_0": f"{r['acc'][0]:.3f}",
+                                           "done_before": r["skipped"]})))
+            write_scan(out, method, result)
+            if on_scan:
+                on_scan(method, result)
+            if config.scan.only:
+                scanned[method] = {"scan": result}
+                continue
+            method_config = with_best(config, result)
         t0 = time.perf_counter()
-        metrics = train_method(config, method, store, target, resume, on_step, max_steps,
+        metrics = train_method(method_config, method, store, target, resume, on_step, max_steps,
                                heldout)
         metrics["seconds"] = time.perf_counter() - t0
         metrics["train_tokens"] = store.tokens
         metrics["answers"] = config.answers
+        metrics["lr"] = method_config.train.lr
+        metrics["warmup_steps"] = method_config.train.warmup_steps
         if heldout is not None:
             metrics.update({f"heldout_{k}": v for k, v in evaluate_method(
-                config, method, heldout, target, out / method).items()})
+                method_config, method, heldout, target, out / method).items()})
         everything[method] = metrics
         write_json(metrics_path, everything)
         if on_stage:
             on_stage(f"trained {method}", {k: v for k, v in metrics.items()
                                            if k.startswith(("heldout_acc", "seconds", "step"))})
-    return everything
+    return {**everything, **scanned}
 
 
 def train_method(config: RunConfig, method: str, store, target, resume, on_step,
@@ -298,10 +320,23 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
                    checkpoint_every: int = 200, max_steps: int | None = None,
                    max_minutes: float | None = None, device: str = "cpu", resume: bool = False,
                    seed: int = 0, eval_every: int = 0, eval_sequences: int = 64,
+                   lr_scan: tuple[float, ...] = (), warmup_scan: tuple[int, ...] = (),
+                   scan_tokens: int | None = None, scan_only: bool = False,
                    log=print) -> dict:
     """`trt-spec train`: the RunConfig of the command's options (features live on cuda, on
     disk on cpu, unless `features_mode`), run with every stage's progress as lines to `log`.
-    Returns {method: {"drafter": OUT/method, **metrics}} for the methods asked for."""
+    Returns {method: {"drafter": OUT/method, **metrics}} for the methods asked for
+    ({method: {"scan": result}} with scan_only)."""
+    scan = None
+    if lr_scan or warmup_scan:
+        if scan_tokens is None:
+            raise ValueError("--lr-scan / --warmup-scan: give --scan-tokens, the training "
+                             "tokens of each scan run")
+        scan = ScanConfig(tuple(lr_scan) or (lr,),
+                          tuple(warmup_scan) or (TrainConfig.warmup_steps,), scan_tokens,
+                          scan_only)
+    elif scan_tokens is not None or scan_only:
+        raise ValueError("--scan-tokens / --scan-only go with --lr-scan or --warmup-scan")
     config = RunConfig(
         tuple(methods), model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
         heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
@@ -314,7 +349,8 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
         train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
                           checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
                           eval_sequences=eval_sequences),
-        regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed))
+        regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
+        scan=scan)
 
     def on_step(s):
         line = step_line(s)
@@ -322,5 +358,7 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
             log(line)
 
     metrics = run(config, resume, lambda name, info: log(stage_line(name, info)),
-                  lambda stage, p: log(progress_line(stage, p)), on_step, max_steps)
-    return {m: {"drafter": str(Path(out) / m), **v} for m, v in metrics.items() if m in methods}
+                  lambda stage, p: log(progress_line(stage, p)), on_step, max_steps,
+                  lambda method, result: log(scan_table(method, result)))
+    return {m: v if "scan" in v else {"drafter": str(Path(out) / m), **v}
+            for m, v in metrics.items() if m in methods}

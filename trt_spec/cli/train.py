@@ -39,6 +39,29 @@ def parse_tokens(text: str, minimum: int = 0) -> int:
     return int(n)
 
 
+def parse_lrs(text: str) -> tuple[float, ...]:
+    """`--lr-scan`: '3e-4,1e-3' -> (0.0003, 0.001), each > 0."""
+    try:
+        lrs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        lrs = ()
+    if not lrs or not all(x > 0 for x in lrs):  # `not x > 0` also catches nan
+        raise ValueError(f"{text!r}: expected comma-separated learning rates > 0, e.g. "
+                         "3e-4,1e-3,3e-3")
+    return lrs
+
+
+def parse_warmups(text: str) -> tuple[int, ...]:
+    """`--warmup-scan`: '20,100' -> (20, 100), each >= 0 steps."""
+    try:
+        steps = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        steps = ()
+    if not steps or min(steps) < 0:
+        raise ValueError(f"{text!r}: expected comma-separated warm-up steps >= 0, e.g. 20,100")
+    return steps
+
+
 @click.command()
 @click.option("--method", "methods", required=True,
               callback=checked(parse_methods),
@@ -118,11 +141,22 @@ def parse_tokens(text: str, minimum: int = 0) -> int:
                    "(scripts/plot_curve.py plots it).")
 @click.option("--eval-sequences", type=click.IntRange(min=1), default=64, show_default=True,
               help="Held-out conversations each --eval-every evaluation reads (the first N).")
+@click.option("--lr-scan", metavar="LRS", default=None, callback=checked(parse_lrs),
+              help="Peak learning rates to scan (3e-4,1e-3,3e-3): a --scan-tokens run per "
+                   "rate (and --warmup-scan value) into OUT/scan/, then the full run with the "
+                   "best held-out acc_0; table in OUT/scan.json.")
+@click.option("--warmup-scan", metavar="STEPS", default=None, callback=checked(parse_warmups),
+              help="Warm-up steps to scan (20,100), with each --lr-scan rate [default: 20].")
+@click.option("--scan-tokens", metavar="TOKENS", default=None,
+              callback=checked(lambda t: parse_tokens(t, 1)),
+              help="Training tokens of each scan run (200k); its schedule is the full run's "
+                   "shape (warm-up, cosine) over that length.")
+@click.option("--scan-only", is_flag=True, help="Scan, print the table, and stop.")
 def train(methods, model, data, out, answers, max_conversations, answer_tokens, answer_batch,
           max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
           head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
           checkpoint_every, max_steps, max_minutes, device, resume, seed, eval_every,
-          eval_sequences):
+          eval_sequences, lr_scan, warmup_scan, scan_tokens, scan_only):
     """Train drafters for a target by self-distillation: the target's features and top-k
     probabilities over chat conversations (optionally its own answers to their prompts), then
     each drafter on them. Every stage resumes: run the same command again with --resume."""
@@ -139,7 +173,8 @@ def train(methods, model, data, out, answers, max_conversations, answer_tokens, 
             batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, top_k=top_k,
             max_disk_gb=max_disk_gb, checkpoint_every=checkpoint_every, max_steps=max_steps,
             max_minutes=max_minutes, device=device, resume=resume, seed=seed,
-            eval_every=eval_every, eval_sequences=eval_sequences,
+            eval_every=eval_every, eval_sequences=eval_sequences, lr_scan=lr_scan or (),
+            warmup_scan=warmup_scan or (), scan_tokens=scan_tokens, scan_only=scan_only,
             log=lambda line: click.echo(line, err=True))
     except DiskBudgetExceeded as e:
         raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
