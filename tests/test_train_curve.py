@@ -5,6 +5,8 @@ option values say what is allowed."""
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -238,3 +240,32 @@ def test_scan_best_breaks_ties_by_mean_accuracy():
             {"lr": 3, "acc": [0.4, 0.9], "acc_mean": 0.65},
             {"lr": 4, "acc": [0.5, 0.3], "acc_mean": 0.4}]
     assert best(runs)["lr"] == 2  # acc_0 first, then the mean, then the first of equals
+
+
+def load_plot_script():
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_curve.py"
+    spec = importlib.util.spec_from_file_location("plot_curve", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_curve(clean, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot_curve = load_plot_script()
+    curve = clean[0] / "eagle3-curve.jsonl"
+    png = tmp_path / "img" / "curve.png"
+    assert plot_curve.main([str(curve), str(curve), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_curve.label(curve, [curve, tmp_path / "eagle3-curve.jsonl"]).endswith("/eagle3")
+    with pytest.raises(SystemExit):
+        plot_curve.main([str(tmp_path / "missing.jsonl"), "--out", str(png)])
+
+
+def test_plot_curve_without_matplotlib(clean, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    plot_curve = load_plot_script()
+    with pytest.raises(SystemExit, match="needs matplotlib: pip install -e '.\\[bench\\]'"):
+        plot_curve.main([str(clean[0] / "eagle3-curve.jsonl"), "--out", str(tmp_path / "c.png")])
