@@ -4,6 +4,10 @@ drafters, every stage resumable. Layout of the output folder:
     OUT/answers.jsonl       train/regen.py: the target's answers to the training prompts
                             (--answers target; --answers data trains on the file's answers)
     OUT/answers-heldout.jsonl  the same for the held-out prompts
+    OUT/answers/            --answers distill (train/distill_data.py): every human turn
+                            answered, greedy and --samples sampled variants, in shards of
+                            token ids (--answers-dir puts them elsewhere, e.g. in the
+                            repository); OUT/answers/heldout/ the held-out ones, greedy
     OUT/features/           train/features.py (the training split; --features disk)
     OUT/features-heldout/   the same for the held-out split
     OUT/<method>-state.pt   the training state, every --checkpoint-every steps
@@ -30,11 +34,12 @@ from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenize
                                  read_conversations, split, tokenize_all)
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
+from trt_spec.train.distill_data import DistillConfig
 from trt_spec.train.regen import RegenConfig
 from trt_spec.train.scan import ScanConfig, scan_method, scan_table, with_best, write_scan
 
 METHODS = TRAIN_NAMES  # runtime/methods.py ("draft": the vanilla method's draft model)
-ANSWERS = ("target", "data")
+ANSWERS = ("target", "data", "distill")
 FEATURES = ("disk", "live")
 
 
@@ -59,6 +64,11 @@ class RunConfig:
     features: FeatureConfig = FeatureConfig()
     train: TrainConfig = TrainConfig()
     regen: RegenConfig = RegenConfig()
+    distill: DistillConfig = DistillConfig()  # answers="distill"
+    answers_dir: Path | None = None  # answers="distill": the shards' folder (None: OUT/answers)
+    answers_minutes: float | None = None  # the distill stage stops after its shard past this
+    heldout_conversations: int = 200  # held-out prompts answered (answers="distill")
+    data_only: bool = False  # stop after the answers (a CPU recipe run across sessions)
     scan: ScanConfig | None = None  # lr / warm-up chosen from short runs first
 
     def __post_init__(self):
@@ -79,6 +89,9 @@ class RunConfig:
         if self.features_mode not in FEATURES:
             raise ValueError(f"features {self.features_mode!r}: expected one of "
                              f"{', '.join(FEATURES)}")
+        if self.data_only and self.answers != "distill":
+            raise ValueError(f"--data-only stops after --answers distill's answers; with "
+                             f"--answers {self.answers} there is no such stage")
         if self.head_intermediate is not None and self.head_intermediate < 1:
             raise ValueError(f"head intermediate size {self.head_intermediate}: must be >= 1")
         for name, on in (("--eval-every", self.train.eval_every), ("a scan", self.scan)):
@@ -154,6 +167,12 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
             on_stage("answers", {"conversations": len(train_convs),
                                  "heldout": len(heldout_convs),
                                  "seconds": time.perf_counter() - t0})
+    if config.answers == "distill":
+        train_convs, heldout_convs = distill_stage(config, target, tokenizer, train_convs,
+                                                   heldout_convs, str(hf_dir), data,
+                                                   on_stage, on_progress)
+        if config.data_only:
+            return {}
     train_ex = tokenize_all(tokenizer, train_convs, config.max_len, config.max_tokens)
     heldout_ex = (tokenize_all(tokenizer, heldout_convs, config.max_len, config.heldout_tokens)
                   if config.heldout_tokens else [])
@@ -225,6 +244,43 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     return {**everything, **scanned}
 
 
+def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_convs,
+                  model_id: str, data: Path, on_stage, on_progress):
+    """--answers distill: the shards of the training conversations (the first
+    --max-conversations) and of the held-out ones (greedy only), then both as the target's
+    conversations. With answers_minutes, generation stops after the shard that passes it
+    and training reads the shards done so far."""
+    from dataclasses import replace
+
+    from trt_spec.train import distill_data
+
+    folder = Path(config.answers_dir) if config.answers_dir else Path(config.out) / "answers"
+    stop_ids = list(target.config.eos_token_ids) + (
+        [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+    n = config.max_conversations
+    todo = train_convs[:n] if n else train_convs
+    t0 = time.perf_counter()
+    seconds = config.answers_minutes * 60 if config.answers_minutes else None
+    held = heldout_convs[:config.heldout_conversations]
+    model_id = distill_data.model_identity(Path(model_id), data)
+    distill_data.distill(target, tokenizer, held, folder / "heldout", stop_ids,
+                         replace(config.distill, samples=0), config.device, model_id)
+    done = distill_data.distill(
+        target, tokenizer, todo, folder, stop_ids, config.distill, config.device, model_id,
+        seconds, on_progress and (lambda p: on_progress("distill", p)))
+    train_out = distill_data.conversations(folder, todo, tokenizer)
+    heldout_out = distill_data.conversations(folder / "heldout", held, tokenizer)
+    if on_stage:
+        shards = -(-len(todo) // config.distill.shard_conversations)
+        on_stage("answers", {"folder": str(folder), "shards": f"{done}/{shards}",
+                             "trajectories": len(train_out), "heldout": len(heldout_out),
+                             "answer_tokens": distill_data.token_count(folder),
+                             "seconds": time.perf_counter() - t0})
+    if not train_out:
+        raise ValueError(f"{folder}: no answers yet to train on")
+    return train_out, heldout_out
+
+
 def train_method(config: RunConfig, method: str, store, target, resume, on_step,
                  max_steps, heldout=None) -> dict:
     """One method's training on `store`; with config.train.eval_every, its learning curve on
@@ -286,6 +342,9 @@ def stage_line(name: str, info: dict) -> str:
 
 
 def progress_line(stage: str, p) -> str:
+    if stage == "distill":
+        return (f"answers: shard {p.shards_done}/{p.shards}, {p.new_tokens} tokens, "
+                f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
     if stage == "answers":
         return (f"answers: {p.done}/{p.total} prompts, {p.new_tokens} tokens, "
                 f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
@@ -310,7 +369,11 @@ def step_line(s) -> str | None:
 
 def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
                    data: str | Path | None = None, *, answers: str = "data",
-                   max_conversations: int | None = None, answer_tokens: int = 256,
+                   max_conversations: int | None = None, samples: int = 2,
+                   temperatures: tuple[float, float] = (0.6, 1.0), turns: int | None = None,
+                   answers_dir: str | Path | None = None, answers_minutes: float | None = None,
+                   heldout_conversations: int = 200, gen_slots: int = 64,
+                   gen_dtype: str = "bfloat16", data_only: bool = False, answer_tokens: int = 256,
                    answer_batch: int = 32, max_tokens: int = 200_000,
                    heldout_tokens: int = 20_000, max_len: int = 512, epochs: float = 1.0,
                    draft_vocab: int = 8192, num_modules: int = 3,
@@ -350,6 +413,11 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
                           checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
                           eval_sequences=eval_sequences),
         regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
+        distill=DistillConfig(samples=samples, t_min=temperatures[0], t_max=temperatures[1],
+                              turns=turns, max_new_tokens=answer_tokens, max_context=max_len,
+                              slots=gen_slots, dtype=gen_dtype, seed=seed),
+        answers_dir=Path(answers_dir) if answers_dir else None, answers_minutes=answers_minutes,
+        heldout_conversations=heldout_conversations, data_only=data_only,
         scan=scan)
 
     def on_step(s):

@@ -39,6 +39,19 @@ def parse_tokens(text: str, minimum: int = 0) -> int:
     return int(n)
 
 
+def parse_range(text: str) -> tuple[float, float]:
+    """`--temperatures`: '0.6,1.0' -> (0.6, 1.0), 0 < min <= max."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+        ok = 0 < lo <= hi < float("inf")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{text!r}: expected MIN,MAX temperatures with 0 < MIN <= MAX, "
+                         "e.g. 0.6,1.0")
+    return lo, hi
+
+
 def parse_lrs(text: str) -> tuple[float, ...]:
     """`--lr-scan`: '3e-4,1e-3' -> (0.0003, 0.001), each > 0."""
     try:
@@ -79,10 +92,39 @@ def parse_warmups(text: str) -> tuple[int, ...]:
               help="Run folder: answers, features, <method>-state.pt, metrics.json and each "
                    "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`, "
                    "`--draft-model OUT/draft`).")
-@click.option("--answers", type=click.Choice(["target", "data"]), default="data",
+@click.option("--answers", type=click.Choice(["target", "data", "distill"]), default="data",
               show_default=True,
               help="target: the target answers each training prompt itself (self-distillation "
-                   "on its own text; cached in OUT/answers.jsonl); data: the file's answers.")
+                   "on its own text; cached in OUT/answers.jsonl); distill: it answers every "
+                   "human turn, greedy and --samples sampled variants, on a batched generator "
+                   "(resumable shards of token ids in --answers-dir); data: the file's answers.")
+@click.option("--samples", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Sampled answers per prompt beside the greedy one (--answers distill).")
+@click.option("--temperatures", metavar="MIN,MAX", default="0.6,1.0", show_default=True,
+              callback=checked(lambda t: parse_range(t)),
+              help="Temperature range of the sampled answers, one drawn per trajectory "
+                   "(--answers distill).")
+@click.option("--turns", type=click.IntRange(min=1), default=None,
+              help="Human turns answered per conversation [default: every one, until the "
+                   "context reaches --max-len] (--answers distill).")
+@click.option("--answers-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --answers distill keeps its shards [default: OUT/answers]; a folder "
+                   "in the repository keeps them across machines.")
+@click.option("--answers-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop generating answers after the shard that passes this many minutes, "
+                   "and train on the shards done (a rerun goes on generating).")
+@click.option("--heldout-conversations", type=click.IntRange(min=1), default=200,
+              show_default=True,
+              help="Held-out conversations answered, greedy (--answers distill).")
+@click.option("--gen-slots", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences the answer generator decodes together (--answers distill).")
+@click.option("--gen-dtype", type=click.Choice(["bfloat16", "float32", "float16"]),
+              default="bfloat16", show_default=True,
+              help="The answer generator's precision; the training targets are computed "
+                   "afterwards in fp32 (--answers distill).")
+@click.option("--data-only", is_flag=True,
+              help="Stop after the answers (--answers distill): the data stage of a recipe run "
+                   "in pieces.")
 @click.option("--max-conversations", type=click.IntRange(min=1), default=None,
               help="Prompts to answer with --answers target (the first N training ones).")
 @click.option("--answer-tokens", type=click.IntRange(min=1), default=256, show_default=True,
@@ -152,7 +194,9 @@ def parse_warmups(text: str) -> tuple[int, ...]:
               help="Training tokens of each scan run (200k); its schedule is the full run's "
                    "shape (warm-up, cosine) over that length.")
 @click.option("--scan-only", is_flag=True, help="Scan, print the table, and stop.")
-def train(methods, model, data, out, answers, max_conversations, answer_tokens, answer_batch,
+def train(methods, model, data, out, answers, samples, temperatures, turns, answers_dir,
+          answers_minutes, heldout_conversations, gen_slots, gen_dtype, data_only,
+          max_conversations, answer_tokens, answer_batch,
           max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
           head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
           checkpoint_every, max_steps, max_minutes, device, resume, seed, eval_every,
@@ -166,6 +210,9 @@ def train(methods, model, data, out, answers, max_conversations, answer_tokens, 
     try:
         summary = train_drafters(
             methods, model, out, data, answers=answers, max_conversations=max_conversations,
+            samples=samples, temperatures=temperatures, turns=turns, answers_dir=answers_dir,
+            answers_minutes=answers_minutes, heldout_conversations=heldout_conversations,
+            gen_slots=gen_slots, gen_dtype=gen_dtype, data_only=data_only,
             answer_tokens=answer_tokens, answer_batch=answer_batch, max_tokens=max_tokens,
             heldout_tokens=heldout_tokens, max_len=max_len, epochs=epochs,
             draft_vocab=draft_vocab, num_modules=num_modules, draft_layers=draft_layers,

@@ -1,0 +1,196 @@
+"""The batched answer generator (train/batch_generate.py) against TargetModel.forward, and the
+self-distilled data stage (train/distill_data.py): every human turn, sampled variants, shards
+that resume, on the tiny target."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tests.train_data import sharegpt_records, write_sharegpt
+from trt_spec.export.checkpoint import load_target
+from trt_spec.export.model import empty_cache
+from trt_spec.train import distill_data
+from trt_spec.train.batch_generate import BatchedGenerator, Job
+from trt_spec.train.data import load_tokenizer, read_conversations
+from trt_spec.train.distill_data import DistillConfig
+
+
+@pytest.fixture(scope="module")
+def target(tiny_hf_dir):
+    return load_target(tiny_hf_dir)[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_hf_dir):
+    return load_tokenizer(tiny_hf_dir)
+
+
+@pytest.fixture(scope="module")
+def convs(tmp_path_factory):
+    path = write_sharegpt(tmp_path_factory.mktemp("data") / "d.json",
+                          sharegpt_records(6, turns=3))
+    return read_conversations(path)[0]
+
+
+def greedy_reference(target, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens by full recomputation with TargetModel.forward (no cache reuse)."""
+    c = target.config
+    ids = list(prompt)
+    for _ in range(steps):
+        n = len(ids)
+        logits = target(torch.tensor([ids]), torch.arange(n)[None],
+                        torch.tensor([n - 1], dtype=torch.int32),
+                        torch.tensor([n], dtype=torch.int32), torch.tensor(n, dtype=torch.int32),
+                        torch.tensor([[n - 1]]), *empty_cache(c, 1, 64))[0]
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_batched_greedy_matches_the_reference_with_slots_refilled(target):
+    # 5 jobs of different lengths through 2 slots: finished sequences leave, the last running
+    # one moves into the freed slot, waiting jobs are prefilled into the free slots
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, target.config.vocab_size, size=n).tolist() for n in (3, 9, 5, 12, 7)]
+    budgets = [6, 2, 9, 4, 7]
+    gen = BatchedGenerator(target, slots=2, max_len=40, dtype=torch.float32)
+    got = {}
+    stats = gen.run([Job(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))], set(),
+                    lambda a: got.__setitem__(a.key, a))
+    for i, (p, b) in enumerate(zip(prompts, budgets)):
+        assert got[i].tokens == greedy_reference(target, p, b), i
+        assert not got[i].stopped
+    assert stats.new_tokens == sum(budgets)
+    assert max(stats.by_batch) == 2
+
+
+def test_stop_tokens_end_an_answer_and_are_not_kept(target):
+    prompt = [5, 6, 7, 8]
+    ref = greedy_reference(target, prompt, 6)
+    stop = ref[3]
+    first = ref.index(stop)
+    gen = BatchedGenerator(target, slots=1, max_len=32, dtype=torch.float32)
+    got = []
+    gen.run([Job("a", prompt, 6)], {stop}, got.append)
+    assert got[0].tokens == ref[:first] and got[0].stopped
+
+
+def test_sampling_follows_the_temperature_and_the_seed(target):
+    gen = BatchedGenerator(target, slots=4, max_len=32, dtype=torch.float32, seed=3)
+    logits = torch.tensor([[0.0, 2.0, 1.0]] * 4)
+    assert gen.sample(logits, torch.zeros(4)).tolist() == [1, 1, 1, 1]
+    draws = torch.cat([gen.sample(logits, torch.ones(4)) for _ in range(500)])
+    freq = torch.bincount(draws, minlength=3).float() / len(draws)
+    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.05)
+    again = BatchedGenerator(target, slots=4, max_len=32, dtype=torch.float32, seed=3)
+    assert torch.equal(again.sample(logits, torch.ones(4)), gen.__class__(
+        target, 4, 32, dtype=torch.float32, seed=3).sample(logits, torch.ones(4)))
+
+
+def test_follow_up_jobs_join_while_others_run(target):
+    gen = BatchedGenerator(target, slots=2, max_len=48, dtype=torch.float32)
+    jobs = deque([Job(("a", 0), [4, 5, 6], 3), Job(("b", 0), [7, 8], 8)])
+    seen = []
+
+    def on_answer(a):
+        seen.append(a.key)
+        name, turn = a.key
+        if turn < 2:
+            jobs.append(Job((name, turn + 1), [4, 5] + a.tokens, 3))
+
+    gen.run(jobs, set(), on_answer)
+    assert sorted(seen) == [(n, t) for n in "ab" for t in range(3)]
+    assert seen.index(("a", 1)) < seen.index(("b", 0))  # a's next turn did not wait for b
+
+
+def test_distill_answers_every_turn_in_variants(target, tokenizer, convs, tmp_path):
+    config = DistillConfig(samples=2, max_new_tokens=6, max_context=200, shard_conversations=2,
+                           slots=4, dtype="float32")
+    stop = [tokenizer.encode("<|im_end|>", add_special_tokens=False)[0]]
+    done = distill_data.distill(target, tokenizer, convs, tmp_path, stop, config, model_id="t")
+    assert done == 3 and len(list(tmp_path.glob("shard-*.npz"))) == 3
+    arrays = distill_data.read_shards(tmp_path)
+    variants = np.concatenate([a["variant"] for a in arrays])
+    turns = np.concatenate([a["turn"] for a in arrays])
+    temps = np.concatenate([a["temperature"] for a in arrays])
+    assert set(variants) == {0, 1, 2} and set(turns) == {0, 1, 2}
+    assert (temps[variants == 0] == 0).all()
+    assert ((temps[variants > 0] >= 0.6) & (temps[variants > 0] <= 1.0)).all()
+    rebuilt = distill_data.conversations(tmp_path, convs, tokenizer)
+    by_id = {c.id: c for c in rebuilt}
+    first = by_id[f"{convs[0].id}#1"]
+    users = [m["content"] for m in convs[0].messages if m["role"] == "user"]
+    assert [m["content"] for m in first.messages if m["role"] == "user"] == users
+    assert [m["role"] for m in first.messages] == ["user", "assistant"] * 3
+    assert distill_data.token_count(tmp_path) == sum(int(a["offsets"][-1]) for a in arrays)
+
+
+def test_turn_prompts_carry_the_trajectorys_own_answers(target, tokenizer, convs, tmp_path):
+    seen = []
+    original = distill_data.Trajectory.messages
+
+    def spy(self, turns):
+        msgs = original(self, turns)
+        seen.append((self.conv_id, self.variant, msgs))
+        return msgs
+
+    distill_data.Trajectory.messages = spy
+    try:
+        config = DistillConfig(samples=0, max_new_tokens=4, max_context=200,
+                               shard_conversations=8, slots=3, dtype="float32")
+        distill_data.distill(target, tokenizer, convs[:1], tmp_path, [0], config, model_id="t")
+    finally:
+        distill_data.Trajectory.messages = original
+    last = [m for cid, v, m in seen if len(m) == 5][0]  # turn 3: u1 a1 u2 a2 u3
+    answers = distill_data.read_shards(tmp_path)[0]
+    tok = answers["tokens"]
+    a1 = tokenizer.decode(tok[answers["offsets"][0]:answers["offsets"][1]].astype(int).tolist())
+    assert last[1] == {"role": "assistant", "content": a1}
+
+
+def test_shards_resume_and_refuse_other_settings(target, tokenizer, convs, tmp_path):
+    config = DistillConfig(samples=1, max_new_tokens=4, max_context=100, shard_conversations=2,
+                           slots=4, dtype="float32")
+    distill_data.distill(target, tokenizer, convs[:2], tmp_path, [0], config, model_id="t")
+    first = (tmp_path / "shard-00000.npz").stat().st_mtime_ns
+    # more conversations, same settings: shard 0 is kept, shards 1 and 2 are added
+    assert distill_data.distill(target, tokenizer, convs, tmp_path, [0], config,
+                                model_id="t") == 3
+    assert (tmp_path / "shard-00000.npz").stat().st_mtime_ns == first
+    with pytest.raises(ValueError, match="other settings.*samples"):
+        distill_data.distill(target, tokenizer, convs, tmp_path, [0],
+                             DistillConfig(samples=2, max_new_tokens=4, max_context=100,
+                                           shard_conversations=2, dtype="float32"),
+                             model_id="t")
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="temperatures"):
+        DistillConfig(t_min=1.2, t_max=0.8)
+    with pytest.raises(ValueError, match="max_context"):
+        DistillConfig(max_new_tokens=256, max_context=256)
+    with pytest.raises(ValueError, match="turns"):
+        DistillConfig(turns=0)
+
+
+def test_cli_distill_then_train(tiny_hf_dir, tmp_path):
+    from trt_spec.cli import main
+
+    data = write_sharegpt(tmp_path / "d.json", sharegpt_records(12, turns=2))
+    out = tmp_path / "run"
+    args = ["train", "--method", "eagle3", "--model", str(tiny_hf_dir), "--data", str(data),
+            "--out", str(out), "--answers", "distill", "--samples", "1", "--answer-tokens", "8",
+            "--max-len", "64", "--heldout-conversations", "2", "--gen-dtype", "float32",
+            "--draft-vocab", "64", "--batch-size", "4", "--max-steps", "2"]
+    only = CliRunner().invoke(main, args + ["--data-only"])
+    assert only.exit_code == 0, only.output
+    assert list((out / "answers").glob("shard-*.npz")) and not (out / "eagle3").exists()
+    full = CliRunner().invoke(main, args)
+    assert full.exit_code == 0, full.output
+    assert (out / "eagle3").is_dir()
+    bad = CliRunner().invoke(main, args + ["--temperatures", "1.0,0.5"])
+    assert bad.exit_code != 0 and "'1.0,0.5'" in bad.output
+    wrong = CliRunner().invoke(main, args[:args.index("--answers")] + ["--data-only"])
+    assert wrong.exit_code != 0 and "--data-only" in wrong.output
