@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 export-gemma demo train-drafters test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -50,6 +50,25 @@ train-drafters: setup  ## CPU recipe: answers + features + eagle3, mtp, eagle, d
 	$(BIN)/trt-spec train --method all --model smollm2-135m --out $(TRAIN_OUT) --answers target \
 		--max-conversations 1000 --answer-tokens 256 --max-len 512 --heldout-tokens 10000 \
 		--epochs 1 --ttt-steps 4 --head-intermediate 768 --batch-size 8 --resume
+
+# Self-distilled data at scale (train/distill_data.py): the target answers every human turn
+# of every training conversation, greedy and 2 sampled variants, into shards of token ids
+# kept in the repository (DISTILL). ~400 tokens/s here: it runs in pieces, each run goes on
+# where the last stopped (a shard in progress is redone). train-distilled then trains all
+# four drafters on the shards there, under bf16 autocast, with a held-out learning curve.
+DISTILL ?= train/data/smollm2-135m
+DISTILL_OPTS := --answers distill --answers-dir $(DISTILL) --samples 2 --temperatures 0.6,1.0 \
+	--answer-tokens 256 --max-len 1024 --heldout-conversations 200
+distill-data: setup  ## CPU recipe, data: the target's answers to every turn -> DISTILL (resumes)
+	$(BIN)/trt-spec train --method all --model smollm2-135m --out runs/distill $(DISTILL_OPTS) \
+		--data-only
+
+DISTILLED_OUT ?= runs/smollm2-135m-distilled
+train-distilled: setup  ## CPU recipe, training: all four drafters on DISTILL's shards -> DISTILLED_OUT
+	$(BIN)/trt-spec train --method eagle3,mtp,eagle,draft --model smollm2-135m \
+		--out $(DISTILLED_OUT) $(DISTILL_OPTS) --answers-minutes 0 --bf16 --epochs 3 \
+		--max-tokens 1000000000 --heldout-tokens 40000 --eval-every 500k --eval-sequences 32 \
+		--batch-size 16 --lr 1e-3 --ttt-steps 5 --head-intermediate 768 --resume
 
 test: setup  ## the whole test suite, real-model tests included
 	$(BIN)/python -m pytest -q -ra

@@ -194,3 +194,23 @@ def test_cli_distill_then_train(tiny_hf_dir, tmp_path):
     assert bad.exit_code != 0 and "'1.0,0.5'" in bad.output
     wrong = CliRunner().invoke(main, args[:args.index("--answers")] + ["--data-only"])
     assert wrong.exit_code != 0 and "--data-only" in wrong.output
+
+
+def test_shards_overlap_in_the_batch(target, tokenizer, convs, tmp_path, monkeypatch):
+    # one conversation per shard, greedy: a shard alone could never fill 4 slots
+    seen = []
+    run = BatchedGenerator.run
+
+    def spy(self, jobs, stop_ids, on_answer, stats=None, **kw):
+        stats = run(self, jobs, stop_ids, on_answer, stats, **kw)
+        seen.append(dict(stats.by_batch))
+        return stats
+
+    monkeypatch.setattr(BatchedGenerator, "run", spy)
+    config = DistillConfig(samples=0, max_new_tokens=5, max_context=100, shard_conversations=1,
+                           slots=4, dtype="float32")
+    written = []
+    assert distill_data.distill(target, tokenizer, convs, tmp_path, [0], config, model_id="t",
+                                progress=written.append) == len(convs)
+    assert max(seen[0]) == 4
+    assert [p.shards_done for p in written] == list(range(1, len(convs) + 1))

@@ -13,6 +13,7 @@ from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
 from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
 from trt_spec.train.eagle3 import draft_vocab, init_eagle3, target_to_draft, train_eagle3
+from trt_spec.train.loop import lr_factor
 from trt_spec.train.unroll import unroll
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import TrainConfig
@@ -117,6 +118,33 @@ def test_training_lowers_the_loss(trained):
     assert last / first < 0.8
     assert 0 < metrics["draft_vocab_coverage"] <= 1
     assert logs[-1].lr < logs[5].lr  # the cosine went down
+
+
+def test_bf16_autocast_trains_like_fp32(target, store, trained, tmp_path):
+    # the same run under bf16 autocast: its loss curve follows fp32's, and it still learns
+    _, logs, _ = trained
+    amp_logs = []
+    train_eagle3(store, target, tmp_path, dataclasses.replace(CONFIG, amp=True), 48,
+                 log=amp_logs.append)
+    fp32 = np.array([s.metrics["loss"] for s in logs])
+    bf16 = np.array([s.metrics["loss"] for s in amp_logs])
+    assert abs(bf16[0] - fp32[0]) < 0.02 * fp32[0]
+    assert np.mean(bf16[-4:]) < 0.8 * np.mean(bf16[:4])
+    assert abs(np.mean(bf16[-4:]) - np.mean(fp32[-4:])) < 0.1 * np.mean(fp32[-4:])
+
+
+def test_fit_schedule_ends_the_cosine_at_the_time_limit(target, store, tmp_path):
+    config = dataclasses.replace(CONFIG, epochs=200, fit_schedule=True)
+    logs = []
+    metrics = train_eagle3(store, target, tmp_path, config, 48, log=logs.append,
+                           max_seconds=1.5)
+    assert metrics["done"] and metrics["step"] == metrics["total_steps"]
+    assert metrics["total_steps"] < logs[0].total  # shortened from the 200 epochs' length
+    total = metrics["total_steps"]  # the last step ran the schedule's last lr, near its floor
+    assert logs[-1].lr == pytest.approx(config.lr * lr_factor(total - 1, total, config))
+    assert logs[-1].lr < 1.2 * config.lr * config.min_lr_ratio
+    state = torch.load(tmp_path / "eagle3-state.pt", weights_only=False)
+    assert state["total"] == metrics["total_steps"]
 
 
 def test_resume_gives_the_uninterrupted_result(target, store, trained, tmp_path):

@@ -196,11 +196,11 @@ class BatchedGenerator:
             on_answer: Callable[[Answer], None], stats: GenStats | None = None,
             max_prefill_tokens: int = 4096) -> GenStats:
         """Answers every job (in the order they finish) through on_answer. `jobs` may be a
-        deque that on_answer appends to (a conversation's next turn): the run ends when it is
-        empty and every sequence has finished. A prompt is cut to its last
-        max_len - max_new_tokens tokens."""
+        deque (or anything with bool() and popleft()) that on_answer adds to (a
+        conversation's next turn): the run ends when it is empty and every sequence has
+        finished. A prompt is cut to its last max_len - max_new_tokens tokens."""
         stats = stats if stats is not None else GenStats()
-        source = jobs if isinstance(jobs, deque) else deque(jobs)
+        source = jobs if hasattr(jobs, "popleft") else deque(jobs)
         pending: list[Job] = []
         running: list[tuple[Job, list[int]]] = []  # slot i: (job, its answer so far)
         last = torch.zeros(self.slots, dtype=torch.long, device=self.device)

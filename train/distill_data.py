@@ -8,8 +8,9 @@ conversation, greedily and in several sampled variants, in resumable shards of t
                 (the target's text as the context of later turns, as a chat user sees it).
                 A trajectory stops after its last human turn, or once its context reaches
                 max_context tokens (what training reads: --max-len).
-    shards      the conversations, in order, `shard_conversations` at a time. Shard i is
-                written once, atomically, when all its trajectories end: OUT/shard-00000.npz
+    shards      the conversations, in order, `shard_conversations` at a time, opened one
+                after another as the batch has room (a shard's tail overlaps the next one's
+                start). Shard i is written once, atomically, when all its trajectories end: OUT/shard-00000.npz
                 (compressed) holding every answer's token ids (uint16 where the vocabulary
                 fits) and, per answer, the conversation id, variant, turn, temperature and
                 whether it ended at a stop token. A rerun skips the shards on disk; an
@@ -112,40 +113,78 @@ class Trajectory:
         return out
 
 
-def generate_shard(generator, tokenizer, convs: list[Conversation], config: DistillConfig,
-                   stop_ids: set[int], stats) -> dict:
-    """Every trajectory of `convs` to its end -> the shard's arrays."""
-    from trt_spec.train.batch_generate import Job
+class ShardFeeder:
+    """The generator's job source: opens the shards of `todo` one after another as the batch
+    needs jobs (so the tail of one shard overlaps the next one's start), puts a trajectory's
+    next turn ahead of new shards' first turns, and writes each shard once all its
+    trajectories have ended. A deque to train/batch_generate.py's run: bool() and popleft()."""
 
-    records = []  # (conv, variant, turn, temperature, stopped, tokens)
-    jobs: deque = deque()
+    def __init__(self, tokenizer, conversations: list[Conversation], todo: list[int],
+                 out: Path, config: DistillConfig, on_shard: Callable[[int, int], None],
+                 deadline: float | None = None):
+        self.tokenizer, self.conversations, self.todo = tokenizer, conversations, deque(todo)
+        self.out, self.config, self.on_shard, self.deadline = out, config, on_shard, deadline
+        self.ready: deque = deque()
+        self.open: dict[int, dict] = {}  # shard -> {"left": trajectories running, "records"}
 
-    def job(traj: Trajectory, turn: int):
-        ids = tokenizer.encode_chat(traj.messages(turn + 1))
-        if len(ids) + 1 >= config.max_context:
+    def __bool__(self) -> bool:
+        return bool(self.ready) or self._may_open()
+
+    def _may_open(self) -> bool:
+        return bool(self.todo) and (self.deadline is None or time.perf_counter() < self.deadline)
+
+    def popleft(self):
+        while not self.ready and self._may_open():
+            self._open(self.todo.popleft())
+        return self.ready.popleft()
+
+    def _open(self, shard: int) -> None:
+        size = self.config.shard_conversations
+        state = {"left": 0, "records": []}
+        self.open[shard] = state
+        for conv in self.conversations[shard * size:(shard + 1) * size]:
+            for variant in range(self.config.samples + 1):
+                traj = Trajectory(conv, variant, self.config)
+                first = self._job(shard, traj, 0) if traj.users else None
+                if first is not None:
+                    self.ready.append(first)
+                    state["left"] += 1
+        if not state["left"]:
+            self._close(shard)
+
+    def _job(self, shard: int, traj: Trajectory, turn: int):
+        from trt_spec.train.batch_generate import Job
+
+        ids = self.tokenizer.encode_chat(traj.messages(turn + 1))
+        if len(ids) + 1 >= self.config.max_context:
             return None
-        return Job((traj, turn), ids, min(config.max_new_tokens, config.max_context - len(ids)),
+        room = self.config.max_context - len(ids)
+        return Job((shard, traj, turn), ids, min(self.config.max_new_tokens, room),
                    traj.temperature)
 
-    for conv in convs:
-        for variant in range(config.samples + 1):
-            traj = Trajectory(conv, variant, config)
-            first = job(traj, 0) if traj.users else None
-            if first is not None:
-                jobs.append(first)
+    def on_answer(self, answer) -> None:
+        shard, traj, turn = answer.key
+        state = self.open[shard]
+        state["records"].append((traj.conv_id, traj.variant, turn, traj.temperature,
+                                 answer.stopped, answer.tokens))
+        traj.answers.append(self.tokenizer.decode(answer.tokens))
+        nxt = self._job(shard, traj, turn + 1) if turn + 1 < len(traj.users) else None
+        if nxt is not None:
+            self.ready.appendleft(nxt)  # finish open shards first
+            return
+        state["left"] -= 1
+        if not state["left"]:
+            self._close(shard)
 
-    def on_answer(answer):
-        traj, turn = answer.key
-        records.append((traj.conv_id, traj.variant, turn, traj.temperature, answer.stopped,
-                        answer.tokens))
-        traj.answers.append(tokenizer.decode(answer.tokens))
-        if turn + 1 < len(traj.users):
-            nxt = job(traj, turn + 1)
-            if nxt is not None:
-                jobs.append(nxt)
+    def _close(self, shard: int) -> None:
+        records = self.open.pop(shard)["records"]
+        write_shard(self.out / SHARD.format(shard), shard_arrays(records))
+        self.on_shard(shard, sum(len(r[5]) for r in records))
 
-    generator.run(jobs, stop_ids, on_answer, stats)
-    records.sort(key=lambda r: (r[0], r[1], r[2]))
+
+def shard_arrays(records: list[tuple]) -> dict:
+    """(conv, variant, turn, temperature, stopped, tokens) per answer -> a shard's arrays."""
+    records = sorted(records, key=lambda r: (r[0], r[1], r[2]))
     lengths = [len(r[5]) for r in records]
     tokens = np.array([t for r in records for t in r[5]], dtype=np.int64)
     return {"conv": np.array([r[0] for r in records], dtype=str),
@@ -192,7 +231,9 @@ def distill(target, tokenizer, conversations: list[Conversation], out: Path,
             model_id: str = "", max_seconds: float | None = None,
             progress: Callable[[DistillProgress], None] | None = None) -> int:
     """Writes the shards of `conversations` not yet in `out` (see the module docstring);
-    stops after the shard that passes max_seconds. Returns the shards on disk."""
+    past max_seconds no shard is opened and the open ones are finished. Returns the shards
+    on disk. Sampled answers depend on the order shards finish in, so a redone shard is the
+    same text only where greedy."""
     import torch
 
     from trt_spec.train.batch_generate import BatchedGenerator, GenStats
@@ -210,20 +251,21 @@ def distill(target, tokenizer, conversations: list[Conversation], out: Path,
         return shards
     generator = BatchedGenerator(target, config.slots, config.max_context, device,
                                  getattr(torch, config.dtype), config.seed)
-    stats, start = GenStats(), time.perf_counter()
-    for n, i in enumerate(todo):
-        generator.generator.manual_seed(config.seed * 1_000_003 + i)  # a redone shard repeats
-        arrays = generate_shard(generator, tokenizer, conversations[i * size:(i + 1) * size],
-                                config, set(stop_ids), stats)
-        write_shard(out / SHARD.format(i), arrays)
-        elapsed = time.perf_counter() - start
+    generator.generator.manual_seed(config.seed * 1_000_003 + todo[0])
+    stats, start, written = GenStats(), time.perf_counter(), []
+
+    def on_shard(shard: int, tokens: int) -> None:
+        written.append(shard)
         if progress is not None:
+            elapsed = time.perf_counter() - start
             rate = stats.new_tokens / elapsed if elapsed > 0 else 0.0
-            left = len(todo) - n - 1
+            left = len(todo) - len(written)
             progress(DistillProgress(shards - left, shards, stats.new_tokens, rate,
-                                     elapsed / (n + 1) * left))
-        if max_seconds is not None and elapsed > max_seconds:
-            break
+                                     elapsed / len(written) * left))
+
+    feeder = ShardFeeder(tokenizer, conversations, todo, out, config, on_shard,
+                         start + max_seconds if max_seconds is not None else None)
+    generator.run(feeder, set(stop_ids), feeder.on_answer, stats)
     return sum((out / SHARD.format(i)).exists() for i in range(shards))
 
 

@@ -260,7 +260,7 @@ def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_con
     n = config.max_conversations
     todo = train_convs[:n] if n else train_convs
     t0 = time.perf_counter()
-    seconds = config.answers_minutes * 60 if config.answers_minutes else None
+    seconds = config.answers_minutes * 60 if config.answers_minutes is not None else None
     held = heldout_convs[:config.heldout_conversations]
     model_id = distill_data.model_identity(Path(model_id), data)
     distill_data.distill(target, tokenizer, held, folder / "heldout", stop_ids,
@@ -373,7 +373,9 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
                    temperatures: tuple[float, float] = (0.6, 1.0), turns: int | None = None,
                    answers_dir: str | Path | None = None, answers_minutes: float | None = None,
                    heldout_conversations: int = 200, gen_slots: int = 64,
-                   gen_dtype: str = "bfloat16", data_only: bool = False, answer_tokens: int = 256,
+                   gen_dtype: str = "bfloat16", data_only: bool = False, bf16: bool = False,
+                   fit_schedule: bool = False,
+                   answer_tokens: int = 256,
                    answer_batch: int = 32, max_tokens: int = 200_000,
                    heldout_tokens: int = 20_000, max_len: int = 512, epochs: float = 1.0,
                    draft_vocab: int = 8192, num_modules: int = 3,
@@ -410,6 +412,7 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
         device=device, max_minutes=max_minutes,
         features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
         train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
+                          amp=bf16, fit_schedule=fit_schedule,
                           checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
                           eval_sequences=eval_sequences),
         regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
