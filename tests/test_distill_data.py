@@ -2,7 +2,9 @@
 self-distilled data stage (train/distill_data.py): every human turn, sampled variants, shards
 that resume, on the tiny target."""
 
+import importlib.util
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,14 @@ from trt_spec.train import distill_data
 from trt_spec.train.batch_generate import BatchedGenerator, Job
 from trt_spec.train.data import load_tokenizer, read_conversations
 from trt_spec.train.distill_data import DistillConfig
+
+
+def load_report_script():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "distill_report.py"
+    spec = importlib.util.spec_from_file_location("distill_report", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +135,14 @@ def test_distill_answers_every_turn_in_variants(target, tokenizer, convs, tmp_pa
     assert [m["content"] for m in first.messages if m["role"] == "user"] == users
     assert [m["role"] for m in first.messages] == ["user", "assistant"] * 3
     assert distill_data.token_count(tmp_path) == sum(int(a["offsets"][-1]) for a in arrays)
+    distill_report = load_report_script()
+    report = distill_report.summary(tmp_path)
+    convs_ids = np.concatenate([a["conv"] for a in arrays])
+    assert report["trajectories"] == len(set(zip(convs_ids.tolist(), variants.tolist())))
+    assert report["shards"] == 3
+    assert report["answers"] == len(variants) and sum(report["answers_by_turn"].values()) == \
+        len(variants)
+    assert "| answer tokens |" in distill_report.markdown(tmp_path)
 
 
 def test_turn_prompts_carry_the_trajectorys_own_answers(target, tokenizer, convs, tmp_path):

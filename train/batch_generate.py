@@ -134,13 +134,16 @@ class BatchedGenerator:
         return m.head(last).float()
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor,
+               span: int | None = None) -> torch.Tensor:
         """One token for each of the running slots [0, n): tokens [n] at positions [n] ->
-        logits [n, vocab] (fp32); their keys and values are written at those positions."""
+        logits [n, vocab] (fp32); their keys and values are written at those positions.
+        span: max(positions) + 1 when the caller knows it (no device sync)."""
         c, m = self.config, self.model
         n = tokens.shape[0]
         group = c.num_heads // c.num_kv_heads
-        span = int(positions.max()) + 1  # keys past every row's position are never read
+        if span is None:
+            span = int(positions.max()) + 1  # keys past every row's position are never read
         rows = torch.arange(n, device=self.device)
         keys_at = torch.arange(span, device=self.device)
         back = positions[:, None] - keys_at[None, :]  # (n, span)
@@ -206,6 +209,7 @@ class BatchedGenerator:
         last = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         pos = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         temps = torch.zeros(self.slots, dtype=torch.float32, device=self.device)
+        hpos = [0] * self.slots  # pos on the host: no device sync per row
         start = time.perf_counter()
 
         def finish(i: int, stopped: bool) -> None:
@@ -214,7 +218,7 @@ class BatchedGenerator:
             tail = len(running) - 1
             if i != tail:  # keep slots [0, n) packed
                 self._move(tail, i)
-                running[i] = running[tail]
+                running[i], hpos[i] = running[tail], hpos[tail]
                 last[i], pos[i], temps[i] = last[tail], pos[tail], temps[tail]
             running.pop()
 
@@ -226,7 +230,7 @@ class BatchedGenerator:
                 return True
             answer.append(token)
             stats.new_tokens += 1
-            if len(answer) >= job.max_new_tokens or int(pos[i]) + 1 >= self.max_len:
+            if len(answer) >= job.max_new_tokens or hpos[i] + 1 >= self.max_len:
                 finish(i, False)
                 return True
             return False
@@ -250,11 +254,14 @@ class BatchedGenerator:
                 logits = self.prefill(slots, [j.prompt for j in admit])
                 t = torch.tensor([j.temperature for j in admit], dtype=torch.float32,
                                  device=self.device)
-                tokens = self.sample(logits, t).tolist()
+                drawn = self.sample(logits, t)
+                tokens = drawn.tolist()
                 stats.prompt_tokens += sum(len(j.prompt) for j in admit)
-                for s, j, tok in zip(slots, admit, tokens):
-                    running.append((j, []))
-                    pos[s], temps[s], last[s] = len(j.prompt), j.temperature, tok
+                lengths = [len(j.prompt) for j in admit]
+                new = slice(first, first + len(admit))
+                pos[new] = torch.tensor(lengths, device=self.device)
+                temps[new], last[new], hpos[new] = t, drawn, lengths
+                running += [(j, []) for j in admit]
                 # settle from the highest slot down: a finish moves the tail into its slot
                 for s, tok in sorted(zip(slots, tokens), reverse=True):
                     settle(s, tok)
@@ -264,13 +271,15 @@ class BatchedGenerator:
                     break
                 continue
             n = len(running)
-            logits = self.decode(last[:n], pos[:n])
-            tokens = self.sample(logits, temps[:n])
+            logits = self.decode(last[:n], pos[:n], max(hpos[:n]) + 1)
+            drawn = self.sample(logits, temps[:n])
             stats.steps += 1
             stats.by_batch[n] = stats.by_batch.get(n, 0) + 1
             pos[:n] += 1
-            last[:n] = tokens
+            hpos[:n] = [p + 1 for p in hpos[:n]]
+            last[:n] = drawn
+            tokens = drawn.tolist()  # the step's one sync
             for i in range(n - 1, -1, -1):  # high to low: finishing moves the tail down
-                settle(i, int(tokens[i]))
+                settle(i, tokens[i])
         stats.seconds += time.perf_counter() - start
         return stats
