@@ -418,7 +418,8 @@ def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
         regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
         distill=DistillConfig(samples=samples, t_min=temperatures[0], t_max=temperatures[1],
                               turns=turns, max_new_tokens=answer_tokens, max_context=max_len,
-                              slots=gen_slots, dtype=gen_dtype, seed=seed),
+                              slots=gen_slots, dtype=gen_dtype, seed=seed)
+        if answers == "distill" else DistillConfig(),
         answers_dir=Path(answers_dir) if answers_dir else None, answers_minutes=answers_minutes,
         heldout_conversations=heldout_conversations, data_only=data_only,
         scan=scan)
