@@ -110,8 +110,12 @@ def test_follow_up_jobs_join_while_others_run(target):
         if turn < 2:
             jobs.append(Job((name, turn + 1), [4, 5] + a.tokens, 3))
 
-    gen.run(jobs, set(), on_answer)
+    ticks = []
+    stats = gen.run(jobs, set(), on_answer, tick=lambda s: ticks.append(s.new_tokens),
+                    tick_seconds=0)
     assert sorted(seen) == [(n, t) for n in "ab" for t in range(3)]
+    assert ticks == sorted(ticks) and 0 < ticks[-1] <= stats.new_tokens  # progress each step
+    assert stats.seconds > 0
     assert seen.index(("a", 1)) < seen.index(("b", 0))  # a's next turn did not wait for b
 
 

@@ -197,11 +197,13 @@ class BatchedGenerator:
 
     def run(self, jobs: Iterable[Job] | deque, stop_ids: set[int],
             on_answer: Callable[[Answer], None], stats: GenStats | None = None,
-            max_prefill_tokens: int = 4096) -> GenStats:
+            max_prefill_tokens: int = 4096, tick: Callable[[GenStats], None] | None = None,
+            tick_seconds: float = 60.0) -> GenStats:
         """Answers every job (in the order they finish) through on_answer. `jobs` may be a
         deque (or anything with bool() and popleft()) that on_answer adds to (a
         conversation's next turn): the run ends when it is empty and every sequence has
-        finished. A prompt is cut to its last max_len - max_new_tokens tokens."""
+        finished. A prompt is cut to its last max_len - max_new_tokens tokens. tick(stats) is
+        called every tick_seconds (progress on long runs; stats.seconds is up to date)."""
         stats = stats if stats is not None else GenStats()
         source = jobs if hasattr(jobs, "popleft") else deque(jobs)
         pending: list[Job] = []
@@ -210,7 +212,8 @@ class BatchedGenerator:
         pos = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         temps = torch.zeros(self.slots, dtype=torch.float32, device=self.device)
         hpos = [0] * self.slots  # pos on the host: no device sync per row
-        start = time.perf_counter()
+        start = last_tick = time.perf_counter()
+        base = stats.seconds
 
         def finish(i: int, stopped: bool) -> None:
             job, answer = running[i]
@@ -279,7 +282,11 @@ class BatchedGenerator:
             hpos[:n] = [p + 1 for p in hpos[:n]]
             last[:n] = drawn
             tokens = drawn.tolist()  # the step's one sync
+            if tick is not None and time.perf_counter() - last_tick > tick_seconds:
+                last_tick = time.perf_counter()
+                stats.seconds = base + last_tick - start
+                tick(stats)
             for i in range(n - 1, -1, -1):  # high to low: finishing moves the tail down
                 settle(i, tokens[i])
-        stats.seconds += time.perf_counter() - start
+        stats.seconds = base + time.perf_counter() - start
         return stats

@@ -265,7 +265,13 @@ def distill(target, tokenizer, conversations: list[Conversation], out: Path,
 
     feeder = ShardFeeder(tokenizer, conversations, todo, out, config, on_shard,
                          start + max_seconds if max_seconds is not None else None)
-    generator.run(feeder, set(stop_ids), feeder.on_answer, stats)
+
+    def tick(stats) -> None:  # between shards: generation goes on
+        if progress is not None:
+            progress(DistillProgress(shards - len(todo) + len(written), shards,
+                                     stats.new_tokens, stats.tokens_per_s, float("nan")))
+
+    generator.run(feeder, set(stop_ids), feeder.on_answer, stats, tick=tick)
     return sum((out / SHARD.format(i)).exists() for i in range(shards))
 
 

@@ -264,7 +264,8 @@ def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_con
     held = heldout_convs[:config.heldout_conversations]
     model_id = distill_data.model_identity(Path(model_id), data)
     distill_data.distill(target, tokenizer, held, folder / "heldout", stop_ids,
-                         replace(config.distill, samples=0), config.device, model_id)
+                         replace(config.distill, samples=0), config.device, model_id,
+                         progress=on_progress and (lambda p: on_progress("distill held-out", p)))
     done = distill_data.distill(
         target, tokenizer, todo, folder, stop_ids, config.distill, config.device, model_id,
         seconds, on_progress and (lambda p: on_progress("distill", p)))
@@ -342,9 +343,11 @@ def stage_line(name: str, info: dict) -> str:
 
 
 def progress_line(stage: str, p) -> str:
-    if stage == "distill":
-        return (f"answers: shard {p.shards_done}/{p.shards}, {p.new_tokens} tokens, "
-                f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
+    if stage.startswith("distill"):
+        eta = "" if p.eta_s != p.eta_s else f", ETA {p.eta_s / 60:.1f} min"  # nan: mid-shard
+        what = "held-out answers" if stage.endswith("held-out") else "answers"
+        return (f"{what}: {p.shards_done}/{p.shards} shards written, {p.new_tokens} tokens, "
+                f"{p.tokens_per_s:.0f} tokens/s{eta}")
     if stage == "answers":
         return (f"answers: {p.done}/{p.total} prompts, {p.new_tokens} tokens, "
                 f"{p.tokens_per_s:.0f} tokens/s, ETA {p.eta_s / 60:.1f} min")
