@@ -15,7 +15,7 @@ from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.model import empty_cache
 from trt_spec.train import distill_data
-from trt_spec.train.batch_generate import BatchedGenerator, Job
+from trt_spec.train.batch_generate import BatchedGenerator, Continue, Job
 from trt_spec.train.data import load_tokenizer, read_conversations
 from trt_spec.train.distill_data import DistillConfig
 
@@ -85,6 +85,35 @@ def test_stop_tokens_end_an_answer_and_are_not_kept(target):
     got = []
     gen.run([Job("a", prompt, 6)], {stop}, got.append)
     assert got[0].tokens == ref[:first] and got[0].stopped
+
+
+@pytest.mark.parametrize("stop_at", [None, 2])
+def test_a_continued_sequence_matches_reading_it_whole(target, stop_at):
+    # turn 2 goes on in turn 1's slot (only its new tokens are read), beside another sequence
+    prompt, between = [5, 9, 13, 4], [7, 8, 3]
+    stop = set() if stop_at is None else {greedy_reference(target, prompt, 3)[stop_at]}
+    got = {}
+
+    def on_answer(a):
+        got[a.key] = a
+        return Continue("t1", between, 5) if a.key == "t0" else None
+
+    gen = BatchedGenerator(target, slots=2, max_len=64, dtype=torch.float32)
+    gen.run([Job("t0", prompt, 4), Job("other", [6, 6, 2], 7)], stop, on_answer)
+    first = got["t0"].tokens
+    assert len(first) == (4 if stop_at is None else stop_at)
+    # a stop token is not kept: the tokens between take its place
+    want = greedy_reference(target, prompt + first + between, 5)
+    assert got["t1"].tokens[:len(want)] == want[:len(got["t1"].tokens)]
+    assert got["t1"].stopped or got["t1"].tokens == want
+
+
+def test_a_continuation_without_room_is_dropped(target):
+    dropped = []
+    gen = BatchedGenerator(target, slots=1, max_len=12, dtype=torch.float32)
+    gen.run([Job("t0", [5, 6, 7], 4)], set(), lambda a: Continue("t1", [1] * 6, 3),
+            on_dropped=dropped.append)
+    assert dropped == ["t1"]
 
 
 def test_sampling_follows_the_temperature_and_the_seed(target):

@@ -52,6 +52,16 @@ class Answer:
 
 
 @dataclass
+class Continue:
+    """on_answer's reply to go on in the same slot: the tokens that follow the answer (its
+    end of turn and the next prompt; the cache keeps everything before them) and the next
+    answer's handle and budget (the temperature stays)."""
+    key: object
+    tokens: list[int]
+    max_new_tokens: int
+
+
+@dataclass
 class GenStats:
     new_tokens: int = 0
     prompt_tokens: int = 0
@@ -134,6 +144,34 @@ class BatchedGenerator:
         return m.head(last).float()
 
     @torch.no_grad()
+    def extend(self, slot: int, tokens: list[int], offset: int) -> torch.Tensor:
+        """Appends tokens to the sequence in `slot`, whose cache holds `offset` positions (a
+        conversation's next turn after its answer, without reading the context again);
+        -> the logits after the last one [vocab] (fp32)."""
+        c, m = self.config, self.model
+        t, end = len(tokens), offset + len(tokens)
+        positions = torch.arange(offset, end, device=self.device)
+        back = positions[:, None] - torch.arange(end, device=self.device)[None, :]  # (t, end)
+        group = c.num_heads // c.num_kv_heads
+        h = self._embed(torch.tensor([tokens], device=self.device))
+        x = rms_norm(h, m.layers[0].input_layernorm, c.rms_norm_eps)
+        for i, layer in enumerate(m.layers):
+            cos, sin = self.rope[i]
+            cos, sin = cos[positions][None, None], sin[positions][None, None]
+            q, k, v = self._split_heads(layer, x, 1, t)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            self.keys[i][slot, :, offset:end] = k[0]
+            self.values[i][slot, :, offset:end] = v[0]
+            mask = (back >= 0) & ((back < layer.window) if layer.window else True)
+            a = F.scaled_dot_product_attention(
+                q, self.keys[i][slot:slot + 1, :, :end].repeat_interleave(group, 1),
+                self.values[i][slot:slot + 1, :, :end].repeat_interleave(group, 1),
+                attn_mask=mask)
+            nxt = m.layers[i + 1].input_layernorm if i + 1 < c.num_layers else m.norm
+            x, h = layer.residual(a.transpose(1, 2).reshape(1, t, -1), h, nxt)
+        return m.head(x[0, -1]).float()
+
+    @torch.no_grad()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor,
                span: int | None = None) -> torch.Tensor:
         """One token for each of the running slots [0, n): tokens [n] at positions [n] ->
@@ -196,13 +234,16 @@ class BatchedGenerator:
         return out
 
     def run(self, jobs: Iterable[Job] | deque, stop_ids: set[int],
-            on_answer: Callable[[Answer], None], stats: GenStats | None = None,
+            on_answer: Callable[[Answer], Continue | None], stats: GenStats | None = None,
             max_prefill_tokens: int = 4096, tick: Callable[[GenStats], None] | None = None,
-            tick_seconds: float = 60.0) -> GenStats:
+            tick_seconds: float = 60.0,
+            on_dropped: Callable[[object], None] | None = None) -> GenStats:
         """Answers every job (in the order they finish) through on_answer. `jobs` may be a
         deque (or anything with bool() and popleft()) that on_answer adds to (a
         conversation's next turn): the run ends when it is empty and every sequence has
-        finished. A prompt is cut to its last max_len - max_new_tokens tokens. tick(stats) is
+        finished. on_answer may return a Continue: the sequence then goes on in its slot
+        (its next tokens are read on top of the cache), when the cache has room for them and
+        one more token (else on_dropped(its key) is called and the slot freed). A prompt is cut to its last max_len - max_new_tokens tokens. tick(stats) is
         called every tick_seconds (progress on long runs; stats.seconds is up to date)."""
         stats = stats if stats is not None else GenStats()
         source = jobs if hasattr(jobs, "popleft") else deque(jobs)
@@ -215,15 +256,40 @@ class BatchedGenerator:
         start = last_tick = time.perf_counter()
         base = stats.seconds
 
+        extend: dict[int, list[int]] = {}  # slot -> tokens to append before it goes on
+
         def finish(i: int, stopped: bool) -> None:
             job, answer = running[i]
-            on_answer(Answer(job.key, answer, stopped))
+            more = on_answer(Answer(job.key, answer, stopped))
+            if more is not None:
+                # the answer's last token is not in the cache yet (a stop token is not kept)
+                tokens = ([] if stopped else answer[-1:]) + list(more.tokens)
+                if hpos[i] + len(tokens) + 1 < self.max_len:
+                    running[i] = (Job(more.key, [], more.max_new_tokens, job.temperature), [])
+                    extend[i] = tokens
+                    return
+                if on_dropped is not None:
+                    on_dropped(more.key)
             tail = len(running) - 1
             if i != tail:  # keep slots [0, n) packed
                 self._move(tail, i)
                 running[i], hpos[i] = running[tail], hpos[tail]
                 last[i], pos[i], temps[i] = last[tail], pos[tail], temps[tail]
+                if tail in extend:
+                    extend[i] = extend.pop(tail)
             running.pop()
+
+        def go_on() -> None:
+            """The sequences that continue in their slot: their next tokens, read at once."""
+            while extend:
+                i, tokens = extend.popitem()
+                logits = self.extend(i, tokens, hpos[i])
+                stats.prompt_tokens += len(tokens)
+                hpos[i] += len(tokens)
+                pos[i] = hpos[i]
+                drawn = self.sample(logits[None], temps[i:i + 1])
+                last[i] = drawn[0]
+                settle(i, int(drawn[0]))
 
         def settle(i: int, token: int) -> bool:
             """Appends token to slot i's answer; True when the sequence ended (and left)."""
@@ -268,6 +334,7 @@ class BatchedGenerator:
                 # settle from the highest slot down: a finish moves the tail into its slot
                 for s, tok in sorted(zip(slots, tokens), reverse=True):
                     settle(s, tok)
+                go_on()
                 continue
             if not running:
                 if not source and not pending:
@@ -288,5 +355,6 @@ class BatchedGenerator:
                 tick(stats)
             for i in range(n - 1, -1, -1):  # high to low: finishing moves the tail down
                 settle(i, tokens[i])
+            go_on()
         stats.seconds = base + time.perf_counter() - start
         return stats

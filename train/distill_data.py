@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from trt_spec.train.batch_generate import Continue, Job
 from trt_spec.train.data import Conversation
 
 SHARD = "shard-{:05d}.npz"
@@ -153,7 +154,6 @@ class ShardFeeder:
             self._close(shard)
 
     def _job(self, shard: int, traj: Trajectory, turn: int):
-        from trt_spec.train.batch_generate import Job
 
         ids = self.tokenizer.encode_chat(traj.messages(turn + 1))
         if len(ids) + 1 >= self.config.max_context:
@@ -162,19 +162,48 @@ class ShardFeeder:
         return Job((shard, traj, turn), ids, min(self.config.max_new_tokens, room),
                    traj.temperature)
 
-    def on_answer(self, answer) -> None:
+    def on_answer(self, answer):
         shard, traj, turn = answer.key
         state = self.open[shard]
         state["records"].append((traj.conv_id, traj.variant, turn, traj.temperature,
                                  answer.stopped, answer.tokens))
         traj.answers.append(self.tokenizer.decode(answer.tokens))
-        nxt = self._job(shard, traj, turn + 1) if turn + 1 < len(traj.users) else None
-        if nxt is not None:
-            self.ready.appendleft(nxt)  # finish open shards first
-            return
+        if turn + 1 < len(traj.users):
+            tokens = self._between(traj, turn)
+            if tokens is not None:  # the next turn goes on in the same slot
+                return Continue((shard, traj, turn + 1), tokens, self.config.max_new_tokens)
+            nxt = self._job(shard, traj, turn + 1)
+            if nxt is not None:
+                self.ready.appendleft(nxt)  # finish open shards first
+                return None
+        self._ended(shard)
+        return None
+
+    def on_dropped(self, key) -> None:
+        """A Continue the generator had no room for: the trajectory ends there."""
+        self._ended(key[0])
+
+    def _ended(self, shard: int) -> None:
+        state = self.open[shard]
         state["left"] -= 1
         if not state["left"]:
             self._close(shard)
+
+    def _between(self, traj: Trajectory, turn: int) -> list[int] | None:
+        """The tokens from the end of answer `turn` to the start of the next answer (the
+        answer's end of turn, the next human turn, the assistant's header), as the template
+        renders them; None when the template does not render the conversation as a prefix
+        of its continuation (the next turn is then read from scratch)."""
+        tmpl = self.tokenizer.apply_chat_template
+        answered = traj.messages(turn + 1)
+        before = tmpl(answered[:-1], add_generation_prompt=True)
+        through = tmpl(answered, add_generation_prompt=False)
+        after = tmpl(traj.messages(turn + 2), add_generation_prompt=True)
+        answer = traj.answers[turn]
+        if not (through.startswith(before + answer) and after.startswith(through)):
+            return None
+        return self.tokenizer.encode(through[len(before) + len(answer):] + after[len(through):],
+                                     add_special_tokens=False)
 
     def _close(self, shard: int) -> None:
         records = self.open.pop(shard)["records"]
@@ -271,7 +300,8 @@ def distill(target, tokenizer, conversations: list[Conversation], out: Path,
             progress(DistillProgress(shards - len(todo) + len(written), shards,
                                      stats.new_tokens, stats.tokens_per_s, float("nan")))
 
-    generator.run(feeder, set(stop_ids), feeder.on_answer, stats, tick=tick)
+    generator.run(feeder, set(stop_ids), feeder.on_answer, stats, tick=tick,
+                  on_dropped=feeder.on_dropped)
     return sum((out / SHARD.format(i)).exists() for i in range(shards))
 
 
