@@ -1,6 +1,7 @@
 #!/bin/bash
-# Data -> training -> packed drafters, all four, in one run on a CUDA machine that cannot
-# reach the network (~12 minutes on one H200 at the defaults):
+# Data -> training -> packed drafters, all four, on a CUDA machine that cannot reach the
+# network (~12 minutes on one H200 at the defaults; a device call runs 10 minutes at most,
+# so there it is two calls on the same warm machine: STAGE=data, then STAGE=train):
 #
 #   1. answers   the target answers every human turn of TURNS (scripts/prompt_subset.py
 #                --all-turns), greedy and 2 sampled variants, DATA_MIN minutes at most
@@ -15,18 +16,20 @@
 #
 #   scripts/gpu_drafters.sh MODEL TURNS.json[.gz] OUT [extra `trt-spec train` options]
 #
-# Environment: DEVICE (cuda), DATA_MIN (3), TRAIN_MIN (1.6), SLOTS (1024), EPOCHS (3),
-# EVAL_EVERY (2M), MAX_CONV (all), RUN (/tmp/gpu-drafters), RETURN (drafters | answers).
+# Environment: STAGE (all | data | train), DEVICE (cuda), DATA_MIN (2.5), TRAIN_MIN (1.5),
+# SLOTS (1024), EPOCHS (3), EVAL_EVERY (2M), MAX_CONV (all), RUN (runs/gpu-drafters: ignored
+# by git, so a warm device machine keeps it between calls), RETURN (drafters | answers).
 # The CPU check of this script runs it small: DEVICE=cpu SLOTS=8 MAX_CONV=4 ... (see
 # docs/training.md).
 set -euo pipefail
 model=$1 turns=$2 out=$3
 shift 3
-DEVICE=${DEVICE:-cuda} DATA_MIN=${DATA_MIN:-3} TRAIN_MIN=${TRAIN_MIN:-1.6}
+STAGE=${STAGE:-all} DEVICE=${DEVICE:-cuda} DATA_MIN=${DATA_MIN:-2.5} TRAIN_MIN=${TRAIN_MIN:-1.5}
 SLOTS=${SLOTS:-1024} EPOCHS=${EPOCHS:-3} EVAL_EVERY=${EVAL_EVERY:-2M}
-RUN=${RUN:-/tmp/gpu-drafters} RETURN=${RETURN:-drafters}
+RUN=${RUN:-runs/gpu-drafters} RETURN=${RETURN:-drafters}
+case "$STAGE" in all|data|train) ;; *) echo "STAGE=$STAGE: expected all, data or train" >&2; exit 2 ;; esac
 mkdir -p "$out" "$RUN"
-out=$(cd "$out" && pwd)
+out=$(cd "$out" && pwd) RUN=$(cd "$RUN" && pwd)
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
@@ -45,9 +48,12 @@ common=(--model "$model" --data "$turns" --out "$RUN" --device "$DEVICE" --answe
         --heldout-conversations 200)
 [ -n "${MAX_CONV:-}" ] && common+=(--max-conversations "$MAX_CONV")
 start=$(date +%s)
-$py -m trt_spec.cli train --method all "${common[@]}" --gen-slots "$SLOTS" \
-    --answers-minutes "$DATA_MIN" --data-only "$@" 2>&1 | tee "$RUN/data.log"
-echo "answers: $(( $(date +%s) - start )) s" | tee -a "$RUN/data.log"
+if [ "$STAGE" != train ]; then
+    $py -m trt_spec.cli train --method all "${common[@]}" --gen-slots "$SLOTS" \
+        --answers-minutes "$DATA_MIN" --data-only "$@" 2>&1 | tee "$RUN/data.log"
+    echo "answers: $(( $(date +%s) - start )) s" | tee -a "$RUN/data.log"
+    [ "$STAGE" = data ] && { cp "$RUN/data.log" "$out/"; exit 0; }
+fi
 # --answers-minutes 0: train on the shards written, generate no more
 $py -m trt_spec.cli train --method eagle3,mtp,eagle,draft "${common[@]}" --answers-minutes 0 \
     --bf16 --features live --epochs "$EPOCHS" --max-minutes "$TRAIN_MIN" \
@@ -55,6 +61,6 @@ $py -m trt_spec.cli train --method eagle3,mtp,eagle,draft "${common[@]}" --answe
     --eval-sequences 64 --batch-size 64 --lr 1e-3 --ttt-steps 5 --head-intermediate 768 \
     --draft-vocab 8192 --checkpoint-every 200 --fit-schedule --resume "$@" 2>&1 | tee "$RUN/train.log"
 echo "total: $(( $(date +%s) - start )) s" | tee -a "$RUN/train.log"
-(cd "$RUN" && tar -czf "$out/results.tar.gz" metrics.json ./*-curve.jsonl data.log train.log)
+(cd "$RUN" && tar -czf "$out/results.tar.gz" metrics.json ./*-curve.jsonl ./*.log)
 tar -C "$RUN" -cf - eagle3 mtp eagle draft | split -b 15000000 -d - "$out/drafters.tar.part"
 ls -la "$out"

@@ -2,15 +2,14 @@
 self-distilled data stage (train/distill_data.py): every human turn, sampled variants, shards
 that resume, on the tiny target."""
 
-import importlib.util
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
+from tests.script_util import load_script
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.model import empty_cache
@@ -18,14 +17,6 @@ from trt_spec.train import distill_data
 from trt_spec.train.batch_generate import BatchedGenerator, Continue, Job
 from trt_spec.train.data import load_tokenizer, read_conversations
 from trt_spec.train.distill_data import DistillConfig
-
-
-def load_report_script():
-    script = Path(__file__).resolve().parents[1] / "scripts" / "distill_report.py"
-    spec = importlib.util.spec_from_file_location("distill_report", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +159,7 @@ def test_distill_answers_every_turn_in_variants(target, tokenizer, convs, tmp_pa
     assert [m["content"] for m in first.messages if m["role"] == "user"] == users
     assert [m["role"] for m in first.messages] == ["user", "assistant"] * 3
     assert distill_data.token_count(tmp_path) == sum(int(a["offsets"][-1]) for a in arrays)
-    distill_report = load_report_script()
+    distill_report = load_script("distill_report")
     report = distill_report.summary(tmp_path)
     convs_ids = np.concatenate([a["conv"] for a in arrays])
     assert report["trajectories"] == len(set(zip(convs_ids.tolist(), variants.tolist())))

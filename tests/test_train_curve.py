@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from tests.script_util import load_script
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.cli import main
 from trt_spec.export.checkpoint import load_target
@@ -243,13 +244,7 @@ def test_scan_best_breaks_ties_by_mean_accuracy():
 
 
 def load_plot_script():
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_curve.py"
-    spec = importlib.util.spec_from_file_location("plot_curve", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plot_curve")
 
 
 def test_plot_curve(clean, tmp_path):

@@ -32,8 +32,8 @@ import torch
 from torch.nn import functional as F
 
 from trt_spec.export.model import TargetModel, layer_rope
-from trt_spec.plugins.attention import rotate
 from trt_spec.plugins.rms_norm import rms_norm
+from trt_spec.train.forward import causal_attention, heads
 
 
 @dataclass
@@ -100,14 +100,6 @@ class BatchedGenerator:
         h = self.model.embed_tokens(ids)
         return h * self.config.embed_scale if self.config.embed_scale != 1.0 else h
 
-    def _split_heads(self, layer, x, b, t):
-        c = self.config
-        q, k, v = layer.qkv(x).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
-                                      c.num_kv_heads * c.head_dim], -1)
-        return (q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2),
-                k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2),
-                v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2))
-
     @torch.no_grad()
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Writes each prompt into its slot's cache (from position 0); -> the logits after
@@ -127,17 +119,10 @@ class BatchedGenerator:
         for i, layer in enumerate(m.layers):
             cos, sin = self.rope[i]
             cos, sin = cos[positions][None, None], sin[positions][None, None]
-            q, k, v = self._split_heads(layer, x, b, t)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k, v = heads(layer, x, cos, sin)
             self.keys[i][index, :, :t] = k
             self.values[i][index, :, :t] = v
-            if layer.window:
-                back = positions[:, None] - positions[None, :]
-                mask = {"attn_mask": (back >= 0) & (back < layer.window)}
-            else:
-                mask = {"is_causal": True}
-            a = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
-                                               v.repeat_interleave(group, 1), **mask)
+            a = causal_attention(q, k, v, positions, layer.window, group)
             nxt = m.layers[i + 1].input_layernorm if i + 1 < c.num_layers else m.norm
             x, h = layer.residual(a.transpose(1, 2).reshape(b, t, -1), h, nxt)
         last = x[torch.arange(b, device=self.device), lengths - 1]
@@ -158,8 +143,7 @@ class BatchedGenerator:
         for i, layer in enumerate(m.layers):
             cos, sin = self.rope[i]
             cos, sin = cos[positions][None, None], sin[positions][None, None]
-            q, k, v = self._split_heads(layer, x, 1, t)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k, v = heads(layer, x, cos, sin)
             self.keys[i][slot, :, offset:end] = k[0]
             self.values[i][slot, :, offset:end] = v[0]
             mask = (back >= 0) & ((back < layer.window) if layer.window else True)
@@ -197,8 +181,7 @@ class BatchedGenerator:
         for i, layer in enumerate(m.layers):
             cos, sin = self.rope[i]
             cos, sin = cos[positions][:, None, None], sin[positions][:, None, None]
-            q, k, v = self._split_heads(layer, x, n, 1)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k, v = heads(layer, x, cos, sin)
             self.keys[i][rows, :, positions] = k[:, :, 0]
             self.values[i][rows, :, positions] = v[:, :, 0]
             # q heads of one kv head are consecutive: [n, kvh, group, hd] against that head.

@@ -16,6 +16,32 @@ from trt_spec.plugins.attention import rotate
 from trt_spec.plugins.rms_norm import rms_norm
 
 
+def heads(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """x [B, T, H] (normed) -> q [B, nh, T, hd], k and v [B, kvh, T, hd], RoPE (cos, sin
+    broadcast against [B, heads, T, hd / 2]) applied to q and k."""
+    c = layer.config
+    b, t, _ = x.shape
+    q, k, v = layer.qkv(x).split(
+        [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+    q = rotate(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+    k = rotate(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
+    return q, k, v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     positions: torch.Tensor, window: int, group: int) -> torch.Tensor:
+    """Attention of the T rows at `positions` [T] over themselves: causal, and within
+    `window` when it is not 0 (0 <= i - j < window). k, v: [B, kvh, T, hd], each kv head
+    serving `group` q heads -> [B, nh, T, hd]."""
+    if window:
+        back = positions[:, None] - positions[None, :]  # (T, T)
+        mask = {"attn_mask": (back >= 0) & (back < window)}
+    else:
+        mask = {"is_causal": True}
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
+                                          v.repeat_interleave(group, 1), **mask)
+
+
 def causal_forward(model: TargetModel, input_ids: torch.Tensor,
                    want_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """input_ids [B, T] -> (final-normed hidden [B, T, H], eagle3 features [B, T, 3H] (the
@@ -36,19 +62,8 @@ def causal_forward(model: TargetModel, input_ids: torch.Tensor,
             features[i] = h
         cos, sin = layer_rope(model, c, i)
         cos, sin = cos[positions][None, None], sin[positions][None, None]  # (1, 1, T, hd/2)
-        q, k, v = layer.qkv(x).split(
-            [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim],
-            -1)
-        q = rotate(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        k = rotate(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-        v = v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        if layer.window:  # causal within the window: 0 <= i - j < window
-            back = positions[:, None] - positions[None, :]  # (T, T)
-            mask = {"attn_mask": (back >= 0) & (back < layer.window)}
-        else:
-            mask = {"is_causal": True}
-        a = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
-                                           v.repeat_interleave(group, 1), **mask)
+        q, k, v = heads(layer, x, cos, sin)
+        a = causal_attention(q, k, v, positions, layer.window, group)
         next_norm = model.layers[i + 1].input_layernorm if i + 1 < c.num_layers else model.norm
         x, h = layer.residual(a.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim), h,
                               next_norm)
