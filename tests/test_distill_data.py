@@ -236,6 +236,9 @@ def test_cli_distill_then_train(tiny_hf_dir, tmp_path):
     assert bad.exit_code != 0 and "'1.0,0.5'" in bad.output
     wrong = CliRunner().invoke(main, args[:args.index("--answers")] + ["--data-only"])
     assert wrong.exit_code != 0 and "--data-only" in wrong.output
+    (tmp_path / "a-file").write_text("")
+    into_file = CliRunner().invoke(main, args + ["--answers-dir", str(tmp_path / "a-file")])
+    assert into_file.exit_code != 0 and "is a file" in into_file.output
 
 
 def test_shards_overlap_in_the_batch(target, tokenizer, convs, tmp_path, monkeypatch):

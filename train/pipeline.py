@@ -255,6 +255,9 @@ def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_con
     from trt_spec.train import distill_data
 
     folder = Path(config.answers_dir) if config.answers_dir else Path(config.out) / "answers"
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--answers-dir {str(folder)!r} is a file: name a folder for the "
+                         "answers' shards")
     stop_ids = list(target.config.eos_token_ids) + (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     n = config.max_conversations
