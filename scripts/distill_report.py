@@ -39,6 +39,10 @@ def summary(folder: Path) -> dict:
     }
 
 
+def size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
 def markdown(folder: Path) -> str:
     lines = [f"# Self-distilled answers: `{folder}`", "",
              "Written by `trt-spec train --answers distill` (train/distill_data.py); "
@@ -66,7 +70,7 @@ def markdown(folder: Path) -> str:
                       f"{k}: {v:,}" for k, v in s["answers_by_turn"].items()) + " |",
                   "| answers by variant (0: greedy) | " + ", ".join(
                       f"{k}: {v:,}" for k, v in s["answers_by_variant"].items()) + " |",
-                  f"| on disk | {s['bytes'] / 1e6:.1f} MB |", ""]
+                  f"| on disk | {size(s['bytes'])} |", ""]
     return "\n".join(lines)
 
 
