@@ -344,7 +344,7 @@ class DeviceLoop:
                 admitted = []
                 while waiting and gen.cache.free_slots:
                     s = waiting.pop(0)
-                    gen.engine.admit(s)
+                    gen.engine.admit(s, reuse=False)  # its own caches: no prefix reuse yet
                     admitted.append(s)
                     running.append(s)
                 if admitted:
@@ -390,5 +390,5 @@ class DeviceLoop:
         done = [s for s in running if s.finished and s.slot is not None]
         for s in done:
             self.state.active[s.slot] = False
-            self.gen.engine.release(s)
+            self.gen.engine.release(s, keep=False)
         return [s for s in running if not s.finished]

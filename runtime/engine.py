@@ -35,6 +35,7 @@ from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_cos
 from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
 from trt_spec.runtime.scorer import Scorer
@@ -53,6 +54,7 @@ class RequestMetrics:
     num_draft_tokens: int  # the k asked for (0: method none; adaptive: the most per step)
     adaptive: bool
     prompt_tokens: int
+    cached_tokens: int  # prompt tokens not read again: their KV came from the prefix cache
     completion_tokens: int
     time_to_first_token_s: float | None
     decode_s: float
@@ -83,6 +85,7 @@ class StreamStats:
 
     t_added: float = 0.0
     t_first_token: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     t_finished: float | None = None
     target_forwards: int = 0
     proposed: int = 0
@@ -144,7 +147,8 @@ class Stream:
         decode_s = (end - st.t_first_token) if st.t_first_token else 0.0
         return RequestMetrics(
             method=self.method, num_draft_tokens=self.num_draft_tokens, adaptive=self.adaptive,
-            prompt_tokens=len(self.prompt_ids), completion_tokens=n,
+            prompt_tokens=len(self.prompt_ids), cached_tokens=st.cached_tokens,
+            completion_tokens=n,
             time_to_first_token_s=ttft, decode_s=decode_s,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
             target_forwards=st.target_forwards,
@@ -250,6 +254,13 @@ def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, 
     return chunks
 
 
+def cached_tokens(s: Stream, cache: KVCache) -> list[int]:
+    """The token ids of s's valid cache rows. After a verification the rows of rejected drafts
+    may still count in the length until the rewind; the last emitted token has no row yet."""
+    seq = s.prompt_ids + s.output_ids
+    return seq[:min(int(cache.lengths[s.slot]), max(len(seq) - 1, s.prefill_pos))]
+
+
 LOOKUPS = ("ngram", "suffix")  # drafters without a confidence: `auto` cuts them by position
 
 
@@ -268,10 +279,14 @@ class Engine:
     """Propose -> score -> sample -> commit for a batch of streams of any methods."""
 
     def __init__(self, target: StepGraph, cache: KVCache, stops: StopChecker,
-                 policy: SpeculationPolicy, proposers: ProposerSource):
-        """proposers: the proposer of a method, loaded once (the Generator's)."""
+                 policy: SpeculationPolicy, proposers: ProposerSource,
+                 prefix: PrefixCache | None = None):
+        """proposers: the proposer of a method, loaded once (the Generator's). prefix: the
+        prefix cache admission reads (None: every prompt is read whole)."""
         self.target = target
         self.cache = cache
+        self.prefix = prefix
+        self.running: dict[int, Stream] = {}  # slot -> the stream admitted into it
         self.stops = stops
         self.policy = policy
         self.proposers = proposers
@@ -286,21 +301,38 @@ class Engine:
         names = {p.reads for p in map(self.proposer, streams) if p is not None and p.reads}
         return tuple(sorted(names))
 
-    def admit(self, s: Stream) -> None:
+    def admit(self, s: Stream, reuse: bool = True) -> None:
+        """Gives s a KV slot: with a prefix cache and `reuse`, the one whose rows its prompt
+        starts with (runtime/prefix_cache.py); s's prefill then starts after them."""
         if len(s.prompt_ids) >= self.cache.max_len:
             raise ValueError(f"the prompt has {len(s.prompt_ids)} tokens; this engine's context "
                              f"holds {self.cache.max_len} (prompt + output)")
-        self.proposer(s)  # a drafter that fails to load fails this request, now
-        s.slot = self.cache.allocate()
+        p = self.proposer(s)  # a drafter that fails to load fails this request, now
         s.stats.t_added = time.perf_counter()
+        if self.prefix is None or not reuse:
+            s.slot = self.cache.allocate()
+        else:
+            hit = self.prefix.find(s.prompt_ids, {slot: (r.id, cached_tokens(r, self.cache))
+                                                  for slot, r in self.running.items()})
+            s.slot = self.prefix.take(hit)
+            n = 0 if hit is None else hit.tokens
+            if n and p is not None:
+                n = p.adopt(s, hit.slot if not hit.kept else s.slot, n, hit.owner)
+            self.cache.lengths[s.slot] = s.prefill_pos = s.stats.cached_tokens = n
+            self.prefix.record(len(s.prompt_ids), n)
+        self.running[s.slot] = s
 
-    def release(self, s: Stream) -> None:
+    def release(self, s: Stream, keep: bool = True) -> None:
+        """Frees s's slot; with a prefix cache and `keep`, the slot keeps its valid rows for a
+        later prompt that starts with the same tokens."""
         if s.slot is not None:
             p = self.proposer(s)
             if p is not None:
                 p.release(s)
             self.policy.release(s)
-            self.cache.release(s.slot)
+            tokens = cached_tokens(s, self.cache) if keep and self.prefix is not None else None
+            self.running.pop(s.slot, None)
+            self.cache.release(s.slot, tokens, s.id)
             s.slot = None
 
     def observe(self, s: Stream, start: int, rows: dict[str, list[np.ndarray]], i: int,

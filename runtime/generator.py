@@ -13,6 +13,7 @@ from trt_spec.runtime.engine import Engine, RequestMetrics, StopChecker, Stream
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.methods import METHODS, DrafterEntry, method as known_method
 from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
@@ -117,14 +118,23 @@ class Generator:
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self.engine = Engine(self.target, self.cache, self.stops,
                              SpeculationPolicy(config.speculation, self.cache.max_len),
-                             self.proposer)
+                             self.proposer, self._prefix_cache(config))
         self.method = self.check_method(config.method)
         self.proposer(self.method)  # a broken default drafter fails now
         self.load_seconds = time.perf_counter() - t0
 
+    def _prefix_cache(self, config: RuntimeConfig) -> PrefixCache | None:
+        return PrefixCache(self.cache) if config.prefix_cache else None
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache admission reads (None: off); its `stats` are the totals."""
+        return self.engine.prefix
+
     def configure(self, **options) -> "Generator":
         """Changes the settings that need no reload (method, speculation and its fields,
-        max_prefill_tokens, max_waiting), validated as RuntimeConfig.replace; returns self."""
+        max_prefill_tokens, max_waiting, prefix_cache), validated as RuntimeConfig.replace;
+        returns self. Turning the prefix cache off drops what it kept."""
         new = self.settings.replace(**options)
         fixed = [f for f in ("backend", "device", "threads", "cuda_graphs", "exact_decode", "dtype",
                              "verify", "max_batch", "max_len")
@@ -136,6 +146,9 @@ class Generator:
         self.proposer(self.method)
         self.settings, self.speculation = new, new.speculation
         self.engine.policy = SpeculationPolicy(new.speculation, self.cache.max_len)
+        if new.prefix_cache != (self.engine.prefix is not None):
+            self.cache.forget()
+            self.engine.prefix = self._prefix_cache(new)
         return self
 
     # --- methods and their drafters -------------------------------------------------------

@@ -1,15 +1,31 @@
 """Preallocated KV cache: one [slots, kv_heads, max_len, head_dim] buffer per layer and kind.
 
-A stream owns a slot; its length is how many cache rows are valid. Nothing is ever copied:
-a backend binds a view of the buffers as both the past and the present of its graph, and
-rejecting tokens only lowers a length (`rewind`).
+A stream owns a slot; its length is how many cache rows are valid. Nothing is ever copied
+on a step: a backend binds a view of the buffers as both the past and the present of its
+graph, and rejecting tokens only lowers a length (`rewind`).
+
+A slot may outlive its request (prefix caching, runtime/prefix_cache.py): `release(slot,
+keep=...)` records the token ids its rows hold, and the slot stays free but kept until an
+`allocate` takes it (by name, for a prompt that starts with those tokens, or as the least
+recently kept when no empty slot is left). `copy_rows` gives a second request the same rows.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import numpy as np
 
 from trt_spec.runtime.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a free slot still holds: the ids of the tokens in its rows [0, len(tokens))."""
+
+    tokens: np.ndarray  # [n] int64
+    owner: int  # the stream that wrote them (its drafters' caches may follow it)
 
 
 class KVCache:
@@ -36,6 +52,7 @@ class KVCache:
         self.max_len = max_len
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid rows per slot
         self._free = list(range(slots))[::-1]
+        self.kept: OrderedDict[int, Kept] = OrderedDict()  # free slots that hold rows, LRU first
 
     @property
     def slots(self) -> int:
@@ -49,17 +66,40 @@ class KVCache:
     def nbytes(self) -> int:
         return self._block.nbytes
 
-    def allocate(self) -> int:
+    def allocate(self, slot: int | None = None) -> int:
+        """A free slot, its length 0: `slot` itself (it must be free), else one that keeps no
+        rows, else the least recently kept (its rows are dropped). A kept slot handed out is
+        no longer kept: its caller decides which of its rows stay valid (`lengths`)."""
         if not self._free:
             raise RuntimeError(f"all {self.slots} KV-cache slots are in use")
-        slot = self._free.pop()
+        if slot is None:
+            empty = [s for s in self._free if s not in self.kept]
+            slot = empty[-1] if empty else next(iter(self.kept))
+        assert slot in self._free, slot
+        self._free.remove(slot)
+        self.kept.pop(slot, None)
         self.lengths[slot] = 0
         return slot
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, keep: list[int] | None = None, owner: int = -1) -> None:
+        """Frees the slot. keep: the token ids its rows [0, len(keep)) hold, kept for a later
+        request that starts with them (runtime/prefix_cache.py); None: nothing kept."""
         assert slot not in self._free, slot
+        assert keep is None or len(keep) <= self.max_len, (len(keep), self.max_len)
         self.lengths[slot] = 0
         self._free.append(slot)
+        if keep is not None and len(keep):
+            self.kept[slot] = Kept(np.asarray(keep, dtype=np.int64), owner)
+
+    def forget(self) -> None:
+        """Drops every kept slot's rows (they stay free)."""
+        self.kept.clear()
+
+    def copy_rows(self, src: int, dst: int, n: int) -> None:
+        """Rows [0, n) of slot src into slot dst, every layer (dst's length is the caller's)."""
+        assert src != dst and 0 <= n <= self.max_len, (src, dst, n)
+        for b in self.buffers:
+            b[dst, :, :n] = b[src, :, :n]
 
     def rewind(self, slot: int, length: int) -> None:
         """Discards rows >= length (no copy: they are overwritten by the next step)."""

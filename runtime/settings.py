@@ -118,6 +118,9 @@ class RuntimeConfig:
     max_len: int = 2048  # context per stream (prompt + output), capped by the model's
     max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS  # per step (None: whole prompts)
     max_waiting: int | None = 64  # queued requests before `submit` refuses (None: no bound)
+    # a finished request's KV slot keeps its rows; a prompt that starts with them reads only
+    # the rest (runtime/prefix_cache.py); False: every prompt is read whole
+    prefix_cache: bool = True
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self):
@@ -141,6 +144,8 @@ class RuntimeConfig:
                              "bound)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"prefix_cache={self.prefix_cache!r}: expected True or False")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):
             raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
         if not isinstance(self.speculation, SpeculationConfig):

@@ -261,9 +261,11 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     max_len = max(pasts + [512]) + max_new_tokens + max([k_max(k) for k in ks] + [0]) + 8
     gens, configs = {}, []
     for e in engines:
+        # no prefix cache: every configuration reads the same prompts, and none may start
+        # from another's rows
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
                             backend=config.backend, device=config.device,
-                            exact_decode=exact_decode)
+                            exact_decode=exact_decode, prefix_cache=False)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))

@@ -44,6 +44,14 @@ class Proposer(ABC):
     def release(self, stream) -> None:
         """Called when the stream finishes and its slot is freed."""
 
+    def adopt(self, stream, src: int, n: int, owner: int) -> int:
+        """The stream starts from the target's cache rows [0, n) of slot `src` (its own slot,
+        or one they were copied from into it), written by the stream `owner` (prefix caching,
+        runtime/prefix_cache.py). -> the first position whose target rows this proposer must
+        be handed (`observe`), at most n: n for one that reads token ids only; a drafter
+        with caches of its own follows the target's rows, or asks for every row (0)."""
+        return 0 if self.reads else n
+
 
 class DraftVocab:
     """A drafter head over part of the target's vocabulary (Eagle3's; the MTP, Eagle and

@@ -51,3 +51,7 @@ class HybridProposer(Proposer):
     def release(self, stream) -> None:
         self.head.release(stream)
         self.lookup.release(stream)
+
+    def adopt(self, stream, src: int, n: int, owner: int) -> int:
+        return min(self.head.adopt(stream, src, n, owner),
+                   self.lookup.adopt(stream, src, n, owner))

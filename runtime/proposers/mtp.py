@@ -17,6 +17,12 @@ from the smallest committed count it needs, so module i-1's hidden states for mo
 are recomputed in the same batched forward instead of stored. The target rows (`observe`)
 are kept from that smallest count on.
 
+A slot's state outlives its request (prefix caching): a later request that starts from the
+slot's target rows (`adopt`, in place or copied to another slot) keeps each module's rows
+that read only tokens the two share, and the target's rows kept for the modules to catch up
+on; only the shared rows of the old request's last step (never observed: it ended there)
+are read again.
+
 Drafts are argmax of the module's logits when greedy; when sampling, they are drawn from q
 (the module's distribution after the request's temperature / top-k / top-p) and q is returned,
 so verification stays lossless either way. A head over a draft vocabulary (`vocab`: Eagle3's,
@@ -40,13 +46,13 @@ from trt_spec.runtime.step_inputs import SlotTokens
 class SlotState:
     stream_id: int
     base: int  # position of hist[0]
-    hist: np.ndarray  # [rows, D] the target's rows for positions base .. base + rows - 1
+    hist: np.ndarray | None  # [rows, D] the target's rows for positions base ..; None: none yet
     committed: list[int]  # per module: cache rows valid for later steps
     broken: bool = False  # a gap in the target rows: this stream gets no drafts
 
     @property
     def end(self) -> int:
-        return self.base + len(self.hist)
+        return self.base + (0 if self.hist is None else len(self.hist))
 
 
 class MtpProposer(Proposer):
@@ -76,12 +82,32 @@ class MtpProposer(Proposer):
         if not st.base <= start <= st.end:
             st.broken = True
             return
-        st.hist = np.concatenate([st.hist[:start - st.base], rows])
+        st.hist = (rows.copy() if st.hist is None else
+                   np.concatenate([st.hist[:start - st.base], rows]))
 
     def release(self, s) -> None:
-        self.slots.pop(s.slot, None)
-        for cache in self.caches:
-            cache.lengths[s.slot] = 0
+        """The slot's state stays: a later request may start from its rows (`adopt`)."""
+
+    def adopt(self, s, src: int, n: int, owner: int) -> int:
+        st = self.slots.get(src)
+        if st is None or st.stream_id != owner or st.broken:
+            return 0  # this head's rows are not those of the target's: read every row
+        # module j's row p read tokens up to p + j + 1: valid while that is in the prefix
+        committed = [max(0, min(c, n - 1 - j)) for j, c in enumerate(st.committed)]
+        for cache, c in zip(self.caches, committed):
+            if src != s.slot:
+                cache.copy_rows(src, s.slot, c)
+            cache.lengths[s.slot] = c
+        start = min(committed)
+        if not st.base <= start <= st.end:  # the target rows from `start` are gone: read them
+            self.slots[s.slot] = SlotState(s.id, start, None, committed)
+            return start
+        # the target's rows it holds from `start` on (observed up to the old stream's last
+        # verification: the rows of its last step, if shared, are read again)
+        end = min(n, st.end)
+        self.slots[s.slot] = SlotState(s.id, start, st.hist[start - st.base:end - st.base].copy(),
+                                       committed)
+        return end
 
     # --- what Eagle3 changes -------------------------------------------------------------
 

@@ -5,7 +5,9 @@
     then:      feed d_{j-1}, take d_j, for j = 2..k       (one batched forward per j)
 
 The draft cache mirrors, per slot, the token ids it holds; after a step, `commit` rewinds it
-to the prefix that the accepted sequence shares with it (no copy: a length). A draft exported
+to the prefix that the accepted sequence shares with it (no copy: a length). The ids stay with
+the slot when its request ends, so a later request in that slot (a prefix-cache hit, or any
+prompt) catches up from what the two share. A draft exported
 with --draft-vocab has a head over a draft vocabulary (`vocab`); its ids map to target ids
 as Eagle3's do (pick_draft). Its input ids are target ids either way.
 """
@@ -16,17 +18,10 @@ import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
 from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.prefix_cache import common_prefix
 from trt_spec.runtime.proposers.base import (Drafts, DraftVocab, Proposer, confidence,
                                              pick_draft)
 from trt_spec.runtime.step_inputs import SlotTokens
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if diff.size else n
 
 
 class VanillaProposer(Proposer):
@@ -37,21 +32,22 @@ class VanillaProposer(Proposer):
         self.draft = draft
         self.cache = cache  # same slot count as the target's; a stream uses its own slot
         self.vocab = vocab  # the head's draft vocabulary; None: the target's
-        self.held: dict[int, tuple[int, list[int]]] = {}  # slot -> (stream id, tokens in cache)
-
-    def _tokens_in_cache(self, s) -> list[int]:
-        owner, tokens = self.held.get(s.slot, (None, []))
-        return tokens if owner == s.id else []
+        self.held: dict[int, list[int]] = {}  # slot -> the token ids in its draft cache rows
 
     def commit(self, s) -> None:
-        tokens = self._tokens_in_cache(s)
+        tokens = self.held.get(s.slot, [])
         keep = common_prefix(tokens, s.prompt_ids + s.output_ids)
         self.cache.rewind(s.slot, keep)
-        self.held[s.slot] = (s.id, tokens[:keep])
+        self.held[s.slot] = tokens[:keep]
 
-    def release(self, s) -> None:
-        self.held.pop(s.slot, None)
-        self.cache.lengths[s.slot] = 0
+    def adopt(self, s, src: int, n: int, owner: int) -> int:
+        """Rows copied to another slot: the draft's rows they share with the prompt follow."""
+        if src != s.slot:
+            keep = common_prefix(self.held.get(src, []), s.prompt_ids[:n])
+            self.cache.copy_rows(src, s.slot, keep)
+            self.cache.lengths[s.slot] = keep
+            self.held[s.slot] = list(s.prompt_ids[:keep])
+        return n
 
     def propose(self, streams, ks, gate=None):
         tokens = [[] for _ in streams]
@@ -62,13 +58,12 @@ class VanillaProposer(Proposer):
         for i in active:
             s = streams[i]
             seq = s.prompt_ids + s.output_ids
-            held = self._tokens_in_cache(s)
-            keep = common_prefix(held, seq)
+            keep = common_prefix(self.held.get(s.slot, []), seq)
             if keep == len(seq):  # everything seen: re-feed the last token to get its logits
                 keep -= 1
             self.cache.lengths[s.slot] = keep
             feeds[i] = seq[keep:]
-            self.held[s.slot] = (s.id, seq[:keep])
+            self.held[s.slot] = seq[:keep]
             requests.append(SlotTokens(s.slot, feeds[i], [len(feeds[i]) - 1]))
         stopped = set()  # streams the gate stopped
         for j in range(max(ks, default=0)):
@@ -81,8 +76,7 @@ class VanillaProposer(Proposer):
             out = self.draft.step(self.cache, requests)
             for i, logits in zip(active, out.logits):
                 s = streams[i]
-                owner, held = self.held[s.slot]
-                self.held[s.slot] = (owner, held + feeds[i])
+                self.held[s.slot] = self.held[s.slot] + feeds[i]
                 token, q = pick_draft(s, logits[-1], self.vocab)
                 tokens[i].append(token)
                 probs[i].append(q)

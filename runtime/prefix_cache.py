@@ -1,0 +1,108 @@
+"""Prefix caching: a request whose prompt starts with tokens a KV slot already holds reads only
+the rest (vLLM's automatic prefix caching, llama.cpp's per-slot prompt cache).
+
+    release(stream)          its slot keeps the token ids of its valid rows (KVCache.kept)
+    admit(stream):
+        hit = longest common prefix of the prompt with every kept slot and every running
+              stream's cached tokens (at least `min_tokens`, at most len(prompt) - 1: the
+              last prompt token is always read, for its logits)
+        kept slot    -> the stream takes that slot; its rows [0, n) stay valid
+        running slot -> the stream takes a free slot and the n rows are copied into it
+                        (concurrent requests sharing a prefix do not queue behind each other)
+        the stream's prefill starts at n (its drafter may ask to start a few rows earlier)
+
+A slot is evicted least recently kept first, when a request finds no empty slot. Which rows a
+slot holds is tracked by token ids, so a hit is exact: the rows are the ones the prompt would
+write. Greedy output with a hit equals output without it when decoding is exact (a row's
+logits do not depend on how many rows its step reads); with `--fast-decode` a near-tie can
+go either way, as between any two batchings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_spec.runtime.kv_cache import KVCache
+
+MIN_TOKENS = 8  # shorter shared prefixes are read again (a hit has bookkeeping of its own)
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token id sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    slot: int  # the slot whose rows [0, tokens) the prompt shares
+    tokens: int  # how many
+    kept: bool  # a free kept slot (taken as it is) or a running stream's (its rows copied)
+    owner: int  # the stream that wrote those rows
+
+
+@dataclass
+class PrefixStats:
+    """Totals since load, as data (/metrics reads them)."""
+
+    lookups: int = 0  # prompts admitted with the prefix cache on
+    hits: int = 0  # ... that started from cached rows
+    prompt_tokens: int = 0  # their prompt tokens
+    cached_tokens: int = 0  # ... not read again
+    copied_rows: int = 0  # rows copied from a running stream's slot
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class PrefixCache:
+    """Finds the cached rows a prompt can start from; the KVCache keeps them."""
+
+    def __init__(self, cache: KVCache, min_tokens: int = MIN_TOKENS):
+        if not isinstance(min_tokens, int) or min_tokens < 1:
+            raise ValueError(f"prefix cache min_tokens={min_tokens!r}: must be an integer >= 1")
+        self.cache = cache
+        self.min_tokens = min_tokens
+        self.stats = PrefixStats()
+
+    def find(self, prompt: list[int], running: dict[int, tuple[int, list[int]]]
+             ) -> PrefixHit | None:
+        """The longest usable prefix of `prompt` among the kept slots and `running` (slot ->
+        (stream id, the token ids of its valid rows)); None below min_tokens. Ties go to a kept
+        slot (nothing to copy)."""
+        limit = len(prompt) - 1  # the last prompt token is read again for its logits
+        best: PrefixHit | None = None
+        for slot, k in self.cache.kept.items():
+            n = min(common_prefix(k.tokens, prompt), limit)
+            if n >= self.min_tokens and (best is None or n > best.tokens):
+                best = PrefixHit(slot, n, True, k.owner)
+        for slot, (owner, tokens) in running.items():
+            n = min(common_prefix(tokens, prompt), limit)
+            if n >= self.min_tokens and (best is None or n > best.tokens):
+                best = PrefixHit(slot, n, False, owner)
+        return best
+
+    def take(self, hit: PrefixHit | None) -> int:
+        """Allocates the slot for a request with `hit` (None: any free slot) and, for a
+        running stream's rows, copies them in. -> the slot; its length is the caller's."""
+        if hit is None:
+            return self.cache.allocate()
+        if hit.kept:
+            return self.cache.allocate(hit.slot)
+        slot = self.cache.allocate()
+        self.cache.copy_rows(hit.slot, slot, hit.tokens)
+        self.stats.copied_rows += hit.tokens
+        return slot
+
+    def record(self, prompt_tokens: int, cached: int) -> None:
+        self.stats.lookups += 1
+        self.stats.prompt_tokens += prompt_tokens
+        if cached:
+            self.stats.hits += 1
+            self.stats.cached_tokens += cached
