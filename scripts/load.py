@@ -62,14 +62,20 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(q / 100 * len(v)))]
 
 
-def messages(i: int) -> list[dict]:
+def messages(i: int, unique: bool = False) -> list[dict]:
+    """Request i's chat. unique: its first message starts with the request number, so no two
+    requests share more than the chat template's opening (a single-turn workload that a
+    prefix cache cannot help)."""
     p = PROMPTS[i % len(PROMPTS)]
-    return p["messages"] if "messages" in p else [{"role": "user", "content": p["prompt"]}]
+    msgs = p["messages"] if "messages" in p else [{"role": "user", "content": p["prompt"]}]
+    if unique:
+        msgs = [{**msgs[0], "content": f"Request {i}. {msgs[0]['content']}"}, *msgs[1:]]
+    return msgs
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args) -> dict:
     """One streaming chat completion; returns its latency, TTFT and token count, or error."""
-    body = {"model": model, "messages": messages(i), "max_tokens": args.max_tokens,
+    body = {"model": model, "messages": messages(i, args.unique), "max_tokens": args.max_tokens,
             "temperature": args.temperature, "seed": i, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -195,11 +201,18 @@ def main(argv=None) -> int:
                     help="largest allowed RSS growth from after warm-up to the end")
     ap.add_argument("--long-prompt", type=int, default=None, metavar="TOKENS",
                     help="measure the decoding streams' pace while a prompt of TOKENS arrives")
+    ap.add_argument("--prompts", type=Path, default=None,
+                    help="JSON lines of {prompt} or {messages} [default: runtime/data/prompts.jsonl]")
+    ap.add_argument("--unique", action="store_true",
+                    help="number each request's prompt: no two share a prefix past the template")
     ap.add_argument("--json", dest="json_out", default="load.json")
     ap.add_argument("server_args", nargs="*", help="extra `trt-spec serve` options (after --)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.duration <= 0:
         ap.error("--clients must be >= 1 and --duration > 0")
+    if args.prompts is not None:
+        PROMPTS[:] = [json.loads(line) for line in args.prompts.read_text().splitlines()
+                      if line.strip()]
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

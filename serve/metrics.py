@@ -3,7 +3,9 @@
 Names follow vLLM's (`vllm:spec_decode_*` -> `trt_spec:spec_decode_*`):
     requests: running / waiting (gauges), finished by reason, rejected by reason
     tokens:   prompt and generation totals
-    KV cache: slots in use and in all
+    KV cache: slots in use and in all; slots kept for the prefix cache
+    prefix cache: prompt tokens looked up and found (vLLM's prefix_cache_queries / _hits),
+                  requests that found any
     speculative: drafts (stream-steps that drafted), draft tokens, accepted tokens, accepted
                  tokens per draft position
     latency:  end to end and to the first token (histograms)
@@ -34,6 +36,8 @@ class ServerMetrics:
               lambda: scheduler.num_waiting)
         gauge("kv_cache_slots_used", "KV-cache slots in use.", lambda: scheduler.slots_used)
         gauge("kv_cache_slots_total", "KV-cache slots.", lambda: scheduler.gen.cache.slots)
+        gauge("prefix_cache_kept_slots", "Free KV-cache slots keeping a finished request's "
+              "rows for the prefix cache.", lambda: len(scheduler.gen.cache.kept))
 
         def counter(name, doc, extra=()):
             return Counter(P + name, doc, [*labels, *extra], registry=r)
@@ -44,6 +48,12 @@ class ServerMetrics:
         self._rejected = counter("request_rejected", "Requests refused before queueing, by "
                                  "reason (invalid = 4xx, queue_full = 429).", ["reason"])
         self._prompt = counter("prompt_tokens", "Prompt tokens of admitted requests.")
+        self._pc_queries = counter("prefix_cache_queries", "Prompt tokens of requests admitted "
+                                   "with the prefix cache on.")
+        self._pc_hits = counter("prefix_cache_hits", "Prompt tokens whose KV came from the "
+                                "prefix cache (not read again).")
+        self._pc_requests = counter("prefix_cache_hit_requests", "Admitted requests that "
+                                    "started from cached rows.")
         self._generation = counter("generation_tokens", "Generated tokens.")
         self._drafts = counter("spec_decode_num_drafts", "Speculative stream-steps that drafted.")
         self._draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
@@ -55,13 +65,21 @@ class ServerMetrics:
         self._ttft = Histogram(P + "time_to_first_token_seconds", "Submit to first token.",
                                list(labels), buckets=LATENCY_BUCKETS, registry=r)
         self.labels = labels
+        self.scheduler = scheduler
         scheduler.on_step = self.observe
 
     def observe(self, report: StepReport) -> None:
         """Runs on the scheduler thread after every step."""
         lb = self.labels
+        prefix = self.scheduler.gen.prefix_cache is not None
         for r in report.admitted:
-            self._prompt.labels(**lb).inc(len(r.stream.prompt_ids))
+            n, cached = len(r.stream.prompt_ids), r.stream.stats.cached_tokens
+            self._prompt.labels(**lb).inc(n)
+            if prefix:
+                self._pc_queries.labels(**lb).inc(n)
+            if cached:
+                self._pc_hits.labels(**lb).inc(cached)
+                self._pc_requests.labels(**lb).inc()
         if report.new_tokens:
             self._generation.labels(**lb).inc(report.new_tokens)
         m = report.engine

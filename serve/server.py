@@ -327,8 +327,11 @@ def result_extras(job: Job) -> tuple[dict, dict]:
     s = job.stream
     m = s.metrics()
     usage = {"prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.output_ids),
-             "total_tokens": len(s.prompt_ids) + len(s.output_ids)}
-    keep = ("method", "num_draft_tokens", "tau", "proposed_tokens", "accepted_tokens",
+             "total_tokens": len(s.prompt_ids) + len(s.output_ids),
+             # as OpenAI's: prompt tokens whose KV came from the prefix cache
+             "prompt_tokens_details": {"cached_tokens": s.stats.cached_tokens}}
+    keep = ("method", "num_draft_tokens", "cached_tokens", "tau", "proposed_tokens",
+            "accepted_tokens",
             "acceptance_per_position", "time_to_first_token_s", "decode_tokens_per_s")
     d = m.to_dict()
     return usage, {k: d[k] for k in keep}

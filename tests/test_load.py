@@ -24,3 +24,39 @@ def test_load_script_reports(tiny_engine, tmp_path):
     assert report["rss_mb"]["before"] > 0 and report["rss_mb"]["after"] > 0
     for word in ("requests", "tokens", "latency", "p50", "p99", "errors 0", "server RSS", "PASS"):
         assert word in result.stdout
+
+
+def test_load_script_numbers_prompts_apart_when_unique():
+    from tests.script_util import load_script
+
+    load = load_script("load")
+    assert load.messages(3) == load.messages(3 + len(load.PROMPTS))
+    a, b = load.messages(3, True), load.messages(3 + len(load.PROMPTS), True)
+    assert a != b and a[0]["content"].startswith("Request 3. ")
+
+
+def test_replay_script_compares_with_and_without_the_prefix_cache(tiny_engine, tmp_path):
+    convs = tmp_path / "convs.jsonl"
+    convs.write_text("".join(json.dumps({"id": f"c{i}", "turns": [f"{w} " * 12, "x y", "z"]})
+                             + "\n" for i, w in enumerate(("a", "b"))))
+    out = tmp_path / "replay.json"
+    script = SCRIPT.parent / "replay.py"
+    result = subprocess.run([sys.executable, str(script), "--engine", str(tiny_engine),
+                             "--compare", "--conversations", str(convs), "--max-tokens", "6",
+                             "--min-tokens", "20", "--max-num-seqs", "2", "--json", str(out),
+                             "--", "--threads", "1"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["answers_differ"] == 0 and report["conversations"] == 2
+    assert [t["turn"] for t in report["turns"]] == [1, 2, 3]
+    later = report["turns"][1:]
+    assert all(t["cache"]["cached_tokens"] > 0 and t["no-cache"]["cached_tokens"] == 0
+               for t in later)
+    assert "answers identical with and without the cache: 6 of 6 turns" in result.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "turns": "not a list"}\n')
+    result = subprocess.run([sys.executable, str(script), "--engine", str(tiny_engine),
+                             "--conversations", str(bad)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0 and "needs 'turns'" in result.stderr

@@ -237,3 +237,22 @@ def test_the_torch_host_loop_reuses_slots_and_the_device_loop_keeps_none(tiny_he
     for _ in range(2):
         streams = device.generate_ids([TURN1], GREEDY, "eagle3", 3)
         assert streams[0].stats.cached_tokens == 0 and not device.cache.kept
+
+
+def test_the_python_api_takes_the_switch(tiny_spec_engine):
+    from trt_spec import LLM
+
+    chat = [{"role": "user", "content": "a b c d e f g h i j"}]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    on = LLM(tiny_spec_engine, max_num_seqs=2, max_model_len=128)
+    first = on.generate(chat, params)[0]
+    turn2 = chat + [{"role": "assistant", "content": first.text},
+                    {"role": "user", "content": "k l m"}]
+    hit = on.generate(turn2, params)[0]
+    assert hit.metrics.cached_tokens >= len(first.prompt_token_ids)
+    off = LLM(tiny_spec_engine, max_num_seqs=2, max_model_len=128, prefix_cache=False)
+    off.generate(chat, params)
+    miss = off.generate(turn2, params)[0]
+    assert miss.metrics.cached_tokens == 0 and miss.token_ids == hit.token_ids
+    with pytest.raises(ValueError, match="prefix_cache"):
+        LLM(tiny_spec_engine, prefix_cache="yes")

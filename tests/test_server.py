@@ -11,6 +11,7 @@ import pytest
 
 from tests.server_util import start_server
 from trt_spec import LLM, SamplingParams
+from trt_spec.runtime.prefix_cache import MIN_TOKENS
 
 EXTRA = {"ignore_eos": True}  # greedy outputs of a fixed length
 
@@ -52,7 +53,14 @@ def test_chat_streamed_equals_non_streamed(client):
     # stream_options.include_usage: one more chunk, with empty choices, carrying usage
     asked = list(client.chat.completions.create(**kw, stream=True,
                                                 stream_options={"include_usage": True}))
-    assert asked[-1].choices == [] and asked[-1].usage.model_dump() == full.usage.model_dump()
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert asked[-1].choices == [] and all(getattr(asked[-1].usage, n) == getattr(full.usage, n)
+                                           for n in counts)
+    # the same prompt again: its KV comes from the prefix cache, all but its last token,
+    # when that is enough to count (this prompt is short)
+    shared = full.usage.prompt_tokens - 1
+    cached = asked[-1].usage.prompt_tokens_details.cached_tokens
+    assert cached == (shared if shared >= MIN_TOKENS else 0)
     assert all(c.usage is None for c in asked[:-1])
     assert "".join(c.choices[0].delta.content or "" for c in asked[:-1]) == streamed
 
@@ -256,3 +264,36 @@ def test_openai_client_sees_the_error(server, client):
         client.completions.create(model="tiny", prompt="a", max_tokens=300)
     assert e.value.body["param"] == "max_tokens" and "at most 255 new tokens" in e.value.message
     assert server.metric("trt_spec:request_rejected_total", reason="invalid") >= 2
+
+
+def test_a_chats_next_turn_reads_only_its_new_tokens(server, client, tiny_spec_engine):
+    def conversation(c):
+        messages = [{"role": "user", "content": "w x y z " * 6}]
+        usages, answers = [], []
+        for turn in ("a b", "c d e"):
+            r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                          temperature=0, extra_body=EXTRA)
+            answers.append(r.choices[0].message.content)
+            usages.append(r.usage)
+            messages += [{"role": "assistant", "content": answers[-1]},
+                         {"role": "user", "content": turn}]
+        return answers, usages
+
+    hits, queries = (server.metric(f"trt_spec:prefix_cache_{n}_total") for n in ("hits",
+                                                                                "queries"))
+    answers, usages = conversation(client)
+    second = usages[1].prompt_tokens_details.cached_tokens
+    assert second > usages[0].prompt_tokens  # the whole first turn, answer included
+    assert server.metric("trt_spec:prefix_cache_hits_total") - hits >= second
+    assert server.metric("trt_spec:prefix_cache_queries_total") - queries == sum(
+        u.prompt_tokens for u in usages)
+    assert server.metric("trt_spec:prefix_cache_kept_slots") >= 1
+    off = start_server(tiny_spec_engine, "--max-num-seqs", "2", "--no-prefix-cache")
+    try:
+        plain = openai.OpenAI(base_url=f"{off.url}/v1", api_key="unused", max_retries=0)
+        plain_answers, plain_usages = conversation(plain)
+        assert plain_answers == answers
+        assert [u.prompt_tokens_details.cached_tokens for u in plain_usages] == [0, 0]
+        assert off.metric("trt_spec:prefix_cache_queries_total") == 0
+    finally:
+        assert off.stop() == 0

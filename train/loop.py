@@ -204,7 +204,8 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
             tokens_seen = tokens_before(store, step, config)
         seconds = state.get("seconds", 0.0)
         total = state.get("total") or total
-    fitted = total != total_steps(len(store), config)
+    fitted = total != total_steps(len(store), config)  # a resumed run keeps its length
+    fitting, fit_at = False, 0.0  # this run fitted it (and may shorten it again), when
     per_epoch = steps_per_epoch(len(store), config.batch_size)
 
     def record(lr: float, losses: list[float]) -> dict:
@@ -243,12 +244,19 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
         if curve is not None and (curve.due(tokens_seen - n, tokens_seen) or step == total):
             heldout, losses = record(lr, losses), []
         elapsed = time.perf_counter() - start
-        if (config.fit_schedule and max_seconds is not None and not fitted
-                and step - first == FIT_AFTER):
-            # the cosine ends when the time does, rather than being cut off mid-way
-            total = min(total, step + max(1, int((max_seconds - elapsed) / (elapsed / FIT_AFTER))))
-            stop, fitted = min(stop, total), True
-        if max_seconds is not None and elapsed > max_seconds:
+        if (config.fit_schedule and max_seconds is not None and (fitting or not fitted)
+                and step - first >= FIT_AFTER and (step - first) % FIT_AFTER == 0
+                and step < total):
+            # the cosine ends when the time does, rather than being cut off mid-way: fitted
+            # after FIT_AFTER steps, then shortened again every FIT_AFTER steps from the pace
+            # so far when the steps slow down (a shared machine), never lengthened
+            pace = max(elapsed / (step - first), (elapsed - fit_at) / FIT_AFTER)
+            total = min(total, step + max(1, int((max_seconds - elapsed) / pace)))
+            stop, fitted, fitting, fit_at = min(stop, total), True, True, elapsed
+        # fitted here, the schedule may overrun by a few slow steps; past half the time again
+        # it stops anyway
+        limit = None if max_seconds is None else max_seconds * (1.5 if fitting else 1.0)
+        if limit is not None and elapsed > limit:
             stop = step
         if step % config.checkpoint_every == 0 or step == stop:
             save_state(state_path, step, modules, optimizer, extra, tokens_seen, seconds, total)

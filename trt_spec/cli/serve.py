@@ -37,6 +37,10 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
               default=RUNTIME.max_prefill_tokens,
               show_default=True, help="Prompt tokens prefilled per step: a longer prompt is "
                                       "read in chunks while other streams keep decoding.")
+@click.option("--prefix-cache/--no-prefix-cache", default=RUNTIME.prefix_cache,
+              show_default=True,
+              help="Keep a finished request's KV rows: a prompt that starts with them (a chat's "
+                   "next turn, a shared system prompt) reads only the rest.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES,
               show_default=True, help="Largest request body; past it, 413.")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
@@ -75,7 +79,7 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
           spec_max_batch, spec_min_acceptance, spec_fallback, max_num_seqs, max_model_len, max_waiting,
-          shutdown_timeout, max_prefill_tokens, max_body_bytes, debug_step_delay, threads,
+          shutdown_timeout, max_prefill_tokens, prefix_cache, max_body_bytes, debug_step_delay, threads,
           backend, device, use_ray, replicas, ray_address,
           min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
           replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
@@ -90,7 +94,8 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
             method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
             ngram_max=ngram_max, spec_max_batch=spec_max_batch,
             min_acceptance=spec_min_acceptance, fallback=spec_fallback, max_batch=max_num_seqs, max_len=max_model_len,
-            max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens, threads=threads,
+            max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens,
+            prefix_cache=prefix_cache, threads=threads,
             backend=backend, device=device)
     except ValueError as e:
         fail(e)
