@@ -54,6 +54,11 @@ class KVCache:
         self._free = list(range(slots))[::-1]
         self.kept: OrderedDict[int, Kept] = OrderedDict()  # free slots that hold rows, LRU first
 
+    def reserve(self) -> None:
+        """Makes every page of the cache resident now (a server: its memory at start is what
+        it will use once the prefix cache has filled every slot)."""
+        self._block[...] = 0
+
     @property
     def slots(self) -> int:
         return len(self.lengths)

@@ -207,7 +207,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 log.exception("admitting %s", r.id)
                 r.error = f"{type(e).__name__}: {e}"
-                self._release(r)
+                self._release(r, keep=False)
                 self._end(r, "error", report)
         if self._running:
             try:
@@ -217,7 +217,7 @@ class Scheduler:
                 log.exception("engine step")
                 for r in self._running:
                     r.error = f"{type(e).__name__}: {e}"
-                    self._release(r)
+                    self._release(r, keep=False)
                     r.stream.finish_reason = "error"
         for r in self._running:
             self._emit(r, report)
@@ -226,8 +226,10 @@ class Scheduler:
             self.on_step(report)
         return report
 
-    def _release(self, r: Request) -> None:
-        self.gen.engine.release(r.stream)
+    def _release(self, r: Request, keep: bool = True) -> None:
+        """Frees r's slot; keep=False after an error (its rows may be half written): the
+        prefix cache keeps nothing of it."""
+        self.gen.engine.release(r.stream, keep)
 
     def _emit(self, r: Request, report: StepReport) -> None:
         s = r.stream

@@ -189,6 +189,7 @@ class EngineReplica:
             raise ValueError(f"{folder / MANIFEST}: sha256 {digest}, expected {want}: this node "
                              "has another export of the engine folder")
         gen = Generator(folder, config.runtime)
+        gen.cache.reserve()  # resident from the start, as the single-process server's
         self.scheduler = Scheduler(gen, config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
                                    max_body_bytes=config.max_body_bytes)

@@ -421,6 +421,7 @@ def serve_engine(options: ServeOptions, say=print) -> None:
     from trt_spec.runtime.generator import Generator
 
     gen = Generator(options.engine, options.runtime)
+    gen.cache.reserve()  # resident from the start: kept slots fill all of it in time
     scheduler = Scheduler(gen, options.debug_step_delay)
     name = options.model_name
     say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "

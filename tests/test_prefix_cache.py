@@ -256,3 +256,18 @@ def test_the_python_api_takes_the_switch(tiny_spec_engine):
     assert miss.metrics.cached_tokens == 0 and miss.token_ids == hit.token_ids
     with pytest.raises(ValueError, match="prefix_cache"):
         LLM(tiny_spec_engine, prefix_cache="yes")
+
+
+def test_a_request_that_failed_keeps_nothing(tiny_engine, monkeypatch):
+    gen = Generator(tiny_engine, max_batch=1, max_len=128)
+    sched = Scheduler(gen)
+
+    def broken(streams, m):
+        raise RuntimeError("a backend failed mid-step")
+
+    monkeypatch.setattr(gen.engine, "decode", broken)
+    r, = run(sched, [TURN1])
+    assert r.stream.finish_reason == "error" and not gen.cache.kept
+    monkeypatch.undo()
+    r, = run(sched, [TURN1 + USER2])
+    assert r.stream.stats.cached_tokens == 0 and r.stream.finish_reason == "length"
