@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast bench bench-spec bench-peers load load-ray edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -110,6 +110,12 @@ DURATION ?= 120
 load: export  ## serve the int4 engine, CLIENTS streaming clients for DURATION s; writes load.json
 	$(BIN)/python scripts/load.py --engine $(ENGINE) --clients $(CLIENTS) --duration $(DURATION) \
 		--json load.json
+
+# Held-out multi-turn ShareGPT chats, turn by turn through the openai client, against a server
+# with the prefix cache and one without (alternating): time to first token per turn.
+replay: export  ## multi-turn chats, prefix cache on vs off: time to first token per turn -> replay.json
+	$(BIN)/python scripts/replay.py --engine $(ENGINE) --compare --num-conversations 13 \
+		--json replay.json
 
 REPLICAS ?= 2
 load-ray: export  ## the same load on `serve --ray` with REPLICAS replicas (1 ORT thread each); load-ray.json

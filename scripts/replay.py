@@ -89,10 +89,21 @@ def replay_turn(client, model: str, messages: list[dict], max_tokens: int) -> di
 
 
 def replay(client, model: str, conv: dict, max_tokens: int) -> list[dict]:
+    """The conversation's turns until its last, or until the next prompt no longer fits the
+    server's context (a 400, as a chat client would get): the turns before it."""
+    import openai
+
     messages, out = [], []
     for text in conv["turns"]:
         messages.append({"role": "user", "content": text})
-        r = replay_turn(client, model, messages, max_tokens)
+        try:
+            r = replay_turn(client, model, messages, max_tokens)
+        except openai.BadRequestError as e:
+            if "the context holds" not in str(e):
+                raise
+            print(f"  {conv['id']}: turn {len(out) + 1} does not fit the context; "
+                  f"{len(out)} turns replayed", flush=True)
+            break
         messages.append({"role": "assistant", "content": r["answer"]})
         out.append(r)
     return out
