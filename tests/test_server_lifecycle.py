@@ -147,8 +147,13 @@ def test_streams_cut_past_the_shutdown_timeout_end_cleanly(tiny_engine, tmp_path
 
 
 def refused(url: str) -> bool:
+    """True when a new connection is not served: refused, or (a connection the kernel queued
+    just before the listener closed) reset without a response. A slow answer is no answer
+    yet (False: ask again)."""
     try:
         httpx.get(f"{url}/health", timeout=1)
         return False
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
+    except httpx.TimeoutException:
+        return False
