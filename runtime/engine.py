@@ -317,7 +317,7 @@ class Engine:
             s.slot = self.prefix.take(hit)
             n = 0 if hit is None else hit.tokens
             if n and p is not None:
-                n = p.adopt(s, hit.slot if not hit.kept else s.slot, n, hit.owner)
+                n = p.adopt(s, hit.slot, n, hit.owner)  # hit.slot: s's own when kept
             self.cache.lengths[s.slot] = s.prefill_pos = s.stats.cached_tokens = n
             self.prefix.record(len(s.prompt_ids), n)
         self.running[s.slot] = s

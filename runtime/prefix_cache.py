@@ -48,7 +48,8 @@ class PrefixHit:
 
 @dataclass
 class PrefixStats:
-    """Totals since load, as data (/metrics reads them)."""
+    """Totals since load, as data (for callers and tests; the server's /metrics counts the
+    same from each admitted request's cached_tokens)."""
 
     lookups: int = 0  # prompts admitted with the prefix cache on
     hits: int = 0  # ... that started from cached rows
@@ -77,15 +78,14 @@ class PrefixCache:
         (stream id, the token ids of its valid rows)); None below min_tokens. Ties go to a kept
         slot (nothing to copy)."""
         limit = len(prompt) - 1  # the last prompt token is read again for its logits
+        ids = np.asarray(prompt)
+        candidates = [(slot, k.tokens, True, k.owner) for slot, k in self.cache.kept.items()]
+        candidates += [(slot, tokens, False, owner) for slot, (owner, tokens) in running.items()]
         best: PrefixHit | None = None
-        for slot, k in self.cache.kept.items():
-            n = min(common_prefix(k.tokens, prompt), limit)
+        for slot, tokens, kept, owner in candidates:  # kept first: a tie keeps the kept slot
+            n = min(common_prefix(tokens, ids), limit)
             if n >= self.min_tokens and (best is None or n > best.tokens):
-                best = PrefixHit(slot, n, True, k.owner)
-        for slot, (owner, tokens) in running.items():
-            n = min(common_prefix(tokens, prompt), limit)
-            if n >= self.min_tokens and (best is None or n > best.tokens):
-                best = PrefixHit(slot, n, False, owner)
+                best = PrefixHit(slot, n, kept, owner)
         return best
 
     def take(self, hit: PrefixHit | None) -> int:

@@ -271,3 +271,28 @@ def test_a_request_that_failed_keeps_nothing(tiny_engine, monkeypatch):
     monkeypatch.undo()
     r, = run(sched, [TURN1 + USER2])
     assert r.stream.stats.cached_tokens == 0 and r.stream.finish_reason == "length"
+
+
+def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
+    # turn 2 starts from turn 1's rows and is cancelled before any step: its head never saw a
+    # target row; turn 2 asked again starts from the same rows, and its output is unchanged
+    gen = Generator(tiny_heads_engine, max_batch=1, max_len=128, num_draft_tokens=3)
+    sched = Scheduler(gen)
+    first, = run(sched, [TURN1], method="eagle3")
+    turn2 = TURN1 + first.stream.output_ids + USER2
+    left = gen.stream(turn2, GREEDY, "eagle3")
+    gen.engine.admit(left)  # admitted, then cancelled before the step that would prefill it
+    gen.engine.release(left)
+    assert left.stats.cached_tokens > len(TURN1) and gen.cache.kept
+    again, = run(sched, [turn2], method="eagle3")
+    assert again.stream.stats.cached_tokens > len(TURN1)
+    plain = Generator(tiny_heads_engine, max_len=128, num_draft_tokens=3, prefix_cache=False)
+    assert again.stream.output_ids == plain.generate_ids([turn2], GREEDY, "eagle3")[0].output_ids
+    # a short shared prefix, before the head's kept target rows: its rows are read again
+    short = TURN1[:20] + USER2
+    left = gen.stream(short, GREEDY, "eagle3")
+    gen.engine.admit(left)
+    gen.engine.release(left)
+    again, = run(sched, [short], method="eagle3")
+    assert again.stream.stats.cached_tokens > 0
+    assert again.stream.output_ids == plain.generate_ids([short], GREEDY, "eagle3")[0].output_ids

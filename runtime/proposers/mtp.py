@@ -99,14 +99,13 @@ class MtpProposer(Proposer):
                 cache.copy_rows(src, s.slot, c)
             cache.lengths[s.slot] = c
         start = min(committed)
-        if not st.base <= start <= st.end:  # the target rows from `start` are gone: read them
-            self.slots[s.slot] = SlotState(s.id, start, None, committed)
-            return start
         # the target's rows it holds from `start` on (observed up to the old stream's last
-        # verification: the rows of its last step, if shared, are read again)
-        end = min(n, st.end)
-        self.slots[s.slot] = SlotState(s.id, start, st.hist[start - st.base:end - st.base].copy(),
-                                       committed)
+        # verification: the rows of its last step, if shared, are read again); where they
+        # are gone (or were never observed), they are read again from `start`
+        held = st.hist is not None and st.base <= start <= st.end
+        end = min(n, st.end) if held else start
+        hist = st.hist[start - st.base:end - st.base].copy() if held else None
+        self.slots[s.slot] = SlotState(s.id, start, hist, committed)
         return end
 
     # --- what Eagle3 changes -------------------------------------------------------------
