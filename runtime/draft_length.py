@@ -252,11 +252,22 @@ class PositionAcceptance:
         """Tokens a step of k drafts emits on average (the bonus token included)."""
         return 1 + sum(self.rate(j) for j in range(k))
 
+    def best(self, costs: StepCosts, method: str, k: int, batch: int, drafters: int = 1
+             ) -> tuple[int, float]:
+        """(j, gain) for the j in 1..k with the most expected tokens per unit of cost (plain
+        decoding: 1) at this batch size, `drafters` streams of it drafting j each (every
+        stream waits for the whole step: its cost is the step's)."""
+        best_j, best_gain, tokens = 1, 0.0, 1.0
+        for j in range(1, k + 1):
+            tokens += self.rate(j - 1)
+            gain = tokens / costs.step_cost(method, j + 1, drafters * j, batch)
+            if gain > best_gain:
+                best_j, best_gain = j, gain
+        return best_j, best_gain
+
     def gain(self, costs: StepCosts, method: str, k: int, batch: int, drafters: int = 1,
              best_of: bool = False) -> float:
-        """Expected tokens per unit of cost (plain decoding: 1) of drafting k at this batch
-        size, `drafters` streams of it drafting (every stream waits for the whole step: its
-        cost is the step's); best_of: the best k' <= k (an `auto` stream picks its length)."""
-        ks = range(1, k + 1) if best_of else [k]
-        return max(self.expected_tokens(j) / costs.step_cost(method, j + 1, drafters * j, batch)
-                   for j in ks)
+        """Expected tokens per unit of cost of drafting k (best_of: the best k' <= k)."""
+        if best_of:
+            return self.best(costs, method, k, batch, drafters)[1]
+        return self.expected_tokens(k) / costs.step_cost(method, k + 1, drafters * k, batch)

@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
+from trt_spec.runtime.cost_cache import CostCache
 from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
 from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
@@ -280,9 +281,10 @@ class Engine:
 
     def __init__(self, target: StepGraph, cache: KVCache, stops: StopChecker,
                  policy: SpeculationPolicy, proposers: ProposerSource,
-                 prefix: PrefixCache | None = None):
+                 prefix: PrefixCache | None = None, costs: CostCache | None = None):
         """proposers: the proposer of a method, loaded once (the Generator's). prefix: the
-        prefix cache admission reads (None: every prompt is read whole)."""
+        prefix cache admission reads (None: every prompt is read whole). costs: where step
+        costs measured by an earlier process are kept (None: each process probes)."""
         self.target = target
         self.cache = cache
         self.prefix = prefix
@@ -292,6 +294,8 @@ class Engine:
         self.proposers = proposers
         self.scorer = Scorer(target, cache)
         self.draft_length = DraftLength()  # `auto` k: measured costs and calibration
+        self.cost_cache = costs
+        self.stored_costs = costs.load() if costs is not None else {}
 
     def proposer(self, s: Stream) -> Proposer | None:
         return self.proposers(s.method)
@@ -440,25 +444,36 @@ class Engine:
         widest = min(max(s.num_draft_tokens for s in spec),
                      min(self.policy.room(s) for s in streams))
         if widest >= 1:
-            widths = range(1, widest + 2)
-            probe_step_costs(self.target, self.cache, streams, widths, costs, PROBE_REPEATS)
+            batch, widths = len(streams), range(1, widest + 2)
+            stored = [self.stored_costs.get((batch, t)) for t in widths]
+            if all(x is not None for x in stored):  # measured by an earlier process
+                for t, seconds in zip(widths, stored):
+                    costs.record(batch, t, seconds)
+                return
+            medians = probe_step_costs(self.target, self.cache, streams, widths, costs,
+                                       PROBE_REPEATS)
             m.probe_forwards += (PROBE_REPEATS + 1) * len(widths)
+            if self.cost_cache is not None:
+                self.stored_costs.update({(batch, t): x for t, x in medians.items()})
+                self.cost_cache.save(self.stored_costs)
 
     def acceptance(self, s: Stream) -> PositionAcceptance:
         """What s's method has been accepted at, engine-wide, in s's sampling mode."""
         return self.draft_length.acceptance(s.method, s.params.temperature > 0)
 
-    def expected_gain(self, s: Stream, k: int, batch: int, drafting: int) -> float:
-        """Tokens per unit of cost s can expect from drafting k (auto: at most k) now, in a
-        batch of `batch` streams of which `drafting` may draft. n-gram lookup's acceptance
-        is measured on the steps that found a match, so it predicts a match. The suffix
-        cache (and hybrid, which tries it first) matches earlier requests too, and a request
-        asked again matches their answers whole, which no average predicts: inf (the
-        per-stream fallback still judges it)."""
+    def expected_gain(self, s: Stream, k: int, batch: int, drafting: int) -> tuple[int, float]:
+        """(k', gain): the draft length s does best with now, at most k, and the tokens per
+        unit of cost it can expect from it, in a batch of `batch` streams of which
+        `drafting` may draft. An `auto` stream keeps k (its drafter or the lookup's cut picks
+        the length per step). n-gram lookup's acceptance is measured on the steps that found a
+        match, so it predicts a match. The suffix cache (and hybrid, which tries it first)
+        matches earlier requests too, and a request asked again matches their answers whole,
+        which no average predicts: (k, inf) (the per-stream fallback still judges it)."""
         if s.method in ("suffix", "hybrid"):
-            return float("inf")
-        return self.acceptance(s).gain(self.draft_length.costs, s.method, k, batch,
-                                       max(drafting, 1), s.adaptive)
+            return k, float("inf")
+        best, gain = self.acceptance(s).best(self.draft_length.costs, s.method, k, batch,
+                                             max(drafting, 1))
+        return (k if s.adaptive else best), gain
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""

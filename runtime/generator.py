@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trt_spec.runtime import validation
 from trt_spec.runtime.backends.base import GraphSet, load_graphs
+from trt_spec.runtime.cost_cache import CostCache, cost_key
 from trt_spec.runtime.engine import Engine, RequestMetrics, StopChecker, Stream
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.methods import METHODS, DrafterEntry, method as known_method
@@ -118,10 +119,19 @@ class Generator:
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self.engine = Engine(self.target, self.cache, self.stops,
                              SpeculationPolicy(config.speculation, self.cache.max_len),
-                             self.proposer, self._prefix_cache(config))
+                             self.proposer, self._prefix_cache(config),
+                             self._cost_cache(config))
         self.method = self.check_method(config.method)
         self.proposer(self.method)  # a broken default drafter fails now
         self.load_seconds = time.perf_counter() - t0
+
+    def _cost_cache(self, config: RuntimeConfig) -> CostCache | None:
+        if not config.cost_cache:
+            return None
+        files = self.manifest.data.get("files", {})
+        target = {f: files.get(f, {}) for f in self.manifest.graph("target")["files"]}
+        return CostCache.for_key(cost_key(target, self.backend, config.threads,
+                                          config.exact_decode))
 
     def _prefix_cache(self, config: RuntimeConfig) -> PrefixCache | None:
         return PrefixCache(self.cache) if config.prefix_cache else None

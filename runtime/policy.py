@@ -9,11 +9,15 @@ decode step for that stream, in the same target forward as the others):
     - the stream's acceptance rate over its last `window` speculative steps fell below
       `min_acceptance`                                   -> 0 for `cooldown` steps, then it
       tries again (the condition clears when acceptance recovers)
-    - the method's expected tokens per unit of cost at k (engine-wide acceptance by
-      position, costs measured at this batch size: draft_length.PositionAcceptance) is
-      below 1, plain decoding's                                  -> 0, but the first
-      such step of a request and every `PROBE_EVERY`-th after it draft, so the
+    - the method's expected tokens per unit of cost at its best k' <= k (engine-wide
+      acceptance by position, costs measured at this batch size:
+      draft_length.PositionAcceptance) is below 1, plain decoding's        -> 0, but the
+      first such step of a request and every `PROBE_EVERY`-th after it draft k, so the
       measurements follow the workload (`fallback`)
+    - else, a fixed k whose best k' is shorter                             -> k' (k is the
+      most a step drafts: the later positions would cost more than they add), but the
+      first such step of a request and every `PROBE_EVERY`-th after it draft k, so the
+      later positions stay measured (`fallback`; an `auto` stream picks its own length)
     - a speculating stream whose tokens per unit of cost over its last `window` steps fell
       below 1 (plain decoding would have been faster; costs measured at the batch size
       decoding, runtime/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
@@ -44,6 +48,7 @@ class _StreamState:
     losses: int = 0  # gain windows lost in a row (each doubles the next cooldown)
     probing: bool = False  # the first gain window since a cooldown
     skipped: int = 0  # steps the expected gain said not to draft
+    shortened: int = 0  # steps it said to draft fewer tokens than k
 
 
 class SpeculationPolicy:
@@ -59,11 +64,11 @@ class SpeculationPolicy:
         room = self.max_len - cached - 1  # rows left after the last token's
         return max(0, min(remaining - 1, room))
 
-    def plan(self, streams: list, gain: Callable[[object, int], float] | None = None
+    def plan(self, streams: list, gain: Callable[[object, int], tuple[int, float]] | None = None
              ) -> list[int]:
         """Tokens to draft per stream this step; counts down the cooldowns it passes.
-        gain(s, k): the expected tokens per unit of cost of s drafting k now (None: not
-        known)."""
+        gain(s, k) -> (k', g): the draft length at most k that s does best with now, and the
+        tokens per unit of cost it can expect from it (None: not known)."""
         c = self.config
         over = c.spec_max_batch is not None and len(streams) > c.spec_max_batch
         ks = []
@@ -76,10 +81,15 @@ class SpeculationPolicy:
                 ks.append(0)
             else:
                 k = min(s.num_draft_tokens, self.room(s))
-                if k and self.judged(s) and gain is not None and gain(s, k) < 1:
+                if k and self.judged(s) and gain is not None:
+                    best, g = gain(s, k)
                     st = self._state.setdefault(s.id, _StreamState())
-                    st.skipped += 1  # the first such step of a request probes too
-                    k = k if st.skipped % PROBE_EVERY == 1 else 0
+                    if g < 1:
+                        st.skipped += 1  # the first such step of a request probes too
+                        k = k if st.skipped % PROBE_EVERY == 1 else 0
+                    elif best < k:
+                        st.shortened += 1  # ... and drafts the later positions
+                        k = k if st.shortened % PROBE_EVERY == 1 else best
                 ks.append(k)
         return ks
 

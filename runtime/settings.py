@@ -121,6 +121,9 @@ class RuntimeConfig:
     # a finished request's KV slot keeps its rows; a prompt that starts with them reads only
     # the rest (runtime/prefix_cache.py); False: every prompt is read whole
     prefix_cache: bool = True
+    # step costs the engine measured (runtime/cost_probe.py) are kept outside the engine folder
+    # and read by the next process on this machine (runtime/cost_cache.py); `serve` turns it on
+    cost_cache: bool = False
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self):
@@ -144,8 +147,9 @@ class RuntimeConfig:
                              "bound)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {', '.join(DTYPES)}")
-        if not isinstance(self.prefix_cache, bool):
-            raise ValueError(f"prefix_cache={self.prefix_cache!r}: expected True or False")
+        for name in ("prefix_cache", "cost_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):
             raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
         if not isinstance(self.speculation, SpeculationConfig):

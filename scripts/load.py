@@ -16,6 +16,11 @@ tokens arrives: it reports the gaps between the tokens of those streams while th
 read (longest, p99, median) and the long prompt's time to first token (chunked prefill).
     python scripts/load.py --engine engines/smollm2-135m -- --ray --replicas 2 --threads 1
 
+With --compare-plain the same workload runs with the server's speculation and, per request,
+without it (`"speculative": {"method": "none"}`), `--rounds` times each, alternated, at each
+--concurrency (default 1, 2, 4, 8): throughput and p50/p99 time per output token side by side.
+    python scripts/load.py --compare-plain --temperature 0 --duration 30 -- --method hybrid
+
 With `--ray` among the server options the server is `trt-spec serve --ray` (Ray Serve
 replicas behind one endpoint); the RSS is then the sum over the replica processes (from the
 metrics targets file the server keeps), the driver's not counted.
@@ -30,6 +35,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -73,11 +79,16 @@ def messages(i: int, unique: bool = False) -> list[dict]:
     return msgs
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args) -> dict:
-    """One streaming chat completion; returns its latency, TTFT and token count, or error."""
+async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, args,
+                      extra: dict | None = None) -> dict:
+    """One streaming chat completion; returns its latency, TTFT and token count, or error.
+    As clients send it: sampled requests carry no seed unless --seeded (a seeded request
+    is exempt from the speculation policy's gain rules). extra: more body fields."""
     body = {"model": model, "messages": messages(i, args.unique), "max_tokens": args.max_tokens,
-            "temperature": args.temperature, "seed": i, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "temperature": args.temperature, "stream": True,
+            "stream_options": {"include_usage": True}, **(extra or {})}
+    if args.seeded:
+        body["seed"] = i
     t0 = time.perf_counter()
     ttft, usage, done = None, None, False
     try:
@@ -105,7 +116,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, a
             "tokens": usage["completion_tokens"]}
 
 
-async def run_clients(url: str, model: str, args, duration: float) -> list[dict]:
+async def run_clients(url: str, model: str, args, duration: float, clients: int | None = None,
+                      extra: dict | None = None) -> list[dict]:
     deadline = time.perf_counter() + duration
     results: list[dict] = []
 
@@ -113,11 +125,84 @@ async def run_clients(url: str, model: str, args, duration: float) -> list[dict]
         n = 0
         async with httpx.AsyncClient(timeout=args.request_timeout) as client:
             while n == 0 or time.perf_counter() < deadline:  # at least one (the warm-up)
-                results.append(await one_request(client, url, model, c * 1000 + n, args))
+                results.append(await one_request(client, url, model, c * 1000 + n, args,
+                                                 extra))
                 n += 1
 
-    await asyncio.gather(*(client_loop(c) for c in range(args.clients)))
+    await asyncio.gather(*(client_loop(c) for c in range(clients or args.clients)))
     return results
+
+
+def time_per_output_token(r: dict) -> float | None:
+    """Seconds per output token after the first (the decode pace a client sees)."""
+    if r.get("ttft") is None or r["tokens"] < 2:
+        return None
+    return (r["latency"] - r["ttft"]) / (r["tokens"] - 1)
+
+
+PLAIN = {"speculative": {"method": "none"}}  # the per-request field: no drafting
+
+
+def phase(results: list[dict], elapsed: float) -> dict:
+    good = [r for r in results if "error" not in r]
+    tpots = [t for t in map(time_per_output_token, good) if t is not None]
+    tokens = sum(r["tokens"] for r in good)
+    return {"requests": len(good), "errors": len(results) - len(good),
+            "error_samples": [r["error"] for r in results if "error" in r][:3],
+            "tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
+            "tpot_s": {"p50": percentile(tpots, 50), "p99": percentile(tpots, 99)}}
+
+
+def compare_plain(url: str, model: str, args) -> dict:
+    """At each concurrency: the same workload with the server's speculation and with none (the
+    per-request `speculative` field), `--rounds` times, the order alternated so drift hits both
+    alike -> per concurrency and mode: throughput and time per output token."""
+    levels = []
+    for c in args.concurrency:
+        runs: dict[str, list[dict]] = {"speculative": [], "plain": []}
+        for r in range(args.rounds):
+            order = ("speculative", "plain") if (r + len(levels)) % 2 == 0 else ("plain",
+                                                                                 "speculative")
+            for mode in order:
+                t0 = time.perf_counter()
+                results = asyncio.run(run_clients(url, model, args, args.duration, c,
+                                                  PLAIN if mode == "plain" else None))
+                runs[mode].append(phase(results, time.perf_counter() - t0))
+                print(f"concurrency {c}, {mode}: {runs[mode][-1]['tokens_per_s']:.1f} tok/s",
+                      file=sys.stderr)
+        level = {"concurrency": c}
+        for mode, phases in runs.items():
+            tokens = sum(p["tokens"] for p in phases)
+            elapsed = sum(p["elapsed_s"] for p in phases)
+            tpots = [p["tpot_s"]["p50"] for p in phases if p["tpot_s"]["p50"] is not None]
+            p99s = [p["tpot_s"]["p99"] for p in phases if p["tpot_s"]["p99"] is not None]
+            level[mode] = {"tokens_per_s": tokens / elapsed,
+                           "tpot_p50_s": statistics.median(tpots) if tpots else None,
+                           "tpot_p99_s": max(p99s) if p99s else None,
+                           "requests": sum(p["requests"] for p in phases),
+                           "errors": sum(p["errors"] for p in phases),
+                           "error_samples": [e for p in phases for e in p["error_samples"]][:3],
+                           "phases": phases}
+        level["throughput_ratio"] = (level["speculative"]["tokens_per_s"]
+                                     / level["plain"]["tokens_per_s"])
+        levels.append(level)
+    return {"levels": levels}
+
+
+def compare_table(levels: list[dict]) -> str:
+    def ms(x):
+        return "n/a" if x is None else f"{1000 * x:.1f}"
+
+    lines = ["clients  spec tok/s  plain tok/s  ratio  TPOT p50 spec/plain ms  "
+             "TPOT p99 spec/plain ms",
+             "-" * 88]
+    for lv in levels:
+        s, p = lv["speculative"], lv["plain"]
+        lines.append(f"{lv['concurrency']:7d}  {s['tokens_per_s']:10.1f}  "
+                     f"{p['tokens_per_s']:11.1f}  {lv['throughput_ratio']:5.2f}  "
+                     f"{ms(s['tpot_p50_s']):>11} / {ms(p['tpot_p50_s']):<11}  "
+                     f"{ms(s['tpot_p99_s']):>9} / {ms(p['tpot_p99_s'])}")
+    return "\n".join(lines)
 
 
 async def long_prompt_run(url: str, model: str, args) -> dict:
@@ -205,11 +290,27 @@ def main(argv=None) -> int:
                     help="JSON lines of {prompt} or {messages} [default: runtime/data/prompts.jsonl]")
     ap.add_argument("--unique", action="store_true",
                     help="number each request's prompt: no two share a prefix past the template")
+    ap.add_argument("--seeded", action="store_true",
+                    help="give every request a seed (clients rarely do; a seeded sampled "
+                         "request always drafts its k)")
+    ap.add_argument("--compare-plain", action="store_true",
+                    help="the same workload with the server's speculation and without it (the "
+                         "per-request `speculative` field), side by side per --concurrency")
+    ap.add_argument("--concurrency", default="1,2,4,8",
+                    help="--compare-plain: clients at a time, comma-separated [default: 1,2,4,8]")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="--compare-plain: runs of each mode per concurrency, alternated")
     ap.add_argument("--json", dest="json_out", default="load.json")
     ap.add_argument("server_args", nargs="*", help="extra `trt-spec serve` options (after --)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.duration <= 0:
         ap.error("--clients must be >= 1 and --duration > 0")
+    try:
+        args.concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--concurrency {args.concurrency!r}: expected comma-separated integers")
+    if not args.concurrency or min(args.concurrency) < 1 or args.rounds < 1:
+        ap.error("--concurrency needs integers >= 1 and --rounds >= 1")
     if args.prompts is not None:
         PROMPTS[:] = [json.loads(line) for line in args.prompts.read_text().splitlines()
                       if line.strip()]
@@ -235,6 +336,34 @@ def main(argv=None) -> int:
             time.sleep(0.2)
         return sum(rss_mb(int(t["labels"]["pid"])) for t in json.loads(targets.read_text()))
 
+    if args.compare_plain:
+        try:
+            wait_healthy(url, proc)
+            asyncio.run(run_clients(url, model, args, 0, max(args.concurrency)))  # warm-up
+            asyncio.run(run_clients(url, model, args, 0, max(args.concurrency), PLAIN))
+            report = compare_plain(url, model, args)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        report["settings"] = {"engine": args.engine, "duration_s": args.duration,
+                              "rounds": args.rounds, "max_tokens": args.max_tokens,
+                              "temperature": args.temperature, "seeded": args.seeded,
+                              "server_args": args.server_args}
+        report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                             "load_average_1min": {"before": load_before,
+                                                   "after": os.getloadavg()[0]}}
+        errors = sum(lv[m]["errors"] for lv in report["levels"]
+                     for m in ("speculative", "plain"))
+        report["passed"] = errors == 0
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"{args.engine}, {' '.join(args.server_args) or 'default options'} against "
+              f"method none per request (max_tokens {args.max_tokens}, temperature "
+              f"{args.temperature}, {args.rounds} x {args.duration:g} s per mode)\n"
+              + compare_table(report["levels"])
+              + f"\nmachine load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} "
+              f"after\n{'PASS' if report['passed'] else 'FAIL'} ({errors} errors); report: "
+              f"{args.json_out}")
+        return 0 if report["passed"] else 1
     if args.long_prompt:
         try:
             wait_healthy(url, proc)

@@ -92,6 +92,31 @@ def test_probe_measures_the_batch_and_leaves_the_cache_as_it_was(tiny_heads_engi
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
 
 
+def test_cost_cache_spares_the_next_process_its_probe(tiny_heads_engine, tmp_path, monkeypatch):
+    """With cost_cache on, the costs one engine probed are read by the next one on the same
+    folder and machine: it times nothing, and decodes the same tokens."""
+    monkeypatch.setenv("TRT_SPEC_CACHE", str(tmp_path))
+
+    def run(**options):
+        gen = Generator(tiny_heads_engine, max_batch=2, **options)
+        streams = [gen.stream(p, GREEDY, "mtp", 3) for p in PROMPTS[:2]]
+        for s in streams:
+            gen.engine.admit(s)
+        probes = 0
+        while not all(s.finished for s in streams):
+            probes += gen.engine.step(streams).probe_forwards
+        return probes, [s.output_ids for s in streams], gen
+
+    first, out, gen = run(cost_cache=True)
+    files = list((tmp_path / "step-costs").glob("*.json"))
+    assert first > 0 and len(files) == 1
+    second, again, gen2 = run(cost_cache=True)
+    assert second == 0 and again == out and gen2.engine.draft_length.costs.known(2)
+    assert run()[0] > 0  # off (the default outside `serve`): every process probes
+    files[0].write_text("not json")  # a damaged file is ignored: the engine probes again
+    assert run(cost_cache=True)[0] > 0
+
+
 def test_gate_stops_where_a_token_no_longer_pays():
     rule = DraftLength()
     gate = rule.gate("m", [True, False])
@@ -267,9 +292,39 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
     policy = SpeculationPolicy(SpeculationConfig(), 1000)
     s = SimpleNamespace(id=1, num_draft_tokens=2, adaptive=False, prompt_ids=[1] * 8,
                         output_ids=[1], params=SamplingParams(max_tokens=500))
-    ks = [policy.plan([s], lambda s, k: 0.9)[0] for _ in range(2 * PROBE_EVERY)]
+    ks = [policy.plan([s], lambda s, k: (k, 0.9))[0] for _ in range(2 * PROBE_EVERY)]
     assert ks[0] == 2 and ks[PROBE_EVERY] == 2 and sum(ks) == 4  # probes, plain otherwise
-    assert policy.plan([s], lambda s, k: 1.2) == [2]
+    assert policy.plan([s], lambda s, k: (k, 1.2)) == [2]
     seeded = SimpleNamespace(**{**vars(s), "id": 2, "params": SamplingParams(
         max_tokens=500, temperature=0.8, seed=1)})  # its seed must reproduce: never judged
-    assert all(policy.plan([seeded], lambda s, k: 0.1) == [2] for _ in range(5))
+    assert all(policy.plan([seeded], lambda s, k: (k, 0.1)) == [2] for _ in range(5))
+
+
+def test_a_fixed_k_drafts_its_best_shorter_length_and_probes_the_rest():
+    """k is the most a step drafts: where the later positions cost more than they add, the
+    policy drafts the best k' (one step in PROBE_EVERY drafts k, so they stay measured)."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.draft_length import PositionAcceptance
+    from trt_spec.runtime.policy import PROBE_EVERY, SpeculationPolicy
+    from trt_spec.runtime.settings import SpeculationConfig
+
+    acc = PositionAcceptance()
+    for _ in range(300):
+        acc.observe(4, 1)  # only the first draft is ever accepted
+    costs = StepCosts()
+    for t, ms in ((1, 10), (2, 11), (3, 13), (4, 16), (5, 19)):
+        costs.record(1, t, ms / 1000)
+    best, gain = acc.best(costs, "m", 4, batch=1)
+    assert best == 1 and gain == pytest.approx(2 / (1.1 + 0.07), rel=0.02)
+    assert acc.gain(costs, "m", 4, 1) < 1 < gain  # all four would lose; one pays
+
+    policy = SpeculationPolicy(SpeculationConfig(), 1000)
+    s = SimpleNamespace(id=1, num_draft_tokens=4, adaptive=False, prompt_ids=[1] * 8,
+                        output_ids=[1], params=SamplingParams(max_tokens=500))
+    judge = lambda s, k: acc.best(costs, "m", k, batch=1)  # noqa: E731
+    ks = [policy.plan([s], judge)[0] for _ in range(2 * PROBE_EVERY)]
+    assert ks[0] == 4 and ks[PROBE_EVERY] == 4
+    assert ks.count(1) == 2 * PROBE_EVERY - 2
+    off = SpeculationPolicy(SpeculationConfig(fallback=False), 1000)
+    assert off.plan([s], judge) == [4]  # no fallback: exactly k

@@ -137,3 +137,28 @@ def test_eagle3_rows(gen, truth, k):
                               DraftVocab(np.zeros(gen.config.vocab_size, dtype=np.int64),
                                          gen.config.vocab_size))
     check_run(gen, proposer, [oracle], k, seqs, rows["eagle3_features"])
+
+
+def test_rows_buffer_writes_in_place_and_drops_without_copying_what_it_keeps():
+    """MtpProposer's store of the target's rows: a write replaces from its start on, dropping
+    the oldest moves an offset, and growth keeps every row (positions stay absolute)."""
+    from trt_spec.runtime.proposers.mtp import Rows
+
+    def row(p):
+        return np.full((1, 3), float(p), np.float32)
+
+    r = Rows(5, np.concatenate([row(5), row(6)]))
+    assert (r.base, r.end) == (5, 7)
+    r.write(7, row(7))
+    r.write(7, np.concatenate([row(70), row(8)]))  # a rewrite from 7 on (a rejected row)
+    assert r.rows(5, 9)[:, 0].tolist() == [5, 6, 70, 8]
+    r.drop_before(7)
+    assert (r.base, r.end) == (7, 9) and r.rows(7, 9)[:, 0].tolist() == [70, 8]
+    for p in range(9, 300):  # many times the first capacity: the buffer grows, rows stay
+        r.write(p, row(p))
+        if p % 50 == 0:
+            r.drop_before(p - 10)
+    assert r.base == 240 and r.rows(240, 300)[:, 0].tolist() == list(map(float, range(240, 300)))
+    assert len(r.buf) <= 256  # what was dropped is not carried along
+    with pytest.raises(AssertionError):
+        r.rows(230, 245)  # dropped

@@ -26,6 +26,28 @@ def test_load_script_reports(tiny_engine, tmp_path):
         assert word in result.stdout
 
 
+def test_load_script_compares_speculation_with_plain(tiny_spec_engine, tmp_path):
+    """--compare-plain: the same workload with the server's method and with method none per
+    request, at each concurrency; unseeded sampled requests, as clients send them."""
+    out = tmp_path / "compare.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--engine", str(tiny_spec_engine),
+                             "--compare-plain", "--concurrency", "1,2", "--rounds", "1",
+                             "--duration", "1", "--max-tokens", "8", "--json", str(out), "--",
+                             "--method", "ngram", "--max-num-seqs", "2", "--threads", "1"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["passed"] and not report["settings"]["seeded"]
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    for lv in report["levels"]:
+        for mode in ("speculative", "plain"):
+            assert lv[mode]["requests"] > 0 and lv[mode]["errors"] == 0
+            assert 0 < lv[mode]["tpot_p50_s"] <= lv[mode]["tpot_p99_s"]
+        assert lv["throughput_ratio"] == (lv["speculative"]["tokens_per_s"]
+                                          / lv["plain"]["tokens_per_s"])
+    assert "TPOT p99" in result.stdout and "PASS" in result.stdout
+
+
 def test_load_script_numbers_prompts_apart_when_unique():
     from tests.script_util import load_script
 

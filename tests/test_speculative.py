@@ -10,6 +10,7 @@ from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.proposers.ngram import NgramProposer, ngram_match
+from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.runtime.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
@@ -213,6 +214,38 @@ def test_ngram_match():
     assert ngram_match(np.array([4, 5, 4]), 3, 1, 3).tolist() == [5, 4]
     with pytest.raises(ValueError, match="1 <= min_n <= max_n"):
         NgramProposer(3, 2)
+
+
+def test_ngram_index_finds_what_the_scan_finds_as_tokens_arrive():
+    """The proposer's incremental index against the reference scan of the whole history, on
+    random sequences over small vocabularies (many repeats), grown a few tokens at a time."""
+    from trt_spec.runtime.proposers.ngram_index import NgramIndex
+
+    rng = np.random.default_rng(0)
+    for vocab, (lo, hi) in ((3, (1, 4)), (6, (2, 3)), (20, (1, 1))):
+        index, seq = NgramIndex(lo, hi), []
+        while len(seq) < 300:
+            new = rng.integers(0, vocab, rng.integers(1, 5)).tolist()
+            seq += new
+            index.extend(new)
+            for k in (1, 3, 7):
+                want = ngram_match(np.array(seq), k, lo, hi).tolist()
+                assert index.match(seq, k) == want, (vocab, len(seq), k)
+
+
+def test_suffix_cache_index_forgets_evicted_requests_only():
+    """A match whose most recent occurrence left with its request falls back to no match;
+    one that still occurs in a kept request finds it there."""
+    cache = SuffixCache(max_tokens=10)
+    cache.add([1, 2, 3, 4])
+    cache.add([5, 2, 3, 9])
+    assert cache.match([2, 3], 2, 2, 4).tolist() == [9]  # the most recent
+    cache.add([6, 7, 8])  # 11 tokens: [1, 2, 3, 4] leaves
+    assert cache.match([2, 3], 2, 2, 4).tolist() == [9]
+    cache.add([0, 0, 0, 0])  # [5, 2, 3, 9] leaves too
+    assert cache.match([2, 3], 2, 2, 4).tolist() == []
+    assert cache.match([6, 7], 5, 2, 4).tolist() == [8]  # a run stops at its request's end
+    assert len(cache) == 2 and len(cache._index.tokens) == 9  # 7 tokens and 2 ends kept
 
 
 def test_unknown_method_and_missing_draft(tiny_engine):

@@ -245,6 +245,7 @@ class BenchConfig:
     exact_decode: bool = True
     backend: str = "ort"
     device: str | None = None
+    fallback: bool = True  # the policy's gain rules (False: every step drafts its k)
 
 
 def run_bench(config: BenchConfig, progress=print) -> dict:
@@ -265,7 +266,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         # from another's rows
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
                             backend=config.backend, device=config.device,
-                            exact_decode=exact_decode, prefix_cache=False)
+                            exact_decode=exact_decode, prefix_cache=False,
+                            fallback=config.fallback)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
@@ -417,7 +419,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                      "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,
                      "pasts": pasts, "repeats": repeats,
                      "threads": threads, "batch": batch, "seed": seed,
-                     "exact_decode": exact_decode,
+                     "exact_decode": exact_decode, "spec_fallback": config.fallback,
                      "peers": list(peers),
                      "ratio_pairwise": "peers: median over runs of (peer tok/s / our none tok/s) "
                                        "on the same prompt and pass (first engine's none)",

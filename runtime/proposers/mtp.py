@@ -42,17 +42,61 @@ from trt_spec.runtime.proposers.base import (Drafts, DraftVocab, Proposer, confi
 from trt_spec.runtime.step_inputs import SlotTokens
 
 
+class Rows:
+    """The target's rows for positions base .. end - 1, in one buffer that grows by doubling:
+    a step writes only its new rows, and dropping the oldest moves an offset (no copy of
+    what is kept, however long a stream decodes without drafting)."""
+
+    def __init__(self, base: int, rows: np.ndarray):
+        self.buf = np.empty((max(2 * len(rows), 64), rows.shape[1]), dtype=rows.dtype)
+        self.buf[:len(rows)] = rows
+        self.lo, self.hi = 0, len(rows)  # buf[lo:hi] holds positions base .. end - 1
+        self.base = base
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """A view of the rows for positions [start, stop) (valid until the next write)."""
+        assert self.base <= start <= stop <= self.end, (self.base, start, stop, self.end)
+        return self.buf[self.lo + start - self.base:self.lo + stop - self.base]
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        """Rows for positions start .. (base <= start <= end): what was there from start on
+        is replaced."""
+        assert self.base <= start <= self.end, (self.base, start, self.end)
+        at = self.lo + start - self.base
+        if at + len(rows) > len(self.buf):
+            kept = self.buf[self.lo:at]
+            grown = np.empty((max(2 * (len(kept) + len(rows)), 64), self.buf.shape[1]),
+                             dtype=self.buf.dtype)
+            grown[:len(kept)] = kept
+            self.buf, self.lo, at = grown, 0, len(kept)
+        self.buf[at:at + len(rows)] = rows
+        self.hi = at + len(rows)
+
+    def drop_before(self, pos: int) -> None:
+        """Forgets the rows before position pos (base <= pos <= end)."""
+        assert self.base <= pos <= self.end, (self.base, pos, self.end)
+        self.lo += pos - self.base
+        self.base = pos
+
+
 @dataclass
 class SlotState:
     stream_id: int
-    base: int  # position of hist[0]
-    hist: np.ndarray | None  # [rows, D] the target's rows for positions base ..; None: none yet
+    base: int  # the first position the target's rows are kept from
+    hist: Rows | None  # the target's rows for positions base ..; None: none yet
     committed: list[int]  # per module: cache rows valid for later steps
     broken: bool = False  # a gap in the target rows: this stream gets no drafts
 
     @property
     def end(self) -> int:
-        return self.base + (0 if self.hist is None else len(self.hist))
+        return self.base if self.hist is None else self.hist.end
 
 
 class MtpProposer(Proposer):
@@ -76,14 +120,16 @@ class MtpProposer(Proposer):
     def observe(self, s, start: int, rows: np.ndarray) -> None:
         st = self.slots.get(s.slot)
         if st is None or st.stream_id != s.id:
-            self.slots[s.slot] = SlotState(s.id, start, rows.copy(), [0] * len(self.modules),
-                                           broken=start != 0)
+            self.slots[s.slot] = SlotState(s.id, start, Rows(start, rows),
+                                           [0] * len(self.modules), broken=start != 0)
             return
         if not st.base <= start <= st.end:
             st.broken = True
             return
-        st.hist = (rows.copy() if st.hist is None else
-                   np.concatenate([st.hist[:start - st.base], rows]))
+        if st.hist is None:
+            st.hist = Rows(start, rows)
+        else:
+            st.hist.write(start, rows)
 
     def release(self, s) -> None:
         """The slot's state stays: a later request may start from its rows (`adopt`)."""
@@ -104,7 +150,7 @@ class MtpProposer(Proposer):
         # are gone (or were never observed), they are read again from `start`
         held = st.hist is not None and st.base <= start <= st.end
         end = min(n, st.end) if held else start
-        hist = st.hist[start - st.base:end - st.base].copy() if held else None
+        hist = Rows(start, st.hist.rows(start, end)) if held and end > start else None
         self.slots[s.slot] = SlotState(s.id, start, hist, committed)
         return end
 
@@ -136,7 +182,7 @@ class MtpProposer(Proposer):
             for cache in self.caches[:min(k, n_modules)]:
                 cache.rewind(s.slot, start)
             seqs[i], starts[i], anchors[i] = seq, start, anchor
-            rows[i] = st.hist[start - st.base:anchor + 1 - st.base]
+            rows[i] = st.hist.rows(start, anchor + 1)
         ok = list(seqs)
         hidden = dict(zip(ok, self.first_hidden([rows[i] for i in ok])))
         stopped = set()  # streams the gate stopped
@@ -172,7 +218,8 @@ class MtpProposer(Proposer):
             for j in range(ran, min(ks[i], n_modules)):  # rewound to starts[i], not run
                 st.committed[j] = min(st.committed[j], starts[i])
             keep = min(st.committed)
-            st.hist, st.base = st.hist[keep - st.base:], keep
+            st.hist.drop_before(keep)
+            st.base = keep
         return Drafts(
             [np.asarray(t, dtype=np.int64) for t in tokens],
             [None if not p or p[0] is None else np.stack(p) for p in probs],

@@ -2,8 +2,10 @@
 
 Finds the most recent earlier occurrence of the stream's last n tokens (n from max_n down
 to min_n) in its prompt + output, and proposes the k tokens that followed it. No model, no
-graph: the cost is a vectorised scan of the token history (RTP-LLM's "deterministic"
-proposer, vLLM's `ngram`, transformers' prompt_lookup_num_tokens).
+graph: each slot keeps an index of its stream's n-grams, grown by the tokens each step adds
+(ngram_index.py), so a lookup is a few dict reads (RTP-LLM's "deterministic" proposer, vLLM's
+`ngram`, transformers' prompt_lookup_num_tokens). `ngram_match`, a scan of the whole
+history, is the reference it is tested against.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.proposers.ngram_index import NgramIndex
 
 
 def ngram_match(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:
@@ -26,6 +29,12 @@ def ngram_match(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarra
     return tokens[:0]
 
 
+def tail(s, n: int) -> list[int]:
+    """The last n tokens of the stream's prompt + output."""
+    out = s.output_ids[-n:]
+    return out if len(out) >= n else s.prompt_ids[len(out) - n:] + out
+
+
 class NgramProposer(Proposer):
     name = "ngram"
 
@@ -33,10 +42,29 @@ class NgramProposer(Proposer):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram n range {min_n}..{max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n = min_n, max_n
+        self._own: dict[int, tuple[int, NgramIndex]] = {}  # slot -> (stream id, its index)
+
+    def index(self, s) -> NgramIndex:
+        """The stream's own n-gram index, grown to its tokens so far."""
+        held = self._own.get(s.slot)
+        if held is None or held[0] != s.id:
+            held = self._own[s.slot] = (s.id, NgramIndex(self.min_n, self.max_n))
+        index, known, prompt = held[1], len(held[1]), len(s.prompt_ids)
+        if known < prompt:
+            index.extend(s.prompt_ids[known:])
+            known = prompt
+        index.extend(s.output_ids[known - prompt:])
+        return index
+
+    def lookup(self, s, k: int) -> list[int]:
+        """Up to k tokens continuing the stream's most recent matching n-gram."""
+        return self.index(s).match(tail(s, self.max_n), k)
 
     def propose(self, streams, ks, gate=None):
-        tokens = []
-        for s, k in zip(streams, ks):
-            seq = np.asarray(s.prompt_ids + s.output_ids, dtype=np.int64)
-            tokens.append(ngram_match(seq, k, self.min_n, self.max_n) if k > 0 else seq[:0])
-        return Drafts(tokens, [None] * len(streams))
+        return Drafts([np.asarray(self.lookup(s, k) if k > 0 else [], dtype=np.int64)
+                       for s, k in zip(streams, ks)], [None] * len(streams))
+
+    def release(self, s) -> None:
+        held = self._own.get(s.slot)
+        if held is not None and held[0] == s.id:
+            del self._own[s.slot]

@@ -95,11 +95,16 @@ def parse_peers(text: str) -> list[str]:
               help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
                    "about c(2)/c(1), but speculative greedy output may then differ from plain "
                    "greedy at near-ties (default: exact; see docs/speculative-decoding.md).")
+@click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
+              show_default=True,
+              help="The policy's gain rules: a step drafts fewer tokens than k, or none, where "
+                   "that is measured to be faster; off, every step drafts its k (tau of the "
+                   "drafter itself).")
 @threads_option
 @backend_options
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
           temperature, seed, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
-          fast_decode, threads, backend, device):
+          fast_decode, spec_fallback, threads, backend, device):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.tools.bench import BenchConfig, bench_report, step_costs_report
 
@@ -114,7 +119,7 @@ def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_
                                  seed=seed, batch=batch, stop_at_eos=stop_at_eos,
                                  peers=tuple(peers),
                                  threads=threads, exact_decode=not fast_decode,
-                                 backend=backend, device=device)
+                                 backend=backend, device=device, fallback=spec_fallback)
             text = bench_report(config, lambda msg: click.echo(msg, err=True), json_out,
                                 plot_out)
     except ValueError as e:

@@ -103,8 +103,10 @@ def speculation_options(f):
                           "falls below this (0: never)."),
         click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
                      show_default=True,
-                     help="Plain steps for a while for a stream whose speculation, measured, "
-                          "emits fewer tokens per unit of time than plain decoding would."),
+                     help="The policy's gain rules, from measured costs and acceptance: a "
+                          "step drafts fewer tokens than k where the later ones cost more than "
+                          "they add, and a stream whose speculation emits fewer tokens per unit "
+                          "of time than plain decoding would takes plain steps for a while."),
     ]):
         f = opt(f)
     return f

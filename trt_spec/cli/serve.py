@@ -41,6 +41,10 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
               show_default=True,
               help="Keep a finished request's KV rows: a prompt that starts with them (a chat's "
                    "next turn, a shared system prompt) reads only the rest.")
+@click.option("--cost-cache/--no-cost-cache", default=True, show_default=True,
+              help="Keep the step costs the engine measures (the speculation policy's input) "
+                   "in the user's cache folder, keyed by engine and machine: a later server "
+                   "reads them instead of timing its first requests.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES,
               show_default=True, help="Largest request body; past it, 413.")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
@@ -79,7 +83,7 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
           spec_max_batch, spec_min_acceptance, spec_fallback, max_num_seqs, max_model_len, max_waiting,
-          shutdown_timeout, max_prefill_tokens, prefix_cache, max_body_bytes, debug_step_delay, threads,
+          shutdown_timeout, max_prefill_tokens, prefix_cache, cost_cache, max_body_bytes, debug_step_delay, threads,
           backend, device, use_ray, replicas, ray_address,
           min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
           replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
@@ -95,7 +99,7 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
             ngram_max=ngram_max, spec_max_batch=spec_max_batch,
             min_acceptance=spec_min_acceptance, fallback=spec_fallback, max_batch=max_num_seqs, max_len=max_model_len,
             max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens,
-            prefix_cache=prefix_cache, threads=threads,
+            prefix_cache=prefix_cache, cost_cache=cost_cache, threads=threads,
             backend=backend, device=device)
     except ValueError as e:
         fail(e)

@@ -1,0 +1,76 @@
+"""Step costs measured once per engine and machine, kept for the next process.
+
+The engine times c_B(T) the first time B streams decode with speculation (cost_probe.py):
+about 3 * (K + 2) target steps, paid by the first requests at each batch size. With a cost
+cache those medians are written to a small JSON file outside the engine folder (which is
+checksummed and may be read-only): $TRT_SPEC_CACHE/step-costs/<key>.json, the key a hash of
+what the costs depend on (the target graph's files, the backend, threads and exact decoding,
+the CPU and its count). A later process with the same key reads them at load and probes
+nothing; live steps refine them either way (draft_length.StepCosts). A file that cannot be
+read or written is ignored: the engine then probes as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from trt_spec.runtime.files import cache_dir
+
+VERSION = 1
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_key(target_files: dict, backend: str, threads: int | None, exact_decode: bool) -> str:
+    """A hash of everything a step's cost depends on. target_files: the target graph's files
+    as the manifest lists them (name -> {sha256, bytes})."""
+    parts = {"version": VERSION, "files": {n: f.get("sha256") or f.get("bytes")
+                                           for n, f in sorted(target_files.items())},
+             "backend": backend, "threads": threads, "exact_decode": exact_decode,
+             "cpu": cpu_name(), "cpus": os.cpu_count()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class CostCache:
+    """{(batch, rows): seconds} in one file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @classmethod
+    def for_key(cls, key: str) -> "CostCache":
+        return cls(cache_dir() / "step-costs" / f"{key}.json")
+
+    def load(self) -> dict[tuple[int, int], float]:
+        try:
+            data = json.loads(self.path.read_text())
+            return {(int(b), int(t)): float(s) for b, t, s in data["costs"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def save(self, costs: dict[tuple[int, int], float]) -> None:
+        """Merges `costs` into the file (written whole, then renamed into place)."""
+        merged = {**self.load(), **costs}
+        body = json.dumps({"version": VERSION, "costs": [[b, t, s] for (b, t), s
+                                                          in sorted(merged.items())]})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name)
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a cache that cannot be written costs only the next process's probe
