@@ -130,10 +130,11 @@ class StepCosts:
             return PRIOR_DRAFT
         return mean / unit
 
-    def step_cost(self, method: str, rows: int, drafted: int, batch: int = 1) -> float:
+    def step_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
         """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
-        plain steps c_B(1)."""
-        return self.ratio(rows, batch) + drafted * self.draft_ratio(method, batch)
+        plain steps c_B(1) (method None: a lookup, whose drafting is free)."""
+        draft = self.draft_ratio(method, batch) if method is not None else 0.0
+        return self.ratio(rows, batch) + drafted * draft
 
     def marginal(self, method: str | None, drafted: int, batch: int = 1) -> float:
         """The cost of drafting token drafted+1, in plain decoding steps (method None: a

@@ -37,7 +37,7 @@ from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, posit
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
-from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.step_inputs import SlotTokens
@@ -394,6 +394,8 @@ class Engine:
         (DraftLength.cut); model drafters stop themselves through the gate."""
         tokens = [np.zeros(0, dtype=np.int64) for _ in streams]
         probs: list[np.ndarray | None] = [None] * len(streams)
+        sources: list[str | None] = [None] * len(streams)  # a picking proposer's choice
+        keys: list[str | None] = [None] * len(streams)  # ... and what it is measured under
         confidences: list[tuple[str, list[float]] | None] = [None] * len(streams)
         groups: dict[str, list[int]] = {}
         for i, s in enumerate(streams):
@@ -416,6 +418,9 @@ class Engine:
             for j, i in enumerate(idx):
                 tokens[i], probs[i] = d.tokens[j], d.probs[j]
                 by = d.sources[j] if d.sources else method
+                if d.sources:
+                    sources[i] = d.sources[j]
+                    keys[i] = d.keys[j] if d.keys else d.sources[j]
                 if len(tokens[i]) and by in LOOKUPS:
                     # a lookup's draft: deterministic, cut by position when adaptive
                     key = lookup_key(method)
@@ -429,7 +434,7 @@ class Engine:
                                       [position_confidence(p) for p in range(len(tokens[i]))])
                 if len(tokens[i]):
                     streams[i].stats.drafted_by[by] = streams[i].stats.drafted_by.get(by, 0) + 1
-        return Drafts(tokens, probs), confidences
+        return Drafts(tokens, probs, sources, keys), confidences
 
     def measure_costs(self, streams: list[Stream], m: StepMetrics) -> None:
         """The first time this many streams decode with a drafter whose length or fallback
@@ -469,7 +474,7 @@ class Engine:
         match, so it predicts a match. The suffix cache (and hybrid, which tries it first)
         matches earlier requests too, and a request asked again matches their answers whole,
         which no average predicts: (k, inf) (the per-stream fallback still judges it)."""
-        if s.method in ("suffix", "hybrid"):
+        if s.method in ("suffix", "hybrid", "auto"):  # auto: picks its own length per step
             return k, float("inf")
         best, gain = self.acceptance(s).best(self.draft_length.costs, s.method, k, batch,
                                              max(drafting, 1))
@@ -530,6 +535,11 @@ class Engine:
             s.stats.record(proposed, accepted)
             if proposed:
                 self.acceptance(s).observe(proposed, accepted)
+                by = drafts.keys[i] if drafts.keys else None
+                if by is not None:  # a proposer that picks among sources (hybrid, auto)
+                    self.draft_length.acceptance(source_key(s.method, by),
+                                                 s.params.temperature > 0).observe(proposed,
+                                                                                   accepted)
             self.policy.observe(s, proposed, accepted, step_cost)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed

@@ -124,6 +124,7 @@ class Method:
     fc_graph: str | None = None
     graph_prefix: str | None = None  # step graph names: "{prefix}_{i}" per module; else name
     uses_any: tuple[str, ...] = ()  # runs where the folder has one of these drafters
+    picks: tuple[str, ...] = ()  # uses the first of these the folder has, where it has one
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
@@ -173,7 +174,16 @@ def _hybrid(loader, entry):
     from trt_spec.runtime.proposers.hybrid import HybridProposer
 
     head = next(m for m in METHODS["hybrid"].uses_any if m in loader.drafters)
-    return HybridProposer(_suffix(loader, None), loader.proposer(head))
+    return HybridProposer(_suffix(loader, None), loader.proposer(head),
+                          measured=lambda: loader.speculation.fallback)
+
+
+def _auto(loader, entry):
+    from trt_spec.runtime.proposers.auto import AutoProposer
+
+    head = next((m for m in METHODS["auto"].picks if m in loader.drafters), None)
+    return AutoProposer(_suffix(loader, None), None if head is None else loader.proposer(head),
+                        lambda: loader.speculation.fallback)
 
 
 def _vanilla(loader, entry):
@@ -233,6 +243,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",
            uses_any=("mtp", "eagle3", "eagle", "vanilla"), make=_hybrid),
+    Method("auto", "per stream and step, what is measured to pay most here: the suffix "
+           "lookup, the folder's model drafter (as hybrid's), or no drafting",
+           picks=("mtp", "eagle3", "eagle", "vanilla"), make=_auto),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))

@@ -192,9 +192,108 @@ def test_hybrid_is_lossless_and_says_who_drafted(tiny_heads_engine, plain):
     assert set(by) <= {"suffix", "mtp"}
 
 
+# --- method auto ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_method_auto_is_lossless_and_says_what_it_chose(tiny_heads_engine, plain, k):
+    gen = Generator(tiny_heads_engine, max_batch=3)
+    assert "auto" in gen.methods
+    streams = gen.generate_ids(PROMPTS, GREEDY, "auto", k)
+    assert [s.output_ids for s in streams] == plain
+    by = {}
+    for s in streams:
+        for name, n in s.metrics().drafted_by.items():
+            by[name] = by.get(name, 0) + n
+    assert by and set(by) <= {"suffix", "mtp"}, by  # the folder's first head: mtp
+    # what each source's drafts were accepted at, within auto: what the next choice reads
+    measured = {m.split("/")[0] for m, _ in gen.engine.draft_length.positions
+                if m.startswith("auto:")}  # a lookup's by the length of its match
+    assert measured == {f"auto:{name}" for name in by}
+
+
+def test_method_auto_without_drafters_picks_the_lookup_or_nothing(tiny_engine):
+    gen = Generator(tiny_engine, max_batch=3)
+    assert "auto" in gen.methods and gen.proposer("auto").head is None
+    want = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
+    streams = gen.generate_ids(PROMPTS, GREEDY, "auto", 3)
+    assert [s.output_ids for s in streams] == want
+    assert all(set(s.metrics().drafted_by) <= {"suffix"} for s in streams)
+
+
+def test_method_auto_chooses_by_measured_gain():
+    """The lookup where its drafts are accepted, the head where its are, nothing where neither
+    pays (but one step in PROBE_EVERY drafts), and hybrid's fixed rule for a seeded sample."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.proposers.auto import PROBE_EVERY, AutoProposer
+    from trt_spec.runtime.proposers.base import source_key
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 11), (3, 13), (4, 15), (5, 17)):
+        rule.costs.record(1, t, ms / 1000)
+    gate = rule.gate("auto", [False], 1)
+    head = SimpleNamespace(name="mtp", reads="hidden_states", gated=False)
+    auto = AutoProposer(SimpleNamespace(name="suffix"), head)
+    greedy = SimpleNamespace(id=1, params=SamplingParams())
+
+    def measure(source, accepted_at):
+        acc = rule.acceptance(source_key("auto", source), False)
+        acc.proposed, acc.accepted = [300.0] * 4, [300.0 * a for a in accepted_at]
+
+    found = np.array([7, 8, 9])
+    measure("suffix/1", [0.9, 0.8, 0.7, 0.6])
+    measure("mtp", [0.3, 0.1, 0.0, 0.0])
+    assert auto.choose(greedy, found, 4, gate, 1) == ("suffix", 3)
+    measure("suffix/1", [0.05, 0.0, 0.0, 0.0])
+    measure("mtp", [0.7, 0.5, 0.1, 0.0])
+    assert auto.choose(greedy, found, 4, gate, 1) == ("mtp", 2)
+    measure("suffix/3", [0.9, 0.8, 0.7, 0.6])  # a longer match is measured apart
+    assert auto.choose(greedy, found, 4, gate, 1, n=3) == ("suffix", 3)
+    measure("mtp", [0.02, 0.0, 0.0, 0.0])
+    picks = [auto.choose(greedy, found, 4, gate, 1) for _ in range(2 * PROBE_EVERY)]
+    assert picks.count((None, 0)) == 2 * PROBE_EVERY - 2  # the first step and one in 16 probe
+    seeded = SimpleNamespace(id=2, params=SamplingParams(temperature=0.7, seed=3))
+    assert auto.choose(seeded, found, 4, gate, 1) == ("suffix", 3)
+    assert auto.choose(seeded, found[:1], 4, gate, 1) == ("mtp", 4)
+
+
+def test_hybrid_verifies_what_pays_of_a_fixed_k():
+    """Under the gain rules hybrid's k is the most either source drafts: the head's length and
+    the lookup's cut follow their own acceptance within hybrid; without the rules, k."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.proposers.base import Drafts
+    from trt_spec.runtime.proposers.hybrid import HybridProposer
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 11), (3, 13), (4, 15), (5, 17)):
+        rule.costs.record(1, t, ms / 1000)
+    for source, rates in (("mtp", [0.5, 0.05, 0.0, 0.0]), ("suffix", [0.9, 0.8, 0.1, 0.0])):
+        acc = rule.acceptance(f"hybrid:{source}", False)
+        acc.proposed, acc.accepted = [300.0] * 4, [300.0 * a for a in rates]
+    asked = []
+
+    class Head:
+        name, reads, gated = "mtp", "hidden_states", False
+
+        def propose(self, streams, ks, gate=None):
+            asked.append(list(ks))
+            return Drafts([np.arange(k) for k in ks], [None] * len(ks))
+
+    lookup = SimpleNamespace(name="suffix", propose=lambda streams, ks: Drafts(
+        [np.array([5, 6, 7, 8]), np.array([], dtype=np.int64)], [None, None]))
+    streams = [SimpleNamespace(id=i, params=SamplingParams()) for i in range(2)]
+    for measured, want_lookup, want_head in ((True, 2, 1), (False, 4, 4)):
+        hybrid = HybridProposer(lookup, Head(), measured=lambda: measured)
+        d = hybrid.propose(streams, [4, 4], rule.gate("hybrid", [False, False], 1))
+        assert len(d.tokens[0]) == want_lookup and d.sources[0] == "suffix"
+        assert asked[-1] == [0, want_head] and d.sources[1] == "mtp"
+
+
 # --- sampling stays the target's distribution -------------------------------------------------
 
-@pytest.mark.parametrize("method,k", [("mtp", "auto"), ("hybrid", "auto"), ("eagle3", "auto:3")])
+@pytest.mark.parametrize("method,k", [("mtp", "auto"), ("hybrid", "auto"), ("eagle3", "auto:3"),
+                                      ("auto", 4)])
 def test_sampled_adaptive_output_follows_the_target(tiny_heads_engine, method, k):
     """The second output token (the first one a verification decides) over many seeds has
     the target's exact marginal: sum over the first token t of p(t) p(. | t)."""

@@ -17,6 +17,15 @@ class Drafts:
     tokens: list[np.ndarray]  # [k_i] int64 (k_i may be below the k asked, 0 included)
     probs: list[np.ndarray | None]  # [k_i, vocab] q at each draft position; None: deterministic
     sources: list[str | None] | None = None  # which proposer drafted (hybrid); None: this one
+    # what each stream's acceptance is measured under, within its method (auto: the source,
+    # a lookup by the length of the n-gram it matched); None: the sources
+    keys: list[str | None] | None = None
+
+
+def source_key(method: str, source: str) -> str:
+    """What one source's drafts are accepted at within a method that picks among several
+    (hybrid, auto): the engine records each step under it (Drafts.keys)."""
+    return f"{method}:{source}"
 
 
 class Proposer(ABC):

@@ -5,6 +5,8 @@
             suffix.py); trusted when it drafts at least `min_run` tokens
         trusted streams take d (nearly free to draft, often long); the others draft with the
             head (MTP / Eagle3 / ..., its k and `auto` gate as usual)
+        under the policy's gain rules a fixed k is the most either drafts: each takes the
+            length that its own measured acceptance within hybrid says pays best
 
 The head keeps its bookkeeping either way (it catches up on the rows it skipped), so each
 stream switches per step. Drafts.sources says which proposer drafted each stream's step.
@@ -12,9 +14,11 @@ stream switches per step. Drafts.sources says which proposer drafted each stream
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-from trt_spec.runtime.proposers.base import Drafts, Proposer
+from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.suffix import SuffixProposer
 
 MIN_RUN = 2  # a lookup that drafts fewer tokens than this is not trusted over the head
@@ -24,18 +28,39 @@ class HybridProposer(Proposer):
     name = "hybrid"
     gated = True
 
-    def __init__(self, lookup: SuffixProposer, head: Proposer, min_run: int = MIN_RUN):
+    def __init__(self, lookup: SuffixProposer, head: Proposer, min_run: int = MIN_RUN,
+                 measured: Callable[[], bool] = lambda: True):
+        """measured(): whether draft lengths may follow measurements (the policy's gain rules
+        are on)."""
         self.lookup = lookup
         self.head = head
         self.min_run = min_run
+        self.measured = measured
         self.reads = head.reads
         self.plans = not head.gated  # `auto`: the engine plans k for a head without a gate
+
+    def length(self, s, i: int, source: str, n: int, gate, drafting: int) -> int:
+        """How many of n drafts from `source` to verify: a fixed-k stream under the gain rules
+        takes the best length by that source's measured acceptance within hybrid (a lookup
+        matching 4 tokens but accepted for 1 is cut to what pays); else n."""
+        if (gate is None or not self.measured() or gate.adaptive[i]
+                or (s.params.temperature > 0 and s.params.seed is not None)):
+            return n
+        rule = gate.rule
+        acc = rule.acceptance(source_key(self.name, source), s.params.temperature > 0)
+        cost_of = None if source == self.lookup.name else source
+        return acc.best(rule.costs, cost_of, n, gate.batch, drafting)[0]
 
     def propose(self, streams, ks, gate=None):
         found = self.lookup.propose(streams, ks).tokens
         trusted = [len(d) >= min(self.min_run, k) and len(d) > 0 for d, k in zip(found, ks)]
-        drafts = self.head.propose(streams, [0 if t else k for t, k in zip(trusted, ks)],
-                                   gate if self.head.gated else None)
+        drafting = sum(1 for k in ks if k > 0)
+        found = [f[:self.length(s, i, self.lookup.name, len(f), gate, drafting)]
+                 if t and len(f) else f
+                 for i, (s, f, t) in enumerate(zip(streams, found, trusted))]
+        head_ks = [0 if t or k == 0 else self.length(s, i, self.head.name, k, gate, drafting)
+                   for i, (s, t, k) in enumerate(zip(streams, trusted, ks))]
+        drafts = self.head.propose(streams, head_ks, gate if self.head.gated else None)
         tokens = [f if t else d for t, f, d in zip(trusted, found, drafts.tokens)]
         probs = [None if t else q for t, q in zip(trusted, drafts.probs)]
         sources = [(self.lookup.name if t else self.head.name) if len(d) else None

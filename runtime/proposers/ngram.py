@@ -60,6 +60,10 @@ class NgramProposer(Proposer):
         """Up to k tokens continuing the stream's most recent matching n-gram."""
         return self.index(s).match(tail(s, self.max_n), k)
 
+    def lookup_n(self, s, k: int) -> tuple[list[int], int]:
+        """(lookup's tokens, the length of the n-gram they continue; 0: none)."""
+        return self.index(s).match_n(tail(s, self.max_n), k)
+
     def propose(self, streams, ks, gate=None):
         return Drafts([np.asarray(self.lookup(s, k) if k > 0 else [], dtype=np.int64)
                        for s, k in zip(streams, ks)], [None] * len(streams))

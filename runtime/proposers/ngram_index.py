@@ -68,6 +68,11 @@ class NgramIndex:
 
     def match(self, context: list[int], k: int, min_n: int | None = None,
               max_n: int | None = None) -> list[int]:
+        return self.match_n(context, k, min_n, max_n)[0]
+
+    def match_n(self, context: list[int], k: int, min_n: int | None = None,
+                max_n: int | None = None) -> tuple[list[int], int]:
+        """(the run, the length n of the suffix that matched; 0: none did)."""
         least = self.min_n if min_n is None else max(min_n, self.min_n)
         most = self.max_n if max_n is None else min(max_n, self.max_n)
         for n in range(min(most, len(context)), least - 1, -1):
@@ -75,5 +80,5 @@ class NgramIndex:
             if pos is not None:
                 i = pos - self.offset
                 run = self.tokens[i:i + k]
-                return run[:run.index(END)] if END in run else run
-        return []
+                return (run[:run.index(END)] if END in run else run), n
+        return [], 0

@@ -49,8 +49,12 @@ class SuffixCache:
         """Up to k tokens that followed the most recent cached occurrence of the longest
         suffix of `context` (max_n down to min_n tokens), within one request ([0] when
         none matches)."""
-        context = [int(t) for t in context[-max_n:]]
-        return np.asarray(self._index.match(context, k, min_n, max_n), dtype=np.int64)
+        return self.match_n(context, k, min_n, max_n)[0]
+
+    def match_n(self, context, k: int, min_n: int, max_n: int) -> tuple[np.ndarray, int]:
+        """(match's tokens, the length of the suffix they continue; 0: none)."""
+        run, n = self._index.match_n([int(t) for t in context[-max_n:]], k, min_n, max_n)
+        return np.asarray(run, dtype=np.int64), n
 
 
 class SuffixProposer(NgramProposer):
@@ -69,11 +73,15 @@ class SuffixProposer(NgramProposer):
         return self._cache()
 
     def draft(self, s, k: int) -> np.ndarray:
-        own = self.lookup(s, k)
+        return self.draft_n(s, k)[0]
+
+    def draft_n(self, s, k: int) -> tuple[np.ndarray, int]:
+        """(the draft, the length of the n-gram it continues; 0: no match)."""
+        own, n = self.lookup_n(s, k)
         if len(own) >= k or not len(self.cache):
-            return np.asarray(own, dtype=np.int64)
-        other = self.cache.match(tail(s, self.max_n), k, max(self.min_n, 2), self.max_n)
-        return other if len(other) > len(own) else np.asarray(own, dtype=np.int64)
+            return np.asarray(own, dtype=np.int64), n
+        other, m = self.cache.match_n(tail(s, self.max_n), k, max(self.min_n, 2), self.max_n)
+        return (other, m) if len(other) > len(own) else (np.asarray(own, dtype=np.int64), n)
 
     def propose(self, streams, ks, gate=None):
         return Drafts([self.draft(s, k) if k > 0 else np.zeros(0, dtype=np.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from trt_spec.cli.options import (DEFAULT_ENGINE, SPECULATION, backend_options, checked,
-                                  comma_list, fail, threads_option)
+                                  comma_list, fail, methods_help, threads_option)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -51,10 +51,8 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None,
               help="Only the first N prompts of the file.")
 @click.option("--methods", default="none", show_default=True, callback=checked(parse_methods),
-              help="Comma-separated: none, vanilla, ngram, suffix, mtp, eagle, eagle3, hybrid. "
-                   "At temperature 0 "
-                   "'none' always runs "
-                   "(the baseline for identical_to_baseline).")
+              help=methods_help("Comma-separated methods; at temperature 0 'none' always runs "
+                                "(the baseline for identical_to_baseline). Methods:"))
 @click.option("--num-draft-tokens", "ks", default=str(SPECULATION.num_draft_tokens),
               show_default=True,
               callback=checked(parse_ks),

@@ -6,16 +6,16 @@ import json
 
 import click
 
-from trt_spec.cli.options import (backend_options, engine_option, fail, sampling_options,
+from trt_spec.cli.options import (backend_options, engine_option, fail, methods_help,
+                                  sampling_options,
                                   speculation_options, threads_option)
 
 
 @click.command()
 @engine_option
 @click.option("--method", default="none", show_default=True,
-              help="none (one token per target forward), ngram (prompt lookup), or a drafter "
-                   "exported into the engine folder: vanilla (draft model), mtp (MTP modules; "
-                   "past the last module it loops), eagle, eagle3.")
+              help=methods_help("What drafts (a model drafter needs its graphs in the engine "
+                                "folder):"))
 @speculation_options
 @sampling_options
 @click.option("--chat/--no-chat", default=None,

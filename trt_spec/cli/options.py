@@ -112,6 +112,13 @@ def speculation_options(f):
     return f
 
 
+def methods_help(intro: str) -> str:
+    """`intro`, then every method of the registry (runtime/methods.py) with its one line."""
+    from trt_spec.runtime.methods import METHODS
+
+    return intro + " " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."
+
+
 def backend_options(f):
     """--backend and --device: where the engine runs (generate, bench, serve)."""
     for opt in reversed([

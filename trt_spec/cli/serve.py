@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail,
+from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail, methods_help,
                                   speculation_options, threads_option)
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
+
+
+def default_method(engine: str) -> str:
+    """auto where the folder has a model drafter, else none (a folder that cannot be read is
+    reported by the server's load, with its reason)."""
+    from trt_spec.runtime.manifest import load_manifest
+
+    try:
+        return "auto" if load_manifest(engine, verify="none").data.get("drafters") else "none"
+    except Exception:  # noqa: BLE001 - the load that follows names the problem
+        return "none"
 
 
 @click.command()
@@ -17,9 +28,10 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
               help="Port to listen on.")
 @click.option("--served-model-name", default=None,
               help="The model id clients send [default: the engine folder's name].")
-@click.option("--method", default="none", show_default=True,
-              help="Default method for requests that do not set speculative.method: none, "
-                   "ngram, or a drafter the engine folder has.")
+@click.option("--method", default=None,
+              help=methods_help("Default method for requests that do not set "
+                                "speculative.method [default: auto where the engine folder "
+                                "has a drafter, else none]:"))
 @speculation_options
 @click.option("--max-num-seqs", type=click.IntRange(1, 256), default=SERVE_MAX_BATCH,
               show_default=True,
@@ -94,6 +106,7 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
     from trt_spec.runtime.settings import RuntimeConfig
 
     try:
+        method = method or default_method(engine)
         runtime = RuntimeConfig.from_options(
             method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
             ngram_max=ngram_max, spec_max_batch=spec_max_batch,
