@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
+from trt_spec.runtime.batch_width import BatchWidth
 from trt_spec.runtime.cost_cache import CostCache
 from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
 from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
@@ -294,6 +295,7 @@ class Engine:
         self.proposers = proposers
         self.scorer = Scorer(target, cache)
         self.draft_length = DraftLength()  # `auto` k: measured costs and calibration
+        self.batch_width = BatchWidth()  # the step's width, judged with the drafts in hand
         self.cost_cache = costs
         self.stored_costs = costs.load() if costs is not None else {}
 
@@ -480,6 +482,36 @@ class Engine:
                                              max(drafting, 1))
         return (k if s.adaptive else best), gain
 
+    def draft_acceptance(self, s: Stream, key: str | None) -> PositionAcceptance:
+        """What s's drafts are accepted at: its method's, or its source's within it."""
+        if key is None:
+            return self.acceptance(s)
+        return self.draft_length.acceptance(source_key(s.method, key), s.params.temperature > 0)
+
+    def cut_to_width(self, streams: list[Stream], drafts: Drafts, confidences) -> None:
+        """Cuts every stream's drafts to the width the whole step pays best at
+        (runtime/batch_width.py); under the gain rules, from 2 streams on (alone, a stream is
+        judged by the policy, and a suffix match of a request asked again, which no average
+        predicts, keeps its drafts)."""
+        lengths = [len(d) for d in drafts.tokens]
+        if len(streams) < 2 or max(lengths, default=0) == 0 or any(
+                n and not self.policy.judged(s) for s, n in zip(streams, lengths)):
+            return
+        keys = drafts.keys or [None] * len(streams)
+        acc = [self.draft_acceptance(s, key) if n else None
+               for s, n, key in zip(streams, lengths, keys)]
+        w = self.batch_width.width(self.draft_length, lengths, acc)
+        for i, n in enumerate(lengths):
+            if n > w:
+                if w == 0:  # a plain step after all: not counted as drafted
+                    by = (drafts.sources[i] if drafts.sources else None) or streams[i].method
+                    streams[i].stats.drafted_by[by] -= 1
+                drafts.tokens[i] = drafts.tokens[i][:w]
+                if drafts.probs[i] is not None:
+                    drafts.probs[i] = drafts.probs[i][:w]
+                if confidences[i]:
+                    confidences[i] = (confidences[i][0], confidences[i][1][:w])
+
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
         self.measure_costs(streams, m)
@@ -488,6 +520,7 @@ class Engine:
         ks = self.policy.plan(streams, lambda s, k: self.expected_gain(s, k, len(streams),
                                                                        drafting))
         drafts, confidences = self.propose(streams, ks)
+        self.cut_to_width(streams, drafts, confidences)
         t1 = time.perf_counter()
         scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()

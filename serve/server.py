@@ -332,7 +332,8 @@ def result_extras(job: Job) -> tuple[dict, dict]:
              "prompt_tokens_details": {"cached_tokens": s.stats.cached_tokens}}
     keep = ("method", "num_draft_tokens", "cached_tokens", "tau", "proposed_tokens",
             "accepted_tokens",
-            "acceptance_per_position", "time_to_first_token_s", "decode_tokens_per_s")
+            "acceptance_per_position", "time_to_first_token_s", "decode_tokens_per_s",
+            "drafted_by")
     d = m.to_dict()
     return usage, {k: d[k] for k in keep}
 

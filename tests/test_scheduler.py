@@ -24,9 +24,9 @@ def alone(engine_dir, prompt, n):
 
 
 def test_available_methods_follow_the_manifest(tiny_engine, tiny_spec_engine):
-    assert available_methods(load_manifest(tiny_engine)) == ["none", "ngram", "suffix"]
+    assert available_methods(load_manifest(tiny_engine)) == ["none", "ngram", "suffix", "auto"]
     assert available_methods(load_manifest(tiny_spec_engine)) == ["none", "vanilla", "ngram",
-                                                                  "suffix", "hybrid"]
+                                                                  "suffix", "hybrid", "auto"]
 
 
 def test_continuous_batching_across_methods_equals_one_at_a_time(tiny_spec_engine):
