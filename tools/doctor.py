@@ -9,6 +9,8 @@ import sys
 from importlib import metadata, util
 from pathlib import Path
 
+from trt_spec.runtime.cost_cache import cpu_name
+
 # CPU features that decide which ONNX Runtime kernels run fast (MatMulNBits' int8 compute
 # path, accuracy level 4, wants AVX2 at least; VNNI / AMX make it faster).
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "sve")
@@ -28,13 +30,7 @@ def cpu_flags() -> list[str]:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def version(package: str) -> str | None:
