@@ -82,7 +82,7 @@ def test_doctor(eagle3_bundle):
     report = json.loads(result.stdout)
     m, e = report["machine"], report["engine"]
     assert "CPUExecutionProvider" in m["ort_providers"] and m["threads"] >= 1
-    assert e["runs_here"] and e["bundle"] and e["methods"] == ["none", "ngram", "suffix", "eagle3", "hybrid"]
+    assert e["runs_here"] and e["bundle"] and e["methods"] == ["none", "ngram", "suffix", "eagle3", "hybrid", "auto"]
     text = CliRunner().invoke(main, ["doctor", "--engine", str(eagle3_bundle)]).output
     assert "threads in use" in text and "runs here" in text
 

@@ -90,7 +90,7 @@ def test_replicas_loaded_the_shipped_checked_folder(ray_server, tiny_spec_engine
     assert len(cached) == 1 and manifest_digest(cached[0]) == manifest_digest(tiny_spec_engine)
     models = client(ray_server).models.list().data
     assert [m.id for m in models] == ["tiny"] and models[0].model_extra["methods"] == \
-        ["none", "vanilla", "ngram", "suffix", "hybrid"]
+        ["none", "vanilla", "ngram", "suffix", "hybrid", "auto"]
 
 
 @pytest.mark.parametrize("method", ["none", "vanilla"])

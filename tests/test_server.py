@@ -32,7 +32,8 @@ def test_health_and_models(server, client):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny"]
-    assert models[0].model_extra["methods"] == ["none", "vanilla", "ngram", "suffix", "hybrid"]
+    assert models[0].model_extra["methods"] == ["none", "vanilla", "ngram", "suffix", "hybrid",
+                                                "auto"]
     assert models[0].model_extra["max_model_len"] == 256
 
 
@@ -138,7 +139,8 @@ def test_8_concurrent_streams_equal_their_sequential_outputs(server, client):
     for (_, (last, usage)), n, spec in zip(results, lengths, METHODS):
         assert last.choices[0].finish_reason == "length"
         assert usage.completion_tokens == n
-        assert last.model_extra["metrics"]["method"] == (spec or {}).get("method", "none")
+        # no method named: the server's default, auto where the folder has a drafter
+        assert last.model_extra["metrics"]["method"] == (spec or {}).get("method", "auto")
     assert server.metric("trt_spec:spec_decode_num_draft_tokens_total") > drafts_before
     assert server.metric("trt_spec:kv_cache_slots_used") == 0
 
@@ -151,7 +153,8 @@ def test_per_request_speculation_and_its_metrics(server, client):
                                 position=str(i)) for i in range(4)]
     kw = dict(model="tiny", messages=[{"role": "user", "content": "a b a b a b"}],
               max_tokens=30, temperature=0, extra_body=EXTRA)
-    plain = client.chat.completions.create(**kw)
+    plain = client.chat.completions.create(
+        **{**kw, "extra_body": {**EXTRA, "speculative": {"method": "none"}}})
     spec = client.chat.completions.create(
         **{**kw, "extra_body": {**EXTRA, "speculative": {"method": "vanilla",
                                                          "num_draft_tokens": 4}}})

@@ -19,7 +19,7 @@ def server(tiny_heads_engine):
 def test_head_methods_per_request(server):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     assert client.models.list().data[0].model_extra["methods"] == \
-        ["none", "ngram", "suffix", "mtp", "eagle", "eagle3", "hybrid"]
+        ["none", "ngram", "suffix", "mtp", "eagle", "eagle3", "hybrid", "auto"]
     kw = dict(model="tiny", prompt="a b c d", max_tokens=16, temperature=0)
     plain = client.completions.create(**kw, extra_body=EXTRA)
     for method, k in (("mtp", 3), ("eagle", 2), ("eagle3", 4)):
