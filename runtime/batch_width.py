@@ -11,8 +11,8 @@ drafting is spent; only verification is left to weigh):
 a_s(j): the acceptance by position its drafts are measured at (per method, per source within
 hybrid / auto, per sampling mode). w* = 0 is a plain step for everyone: its tokens per unit
 of cost are B. Drafts are cut to w* (a cut draft is as a rejected one: no proposer state
-depends on it being verified); one step in PROBE_EVERY that would be cut keeps its drafts, so
-the later positions stay measured. Only under the gain rules, from 2 streams on, and never
+depends on it being verified); one step in PROBE_EVERY that would be cut keeps one draft
+more, so the next position stays measured. Only under the gain rules, from 2 streams on, and never
 where a stream is exempt from them (a seeded sampled request: its seed must reproduce its
 output).
 """
@@ -46,5 +46,5 @@ class BatchWidth:
         if best_w < widest:
             self.cuts += 1
             if self.cuts % PROBE_EVERY == 1:
-                return widest
+                return best_w + 1  # the next position stays measured (policy.py: probes)
         return best_w

@@ -12,12 +12,16 @@ decode step for that stream, in the same target forward as the others):
     - the method's expected tokens per unit of cost at its best k' <= k (engine-wide
       acceptance by position, costs measured at this batch size:
       draft_length.PositionAcceptance) is below 1, plain decoding's        -> 0, but the
-      first such step of a request and every `PROBE_EVERY`-th after it draft k, so the
-      measurements follow the workload (`fallback`)
+      first such step of a request and every `PROBE_EVERY`-th after it draft k' (the
+      best length, however short of paying), so the measurements follow the workload
+      (`fallback`)
     - else, a fixed k whose best k' is shorter                             -> k' (k is the
       most a step drafts: the later positions would cost more than they add), but the
-      first such step of a request and every `PROBE_EVERY`-th after it draft k, so the
-      later positions stay measured (`fallback`; an `auto` stream picks its own length)
+      first such step of a request and every `PROBE_EVERY`-th after it draft k' + 1, so
+      the next position stays measured (`fallback`; an `auto` stream picks its own length)
+  A probe drafts one position past what pays, not all k: P(d_1..d_j accepted) falls with j
+  while each verified row costs about the same, so where position k' + 1 does not pay the
+  later ones do not either, and a probe of all k costs a weak drafter ~4% of its steps.
     - a speculating stream whose tokens per unit of cost over its last `window` steps fell
       below 1 (plain decoding would have been faster; costs measured at the batch size
       decoding, runtime/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
@@ -86,10 +90,10 @@ class SpeculationPolicy:
                     st = self._state.setdefault(s.id, _StreamState())
                     if g < 1:
                         st.skipped += 1  # the first such step of a request probes too
-                        k = k if st.skipped % PROBE_EVERY == 1 else 0
+                        k = min(k, best) if st.skipped % PROBE_EVERY == 1 else 0
                     elif best < k:
-                        st.shortened += 1  # ... and drafts the later positions
-                        k = k if st.shortened % PROBE_EVERY == 1 else best
+                        st.shortened += 1  # ... and drafts one position more
+                        k = min(k, best + 1) if st.shortened % PROBE_EVERY == 1 else best
                 ks.append(k)
         return ks
 

@@ -144,9 +144,14 @@ def test_auto_k_is_lossless(tiny_heads_engine, plain, method, k):
 def test_auto_k_drafts_less_where_the_drafter_is_unsure(tiny_heads_engine):
     """Random heads are rarely right: `auto` ends most steps after the first draft, and a
     stream that does not pay falls back to plain steps for a while."""
+    from trt_spec.runtime.settings import SpeculationConfig
+
     gen = Generator(tiny_heads_engine, max_batch=1)
     params = SamplingParams(max_tokens=80, ignore_eos=True)
-    fixed = gen.generate_ids(PROMPTS[:1], params, "mtp", 6)[0]
+    # the fixed k, every step (under the gain rules it too would draft less: what pays)
+    fixed = Generator(tiny_heads_engine, max_batch=1,
+                      speculation=SpeculationConfig(fallback=False)).generate_ids(
+        PROMPTS[:1], params, "mtp", 6)[0]
     auto = gen.generate_ids(PROMPTS[:1], params, "mtp", "auto:6")[0]
     assert auto.output_ids == fixed.output_ids
     assert auto.stats.proposed < fixed.stats.proposed / 2, (auto.stats.proposed,
@@ -247,11 +252,16 @@ def test_method_auto_chooses_by_measured_gain():
     measure("suffix/1", [0.05, 0.0, 0.0, 0.0])
     measure("mtp", [0.7, 0.5, 0.1, 0.0])
     assert auto.choose(greedy, found, 4, gate, 1) == ("mtp", 2)
+    # one step in PROBE_EVERY that drafts fewer than it could drafts one position more
+    other = SimpleNamespace(id=3, params=SamplingParams())
+    picks = [auto.choose(other, found, 4, gate, 1) for _ in range(2 * PROBE_EVERY)]
+    assert picks.count(("mtp", 3)) == 2 and picks.count(("mtp", 2)) == 2 * PROBE_EVERY - 2
     measure("suffix/3", [0.9, 0.8, 0.7, 0.6])  # a longer match is measured apart
     assert auto.choose(greedy, found, 4, gate, 1, n=3) == ("suffix", 3)
     measure("mtp", [0.02, 0.0, 0.0, 0.0])
     picks = [auto.choose(greedy, found, 4, gate, 1) for _ in range(2 * PROBE_EVERY)]
     assert picks.count((None, 0)) == 2 * PROBE_EVERY - 2  # the first step and one in 16 probe
+    assert [j for src, j in picks if src] == [1, 1]  # ... at the best length, not all k
     seeded = SimpleNamespace(id=2, params=SamplingParams(temperature=0.7, seed=3))
     assert auto.choose(seeded, found, 4, gate, 1) == ("suffix", 3)
     assert auto.choose(seeded, found[:1], 4, gate, 1) == ("mtp", 4)
@@ -393,6 +403,10 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
                         output_ids=[1], params=SamplingParams(max_tokens=500))
     ks = [policy.plan([s], lambda s, k: (k, 0.9))[0] for _ in range(2 * PROBE_EVERY)]
     assert ks[0] == 2 and ks[PROBE_EVERY] == 2 and sum(ks) == 4  # probes, plain otherwise
+    short = SimpleNamespace(**{**vars(s), "id": 3, "num_draft_tokens": 4})
+    ks = [policy.plan([short], lambda s, k: (1, 0.9))[0] for _ in range(2 * PROBE_EVERY)]
+    assert ks[0] == 1 and ks[PROBE_EVERY] == 1 and sum(ks) == 2  # a probe drafts the best k'
+
     assert policy.plan([s], lambda s, k: (k, 1.2)) == [2]
     seeded = SimpleNamespace(**{**vars(s), "id": 2, "params": SamplingParams(
         max_tokens=500, temperature=0.8, seed=1)})  # its seed must reproduce: never judged
@@ -401,7 +415,8 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
 
 def test_a_fixed_k_drafts_its_best_shorter_length_and_probes_the_rest():
     """k is the most a step drafts: where the later positions cost more than they add, the
-    policy drafts the best k' (one step in PROBE_EVERY drafts k, so they stay measured)."""
+    policy drafts the best k' (one step in PROBE_EVERY drafts k' + 1, so the next position
+    stays measured)."""
     from types import SimpleNamespace
 
     from trt_spec.runtime.draft_length import PositionAcceptance
@@ -423,7 +438,36 @@ def test_a_fixed_k_drafts_its_best_shorter_length_and_probes_the_rest():
                         output_ids=[1], params=SamplingParams(max_tokens=500))
     judge = lambda s, k: acc.best(costs, "m", k, batch=1)  # noqa: E731
     ks = [policy.plan([s], judge)[0] for _ in range(2 * PROBE_EVERY)]
-    assert ks[0] == 4 and ks[PROBE_EVERY] == 4
+    assert ks[0] == 2 and ks[PROBE_EVERY] == 2  # probes: one position past the best
     assert ks.count(1) == 2 * PROBE_EVERY - 2
     off = SpeculationPolicy(SpeculationConfig(fallback=False), 1000)
     assert off.plan([s], judge) == [4]  # no fallback: exactly k
+
+
+def test_batch_width_cuts_a_step_to_what_pays_and_probes_one_position_more():
+    """Two streams at batch 2: w* weighs both streams' expected tokens against c_B(w + 1);
+    a plain step (w = 0) where no width beats B tokens; one cut step in PROBE_EVERY keeps
+    one draft more than w*, not the widest."""
+    from trt_spec.runtime.batch_width import PROBE_EVERY, BatchWidth
+    from trt_spec.runtime.draft_length import PositionAcceptance
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 12), (3, 16), (4, 20), (5, 24)):
+        rule.costs.record(2, t, ms / 1000)
+
+    def accepted_at(*rates):
+        acc = PositionAcceptance()
+        acc.proposed, acc.accepted = [300.0] * len(rates), [300.0 * a for a in rates]
+        return acc
+
+    good, weak = accepted_at(0.9, 0.2, 0.1, 0.0), accepted_at(0.05, 0.0, 0.0, 0.0)
+    # width 1: (2 + 0.9 + 0.05) / 1.2 = 2.46 beats plain's 2 and width 2's (3.15 / 1.6)
+    width = BatchWidth()
+    assert width.width(rule, [4, 4], [good, weak]) == 2  # the first cut step probes w* + 1
+    widths = [width.width(rule, [4, 4], [good, weak]) for _ in range(2 * PROBE_EVERY)]
+    assert widths.count(2) == 2 and widths.count(1) == 2 * PROBE_EVERY - 2
+    # neither pays: plain steps, probing width 1
+    widths = [BatchWidth().width(rule, [4, 4], [weak, weak])] + \
+        [width.width(rule, [4, 4], [weak, weak]) for _ in range(PROBE_EVERY)]
+    assert widths[0] == 1 and widths[1:].count(0) >= PROBE_EVERY - 1
+    assert width.width(rule, [0, 0], [None, None]) == 0

@@ -107,8 +107,9 @@ class Config:
     k: int | None  # None for "none"
     runs: dict = field(default_factory=dict)  # workload -> list of per-stream dicts
     groups: dict = field(default_factory=dict)  # workload -> list of (tokens, wall seconds)
-    # its own cache of earlier requests (suffix, hybrid): configurations run the same prompts
-    # in turn, so a shared one would hand each the answer another config just wrote
+    # its own cache of earlier requests (suffix, hybrid, auto): configurations run the same
+    # prompts in turn, so a shared one would hand each the answer another config just wrote;
+    # emptied before each pass (--repeats), or a pass would find its own answers from the last
     suffix_cache: SuffixCache = field(default_factory=SuffixCache)
 
     @property
@@ -349,6 +350,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         p.runs.pop("_warmup", None), p.groups.pop("_warmup", None)
     try:
         for rep in range(repeats):
+            for c in configs:  # a prompt asked again would match its own earlier answer whole
+                c.suffix_cache = SuffixCache()
             for name, key, group in workloads:
                 for c in configs:  # interleaved
                     gen = gens[c.engine]

@@ -7,7 +7,8 @@
             head    j <= k drafts:       (1 + sum of the head's acceptance by position)
                                          / (c_B(j + 1) + j * its drafting cost)
             the better of the two at its best j; plain (no drafts) where neither beats 1, a
-            plain step's tokens per unit of cost (one such step in PROBE_EVERY still drafts,
+            plain step's tokens per unit of cost (one such step in PROBE_EVERY still drafts
+            its best j, and one in PROBE_EVERY that drafts fewer than it could drafts j + 1,
             so the measurements follow the workload)
 
 Acceptance is measured per source within this method (the engine records each step under
@@ -49,6 +50,7 @@ class AutoProposer(Proposer):
         self.min_run = min_run
         self.reads = head.reads if head is not None else None
         self.skipped: dict[int, int] = {}  # stream id -> its steps where nothing paid
+        self.shortened: dict[int, int] = {}  # ... and its steps drafting less than it could
 
     def lookup_key(self, n: int) -> str:
         """A lookup's acceptance is measured by the length of the n-gram it matched: a run
@@ -79,9 +81,12 @@ class AutoProposer(Proposer):
         gain, source, j = max(options)
         if gain < 1:
             n = self.skipped[s.id] = self.skipped.get(s.id, 0) + 1
-            if n % PROBE_EVERY != 1:  # the first such step of a request probes too
-                return None, 0
-            j = len(found) if source == self.lookup.name else k
+            if n % PROBE_EVERY != 1:  # the first such step of a request probes too, at
+                return None, 0  # the best length (policy.py: probes)
+        elif j < (len(found) if source == self.lookup.name else k):
+            n = self.shortened[s.id] = self.shortened.get(s.id, 0) + 1
+            if n % PROBE_EVERY == 0:  # ... and one position more, so that it stays measured
+                j += 1
         return source, j
 
     def propose(self, streams, ks, gate=None):
@@ -120,6 +125,7 @@ class AutoProposer(Proposer):
 
     def release(self, stream) -> None:
         self.skipped.pop(stream.id, None)
+        self.shortened.pop(stream.id, None)
         if self.head is not None:
             self.head.release(stream)
         self.lookup.release(stream)
