@@ -13,8 +13,8 @@ decode step for that stream, in the same target forward as the others):
       acceptance by position, costs measured at this batch size:
       draft_length.PositionAcceptance) is below 1, plain decoding's        -> 0, but the
       first such step of a request and every `PROBE_EVERY`-th after it draft k' (the
-      best length, however short of paying), so the measurements follow the workload
-      (`fallback`)
+      best length, however short of paying), so the measurements follow the workload; a
+      gain below SURE_LOSS probes 4x less often, and not on the first step (`fallback`)
     - else, a fixed k whose best k' is shorter                             -> k' (k is the
       most a step drafts: the later positions would cost more than they add), but the
       first such step of a request and every `PROBE_EVERY`-th after it draft k' + 1, so
@@ -42,6 +42,13 @@ from typing import Callable
 from trt_spec.runtime.settings import SpeculationConfig
 
 PROBE_EVERY = 16  # of the steps the expected gain says to skip, one in this many drafts
+# An expected gain this far below plain decoding's is a measured loss (the optimistic prior
+# never says so): probes then come SURE_LOSS_SPACING times less often, and not on a request's
+# first skipped step. A drafter with a cache of its own (the draft model) catches up on every
+# token it skipped when it probes, the first probe of a request on its whole prompt: at batch
+# 2-4 those catch-ups cost 5-8% of decoding where the drafter never paid.
+SURE_LOSS = 0.9
+SURE_LOSS_SPACING = 4
 
 
 @dataclass
@@ -53,6 +60,15 @@ class _StreamState:
     probing: bool = False  # the first gain window since a cooldown
     skipped: int = 0  # steps the expected gain said not to draft
     shortened: int = 0  # steps it said to draft fewer tokens than k
+
+
+def probes(skipped: int, gain: float) -> bool:
+    """Whether the `skipped`-th step that the expected gain says to skip drafts anyway: the
+    first and one in PROBE_EVERY, or where the gain is a sure loss, one in
+    PROBE_EVERY * SURE_LOSS_SPACING (the first not among them)."""
+    if gain >= SURE_LOSS:
+        return skipped % PROBE_EVERY == 1
+    return skipped % (PROBE_EVERY * SURE_LOSS_SPACING) == 0
 
 
 class SpeculationPolicy:
@@ -90,7 +106,7 @@ class SpeculationPolicy:
                     st = self._state.setdefault(s.id, _StreamState())
                     if g < 1:
                         st.skipped += 1  # the first such step of a request probes too
-                        k = min(k, best) if st.skipped % PROBE_EVERY == 1 else 0
+                        k = min(k, best) if probes(st.skipped, g) else 0
                     elif best < k:
                         st.shortened += 1  # ... and drafts one position more
                         k = min(k, best + 1) if st.shortened % PROBE_EVERY == 1 else best

@@ -19,6 +19,9 @@ read (longest, p99, median) and the long prompt's time to first token (chunked p
 With --compare-plain the same workload runs with the server's speculation and, per request,
 without it (`"speculative": {"method": "none"}`), `--rounds` times each, alternated, at each
 --concurrency (default 1, 2, 4, 8): throughput and p50/p99 time per output token side by side.
+Both modes of a round send the same requests (numbered across clients, prompt i of the list
+mod its length); the next round goes on down the list. A list shorter than the run recurs,
+and then the server's suffix cache finds earlier answers to the same prompt (greedy: whole).
     python scripts/load.py --compare-plain --temperature 0 --duration 30 -- --method hybrid
 
 With `--ray` among the server options the server is `trt-spec serve --ray` (Ray Serve
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -117,15 +121,19 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, i: int, a
 
 
 async def run_clients(url: str, model: str, args, duration: float, clients: int | None = None,
-                      extra: dict | None = None) -> list[dict]:
+                      extra: dict | None = None, start: int = 0) -> list[dict]:
+    """Requests start, start + 1, ... in the order the clients send them (one numbering for
+    all clients: no two send the same prompt at once, as clients of one prompt list each
+    starting at its head would)."""
     deadline = time.perf_counter() + duration
     results: list[dict] = []
+    numbers = itertools.count(start)
 
     async def client_loop(c: int):
         n = 0
         async with httpx.AsyncClient(timeout=args.request_timeout) as client:
             while n == 0 or time.perf_counter() < deadline:  # at least one (the warm-up)
-                results.append(await one_request(client, url, model, c * 1000 + n, args,
+                results.append(await one_request(client, url, model, next(numbers), args,
                                                  extra))
                 n += 1
 
@@ -158,16 +166,20 @@ def compare_plain(url: str, model: str, args) -> dict:
     per-request `speculative` field), `--rounds` times, the order alternated so drift hits both
     alike -> per concurrency and mode: throughput and time per output token."""
     levels = []
+    start = max(args.concurrency)  # past the warm-up's requests
     for c in args.concurrency:
         runs: dict[str, list[dict]] = {"speculative": [], "plain": []}
         for r in range(args.rounds):
             order = ("speculative", "plain") if (r + len(levels)) % 2 == 0 else ("plain",
                                                                                  "speculative")
-            for mode in order:
+            sent = 0
+            for mode in order:  # both modes send the same requests; the next round goes on
                 t0 = time.perf_counter()
                 results = asyncio.run(run_clients(url, model, args, args.duration, c,
-                                                  PLAIN if mode == "plain" else None))
+                                                  PLAIN if mode == "plain" else None, start))
                 runs[mode].append(phase(results, time.perf_counter() - t0))
+                sent = max(sent, len(results))
+            start += sent
                 print(f"concurrency {c}, {mode}: {runs[mode][-1]['tokens_per_s']:.1f} tok/s",
                       file=sys.stderr)
         level = {"concurrency": c}

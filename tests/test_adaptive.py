@@ -403,6 +403,10 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
                         output_ids=[1], params=SamplingParams(max_tokens=500))
     ks = [policy.plan([s], lambda s, k: (k, 0.9))[0] for _ in range(2 * PROBE_EVERY)]
     assert ks[0] == 2 and ks[PROBE_EVERY] == 2 and sum(ks) == 4  # probes, plain otherwise
+    # a measured loss (below SURE_LOSS): 4x fewer probes, none on the first step
+    sure = SimpleNamespace(**{**vars(s), "id": 4})
+    ks = [policy.plan([sure], lambda s, k: (k, 0.5))[0] for _ in range(8 * PROBE_EVERY)]
+    assert ks[0] == 0 and sum(ks) == 4 and ks[4 * PROBE_EVERY - 1] == 2
     short = SimpleNamespace(**{**vars(s), "id": 3, "num_draft_tokens": 4})
     ks = [policy.plan([short], lambda s, k: (1, 0.9))[0] for _ in range(2 * PROBE_EVERY)]
     assert ks[0] == 1 and ks[PROBE_EVERY] == 1 and sum(ks) == 2  # a probe drafts the best k'

@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from trt_spec.runtime.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.hybrid import MIN_RUN
 from trt_spec.runtime.proposers.suffix import SuffixProposer
@@ -81,7 +82,7 @@ class AutoProposer(Proposer):
         gain, source, j = max(options)
         if gain < 1:
             n = self.skipped[s.id] = self.skipped.get(s.id, 0) + 1
-            if n % PROBE_EVERY != 1:  # the first such step of a request probes too, at
+            if not probes(n, gain):  # the first such step of a request probes too, at
                 return None, 0  # the best length (policy.py: probes)
         elif j < (len(found) if source == self.lookup.name else k):
             n = self.shortened[s.id] = self.shortened.get(s.id, 0) + 1
