@@ -118,3 +118,52 @@ def test_eagle3_q_matches_its_samples(tiny_heads_engine):
         token, q = proposer.pick(s, logits)
         counts[token] += 1
     np.testing.assert_allclose(counts / n, q, atol=0.015)
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle", "eagle3"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_head_that_would_catch_up_on_many_rows_restarts_on_the_last_ones(
+        tiny_heads_engine, plain_outputs, method, k):
+    """With a re-prime window of 2 rows, every catch-up longer than that (the prompt, each
+    step that accepted drafts) restarts the head's caches on its last 2 rows at shifted
+    positions: output stays plain greedy's, batched, and the caches did restart."""
+    gen = Generator(tiny_heads_engine, max_batch=3, fallback=False)
+    full = gen.proposer(method)
+    head = type(full).__new__(type(full))
+    head.__dict__.update(full.__dict__)  # the same graphs and caches, state of its own
+    head.slots, head.reprime = {}, 2
+    engine = engine_with(gen, head, SpeculationConfig(num_draft_tokens=k, fallback=False))
+    streams = [custom_stream(p, GREEDY, k) for p in PROMPTS]
+    for s in streams:
+        engine.admit(s)
+    offsets = set()
+    while not all(s.finished for s in streams):
+        engine.step([s for s in streams if not s.finished])
+        offsets |= {st.offset for st in head.slots.values()}
+    assert [s.output_ids for s in streams] == plain_outputs
+    assert max(offsets) > 0  # restarted
+    for s in streams:
+        assert s.stats.proposed_per_position[0] >= s.stats.target_forwards - 2
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_draft_model_that_would_catch_up_on_many_tokens_restarts_on_the_last_ones(
+        tiny_spec_engine, k):
+    """The vanilla draft with a re-prime window of 2 tokens: its cache restarts (shifted
+    positions) on every longer catch-up; output stays plain greedy's, and a slot reused by a
+    shorter request starts again."""
+    gen = Generator(tiny_spec_engine, max_batch=3, fallback=False)
+    full = gen.proposer("vanilla")
+    draft = type(full)(full.draft, full.cache, full.vocab, reprime=2)
+    engine = engine_with(gen, draft, SpeculationConfig(num_draft_tokens=k, fallback=False))
+    for prompts in (PROMPTS, [p[:2] for p in PROMPTS]):  # then shorter requests, same slots
+        streams = [custom_stream(p, GREEDY, k) for p in prompts]
+        for s in streams:
+            engine.admit(s, reuse=False)
+        offsets = set()
+        while not all(s.finished for s in streams):
+            engine.step([s for s in streams if not s.finished])
+            offsets |= set(draft.offsets.values())
+        plain = [s.output_ids for s in gen.generate_ids(prompts, GREEDY)]
+        assert [s.output_ids for s in streams] == plain
+        assert max(offsets) > 0

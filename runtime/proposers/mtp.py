@@ -17,6 +17,10 @@ from the smallest committed count it needs, so module i-1's hidden states for mo
 are recomputed in the same batched forward instead of stored. The target rows (`observe`)
 are kept from that smallest count on.
 
+A head that sat out many steps (the speculation policy turned it off) does not catch up on
+every row it skipped: past REPRIME rows its caches start again on the last REPRIME, at
+shifted positions (`restart`), so a probe after a long pause costs about one short step.
+
 A slot's state outlives its request (prefix caching): a later request that starts from the
 slot's target rows (`adopt`, in place or copied to another slot) keeps each module's rows
 that read only tokens the two share, and the target's rows kept for the modules to catch up
@@ -40,6 +44,9 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.proposers.base import (Drafts, DraftVocab, Proposer, confidence,
                                              pick_draft)
 from trt_spec.runtime.step_inputs import SlotTokens
+
+
+REPRIME = 64  # rows: the most a head catches up on before a draft (MtpProposer.restart)
 
 
 class Rows:
@@ -91,8 +98,9 @@ class SlotState:
     stream_id: int
     base: int  # the first position the target's rows are kept from
     hist: Rows | None  # the target's rows for positions base ..; None: none yet
-    committed: list[int]  # per module: cache rows valid for later steps
+    committed: list[int]  # per module: positions before this are valid rows for later steps
     broken: bool = False  # a gap in the target rows: this stream gets no drafts
+    offset: int = 0  # the position of every module's cache row 0 (re-primed: see propose)
 
     @property
     def end(self) -> int:
@@ -108,8 +116,12 @@ class MtpProposer(Proposer):
     gated = False
 
     def __init__(self, modules: list[StepGraph], caches: list[KVCache],
-                 vocab: DraftVocab | None = None):
+                 vocab: DraftVocab | None = None, reprime: int = REPRIME):
+        """reprime: a head that would catch up on more rows than this reads only the last
+        `reprime` (`restart`)."""
         assert modules and len(modules) == len(caches), (len(modules), len(caches))
+        assert reprime >= 1, reprime
+        self.reprime = reprime
         self.modules = modules
         self.caches = caches  # one per module, same slot count as the target's
         self.vocab = vocab  # the heads' draft vocabulary; None: the target's
@@ -136,7 +148,7 @@ class MtpProposer(Proposer):
 
     def adopt(self, s, src: int, n: int, owner: int) -> int:
         st = self.slots.get(src)
-        if st is None or st.stream_id != owner or st.broken:
+        if st is None or st.stream_id != owner or st.broken or st.offset:
             return 0  # this head's rows are not those of the target's: read every row
         # module j's row p read tokens up to p + j + 1: valid while that is in the prefix
         committed = [max(0, min(c, n - 1 - j)) for j, c in enumerate(st.committed)]
@@ -153,6 +165,20 @@ class MtpProposer(Proposer):
         hist = Rows(start, st.hist.rows(start, end)) if held and end > start else None
         self.slots[s.slot] = SlotState(s.id, start, hist, committed)
         return end
+
+    def restart(self, slot: int, st: SlotState, start: int) -> int:
+        """Every module's cache starts again at position `start`, cache row 0 (-> start).
+        A stream whose head sat out many steps would otherwise catch up on every row it
+        skipped, the first draft of a request on its whole prompt: one layer over hundreds of
+        rows per stream, more than the draft can win back. Re-primed, the head reads the last
+        `reprime` rows only, at shifted positions: rotary attention depends on the distance
+        between rows, so each row sees what it would see at its true position with only that
+        window before it (a shorter context, not a wrong one; verification stays exact)."""
+        st.offset = start
+        st.committed = [start] * len(self.modules)
+        for cache in self.caches:
+            cache.lengths[slot] = 0
+        return start
 
     # --- what Eagle3 changes -------------------------------------------------------------
 
@@ -179,8 +205,10 @@ class MtpProposer(Proposer):
                 continue
             start = min(st.committed[:min(k, n_modules)])
             assert st.base <= start <= anchor, (st.base, start, anchor)
+            if anchor + 1 - start > self.reprime:
+                start = self.restart(s.slot, st, anchor + 1 - self.reprime)
             for cache in self.caches[:min(k, n_modules)]:
-                cache.rewind(s.slot, start)
+                cache.rewind(s.slot, start - st.offset)
             seqs[i], starts[i], anchors[i] = seq, start, anchor
             rows[i] = st.hist.rows(start, anchor + 1)
         ok = list(seqs)
