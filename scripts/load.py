@@ -179,9 +179,9 @@ def compare_plain(url: str, model: str, args) -> dict:
                                                   PLAIN if mode == "plain" else None, start))
                 runs[mode].append(phase(results, time.perf_counter() - t0))
                 sent = max(sent, len(results))
-            start += sent
                 print(f"concurrency {c}, {mode}: {runs[mode][-1]['tokens_per_s']:.1f} tok/s",
                       file=sys.stderr)
+            start += sent
         level = {"concurrency": c}
         for mode, phases in runs.items():
             tokens = sum(p["tokens"] for p in phases)

@@ -145,7 +145,18 @@ def test_8_concurrent_streams_equal_their_sequential_outputs(server, client):
     assert server.metric("trt_spec:kv_cache_slots_used") == 0
 
 
-def test_per_request_speculation_and_its_metrics(server, client):
+@pytest.fixture(scope="module")
+def every_step_server(tiny_spec_engine):
+    """A server whose drafters draft their k every step (the gain rules off): the tiny random
+    drafter never pays, so with the rules on a vanilla request may draft nothing at all."""
+    s = start_server(tiny_spec_engine, "--max-num-seqs", "2", "--no-spec-fallback")
+    yield s
+    assert s.stop() == 0
+
+
+def test_per_request_speculation_and_its_metrics(every_step_server):
+    server = every_step_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     names = ["spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
              "spec_decode_num_accepted_tokens_total", "generation_tokens_total"]
     before = {n: server.metric(f"trt_spec:{n}") for n in names}
