@@ -89,6 +89,12 @@ def parse_peers(text: str) -> list[str]:
               help="Instead: time one target forward of T = 1..9 new tokens after each --past "
                    "(default 64), median of 12 interleaved repeats: the curve c(T)/c(1) that "
                    "bounds what speculation can gain.")
+@click.option("--overhead", is_flag=True,
+              help="Instead: split one target forward after each --past (default 64) into the "
+                   "graph alone, input/output binding, step inputs, sampling, drafting and the "
+                   "decode loop, for plain exact, plain fast and the first method of --methods "
+                   "other than none (default ngram) at the first k, drafting every step; with "
+                   "--peers onnxruntime-genai, its graph alone and the rest of its loop.")
 @click.option("--fast-decode", is_flag=True,
               help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
                    "about c(2)/c(1), but speculative greedy output may then differ from plain "
@@ -102,13 +108,22 @@ def parse_peers(text: str) -> list[str]:
 @backend_options
 def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
           temperature, seed, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
-          fast_decode, spec_fallback, threads, backend, device):
+          overhead, fast_decode, spec_fallback, threads, backend, device):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
     from trt_spec.tools.bench import BenchConfig, bench_report, step_costs_report
 
     engines = list(engines) or [DEFAULT_ENGINE]
     try:
-        if step_costs:
+        if step_costs and overhead:
+            raise ValueError("--step-costs and --overhead are two different reports; give one")
+        if overhead:
+            from trt_spec.tools.overhead import overhead_report
+
+            spec = [m for m in methods if m != "none"]
+            text = overhead_report(engines[0], pasts, threads, spec[0] if spec else "ngram",
+                                   ks[0], max_new_tokens, json_out,
+                                   lambda msg: click.echo(msg, err=True), tuple(peers))
+        elif step_costs:
             text = step_costs_report(engines[0], pasts, threads, exact_decode=not fast_decode,
                                      json_out=json_out)
         else:
