@@ -29,7 +29,8 @@ def test_parse_peers():
     assert parse_peers("transformers, llama.cpp,transformers") == ["transformers", "llama.cpp"]
     assert parse_peers("") == []
     with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
-                                         "transformers-assisted, onnxruntime-genai, llama.cpp"):
+                                         "transformers-assisted, onnxruntime-genai, "
+                                         "onnxruntime-genai-ngram, llama.cpp"):
         parse_peers("transformers,vllm")
 
 
@@ -281,6 +282,30 @@ def test_ortgenai_peer_on_tiny(tiny_hf_dir, tmp_path):
         assert r["completion_tokens"] == N == len(r["output_ids"]) == r["target_forwards"]
         assert r["tokens_per_s"] > 0 and r["ttft_s"] > 0
         assert r == {**r, "output_ids": peer.generate([1, 5, 9, 40, 7], N, 0.0, 0)["output_ids"]}
+    finally:
+        peer.close()
+
+
+def test_ortgenai_ngram_peer_on_tiny(tiny_hf_dir, tmp_path):
+    """Its own n-gram speculation: N tokens, its statistics, and whether its output equals
+    its own plain output (greedy)."""
+    peer = peer_registry.PEERS["onnxruntime-genai-ngram"]()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    peer.load(tiny_ctx(tiny_hf_dir, tmp_path, k=3))
+    try:
+        assert peer.num_draft_tokens == 3
+        prompt = [1, 5, 9, 40, 7, 1, 5, 9, 40, 7, 1, 5]
+        r = peer.generate(prompt, N, 0.0, 0)
+        assert r["completion_tokens"] == N == len(r["output_ids"])
+        assert isinstance(r["same_as_own_plain"], bool)
+        assert r["target_forwards"] is None or r["target_forwards"] >= 1
+        plain = peer_registry.PEERS["onnxruntime-genai"]()
+        plain.load(tiny_ctx(tiny_hf_dir, tmp_path))
+        want = plain.generate(prompt, N, 0.0, 0)["output_ids"]
+        assert r["same_as_own_plain"] == (r["output_ids"] == want)
+        assert "same_as_own_plain" not in peer.generate(prompt, N, 0.7, 1)
     finally:
         peer.close()
 

@@ -200,6 +200,12 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
     }
 
 
+def mean_of(values) -> float | None:
+    """The mean of the values that are not None (None: none are)."""
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: list[dict] | None,
                    ) -> dict:
     """summarize()'s fields for a peer; what it does not report is None."""
@@ -216,8 +222,11 @@ def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: lis
         "throughput_tokens_per_s": (sum(t for t, _ in p.groups[workload])
                                     / sum(w for _, w in p.groups[workload])),
         "tau": tokens / sum(forwards) if None not in forwards else None,
-        "acceptance_rate": None, "acceptance_per_position": [],
+        "acceptance_rate": mean_of(r.get("acceptance_rate") for r in runs),
+        "acceptance_per_position": [],
         "identical_to_baseline": identical,
+        # a speculating peer's output against its own plain output (greedy), where it says
+        "identical_to_own_plain": mean_of(r.get("same_as_own_plain") for r in runs),
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": None, "score_us_per_step": None, "sample_us_per_step": None,
         # a server peer reports its own process; an in-process peer shares ours
@@ -456,6 +465,9 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
         label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
         engine = r["precision"] if r.get("peer") else Path(r["engine"]).name
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
+        if r.get("identical_to_own_plain") is not None:  # a speculating peer
+            acc = (f"rate {fmt(r['acceptance_rate'], '.2f')}; same as its own plain "
+                   f"{r['identical_to_own_plain']:.2f}")
         rows.append(f"{engine[:32]:<32} {label:<22} {r['workload']:<10} "
                     f"{fmt(r['tokens_per_s']['median'], '>7.1f'):>7} "
                     f"{fmt(r['speedup_vs_none'], '.2f'):>7} "

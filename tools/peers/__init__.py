@@ -16,6 +16,8 @@ fields where they apply:
     target_forwards    int, or None where the peer does not say (tau is then None)
     ttft_s             prompt in -> first token out
     output_ids         list[int]
+    acceptance_rate    optional: a speculating peer's own acceptance rate
+    same_as_own_plain  optional (greedy): whether its output equals its own plain output
 
 Peers import their runtimes lazily: this package imports without torch, transformers,
 onnxruntime-genai or llama.cpp.
@@ -106,10 +108,11 @@ def decode_rate(stamps: list[float]) -> float | None:
 def _registry() -> dict:
     from trt_spec.tools.peers.hf import AssistedPeer, TransformersPeer
     from trt_spec.tools.peers.llamacpp import LlamaCppPeer
-    from trt_spec.tools.peers.ortgenai import OrtGenaiPeer
+    from trt_spec.tools.peers.ortgenai import OrtGenaiNgramPeer, OrtGenaiPeer
 
     return {"transformers": TransformersPeer, "transformers-assisted": AssistedPeer,
-            "onnxruntime-genai": OrtGenaiPeer, "llama.cpp": LlamaCppPeer}
+            "onnxruntime-genai": OrtGenaiPeer, "onnxruntime-genai-ngram": OrtGenaiNgramPeer,
+            "llama.cpp": LlamaCppPeer}
 
 
 PEERS: dict[str, type] = _registry()  # name -> class; tests may register a fake

@@ -97,3 +97,67 @@ class OrtGenaiPeer:
 
     def close(self) -> None:
         self.model = None
+
+
+class OrtGenaiNgramPeer(OrtGenaiPeer):
+    """onnxruntime-genai's own n-gram speculation in its C++ loop (0.18:
+    `GeneratorParams.set_speculative_options`): 3-gram lookup drafting at most k tokens, with
+    its adaptive k and cooldown on (of the settings tried on this model, the fastest). Greedy
+    runs also decode plainly once per prompt, so the row says whether its speculative output
+    equals its own plain output (its multi-row kernels round differently, and it has no exact
+    mode); τ and acceptance come from its own statistics (`get_speculative_stats`)."""
+
+    name = "onnxruntime-genai-ngram"
+    NGRAM = 3
+
+    def __init__(self):
+        super().__init__()
+        self._plain: dict[tuple[int, ...], list[int]] = {}  # its own greedy output, by prompt
+
+    def load(self, ctx: PeerContext) -> None:
+        import onnxruntime_genai as og
+
+        if not hasattr(og.GeneratorParams, "set_speculative_options"):
+            raise RuntimeError(f"onnxruntime-genai {og.__version__} has no speculative "
+                               "decoding (0.18 or later)")
+        super().load(ctx)
+        self.num_draft_tokens = ctx.num_draft_tokens
+        self.engine += f", n-gram {self.NGRAM}, adaptive k, cooldown"
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int) -> dict:
+        import numpy as np
+        import onnxruntime_genai as og
+
+        assert self.model is not None, "load() first"
+        params = og.GeneratorParams(self.model)
+        total = len(prompt_ids) + max_new_tokens
+        options = {"min_length": total, "max_length": total, "do_sample": temperature > 0,
+                   "batch_size": 1}
+        if temperature > 0:
+            options.update(temperature=temperature, top_k=self.vocab_size, top_p=1.0,
+                           random_seed=seed)
+        params.set_search_options(**options)
+        params.set_speculative_options(ngram_size=self.NGRAM,
+                                       max_draft_tokens=self.num_draft_tokens,
+                                       min_adaptive_k=1, cooldown=True)
+        generator = og.Generator(self.model, params)
+        stamps = []
+        t0 = time.perf_counter()
+        generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+            stamps.append(time.perf_counter())
+        output_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+        stats = generator.get_speculative_stats()
+        result = {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
+                  "target_forwards": int(stats.get("target_forward_passes") or 0) or None,
+                  "ttft_s": stamps[0] - t0 if stamps else None, "output_ids": output_ids,
+                  "acceptance_rate": stats.get("acceptance_rate")}
+        if temperature == 0:
+            key = tuple(prompt_ids)
+            if key not in self._plain:
+                self._plain[key] = super().generate(prompt_ids, max_new_tokens, 0.0,
+                                                    seed)["output_ids"]
+            result["same_as_own_plain"] = self._plain[key] == output_ids
+        return result
