@@ -310,6 +310,24 @@ def test_ortgenai_ngram_peer_on_tiny(tiny_hf_dir, tmp_path):
         peer.close()
 
 
+def test_ortgenai_graph_scorer_follows_its_generator(tiny_hf_dir, tmp_path):
+    """Teacher forcing on its graph (fidelity --onnxruntime-genai): scoring prompt + its own
+    greedy answer in one forward gives, at every position, the token its generator chose."""
+    from trt_spec.tools.peers.ortgenai import GraphScorer
+
+    peer = peer_registry.PEERS["onnxruntime-genai"]()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    peer.load(tiny_ctx(tiny_hf_dir, tmp_path))
+    prompt = [1, 5, 9, 40, 7]
+    answer = peer.generate(prompt, N, 0.0, 0)["output_ids"]
+    peer.close()
+    logits = GraphScorer(tmp_path / "cache" / "ortgenai-int4", 1)(prompt + answer, len(prompt))
+    assert logits.shape[0] == N  # one row per answer token, each predicting it
+    assert list(logits.argmax(-1)) == answer
+
+
 @pytest.mark.slow
 def test_llamacpp_peer_on_smollm2(tmp_path):
     """The real GGUF through llama-server: N tokens, ids returned, the server gone after."""

@@ -346,7 +346,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
             skipped[p.name] = f"failed while running: {type(e).__name__}: {e}"
             progress(f"peer {p.name}: dropped ({skipped[p.name]})")
             return
-        p.groups.setdefault(name, []).append((r["completion_tokens"], time.perf_counter() - t0))
+        wall = time.perf_counter() - t0 - r.get("untimed_s", 0.0)  # less its own checks
+        p.groups.setdefault(name, []).append((r["completion_tokens"], wall))
         p.runs.setdefault(name, []).append(r)
 
     for c in configs:  # warm-up, not recorded: `batch` streams, so one-time work per batch

@@ -44,9 +44,15 @@ def fidelity(reference, test, prompts_ids: list[list[int]], new_tokens: int = 64
     that returns only its top-N (llama.cpp) can be given too. `forced`: teacher_forced()'s
     result when already computed (it is the reference's part of the work)."""
     forced = forced or teacher_forced(reference, prompts_ids, new_tokens)
+    return fidelity_of(lambda full, start: score(test, full, start), forced, top_n)
+
+
+def fidelity_of(score_test, forced, top_n: int = 100) -> dict:
+    """fidelity() of any scorer: score_test(full ids, start) -> logits [n, vocab] for the
+    positions start-1 .. len(full)-2, as score() returns them."""
     agree, kls, coarse = [], [], []
     for full, start, lp_ref in forced:
-        lp_test = log_softmax(score(test, full, start))
+        lp_test = log_softmax(score_test(full, start))
         agree.append(lp_ref.argmax(-1) == lp_test.argmax(-1))
         kls.append((np.exp(lp_ref) * (lp_ref - lp_test)).sum(-1))
         for ref_row, test_row in zip(lp_ref, lp_test):
@@ -100,10 +106,11 @@ MAX_LEN = 4096  # KV-cache rows of both engines: prompt + continuation
 
 def compare(reference: str, engine: str, prompts_file: str | None = None,
             num_prompts: int | None = None, max_new_tokens: int = 64, llama_cpp: bool = False,
-            threads: int | None = None) -> dict:
+            threads: int | None = None, ortgenai: bool = False) -> dict:
     """`trt-spec fidelity`: `engine` against `reference` on the prompts (the first
     `num_prompts` of the file), teacher-forced on the reference's greedy continuations; with
-    `llama_cpp`, llama.cpp on the reference's source GGUF too. ValueError when it cannot run."""
+    `llama_cpp`, llama.cpp on the reference's source GGUF too; with `ortgenai`,
+    onnxruntime-genai's int4 model built from it. ValueError when it cannot run."""
     from trt_spec.runtime.generator import Generator
     from trt_spec.tools.bench import load_prompts
 
@@ -115,7 +122,20 @@ def compare(reference: str, engine: str, prompts_file: str | None = None,
     report = fidelity(ref, test, prompts_ids, max_new_tokens, forced=forced)
     if llama_cpp:
         report["llama.cpp"] = llamacpp_fidelity(ref, forced, threads)
+    if ortgenai:
+        report["onnxruntime-genai"] = ortgenai_fidelity(reference, forced, threads)
     return {"reference": reference, "engine": engine, **report}
+
+
+def ortgenai_fidelity(reference: str, forced, threads: int | None) -> dict:
+    """fidelity --onnxruntime-genai: its int4 graph (its builder on the reference's source
+    model) scoring each prompt + continuation in one forward, as ours are scored."""
+    from trt_spec.tools.overhead import ortgenai_folder
+    from trt_spec.tools.peers import peer_threads
+    from trt_spec.tools.peers.ortgenai import GraphScorer
+
+    scorer = GraphScorer(ortgenai_folder(reference), peer_threads(threads))
+    return fidelity_of(scorer, forced)
 
 
 def llamacpp_fidelity(ref, forced, threads: int | None) -> dict:

@@ -18,6 +18,7 @@ fields where they apply:
     output_ids         list[int]
     acceptance_rate    optional: a speculating peer's own acceptance rate
     same_as_own_plain  optional (greedy): whether its output equals its own plain output
+    untimed_s          optional: seconds of the call spent on such checks, not decoding
 
 Peers import their runtimes lazily: this package imports without torch, transformers,
 onnxruntime-genai or llama.cpp.

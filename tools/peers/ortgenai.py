@@ -155,9 +155,38 @@ class OrtGenaiNgramPeer(OrtGenaiPeer):
                   "ttft_s": stamps[0] - t0 if stamps else None, "output_ids": output_ids,
                   "acceptance_rate": stats.get("acceptance_rate")}
         if temperature == 0:
-            key = tuple(prompt_ids)
+            key, t1 = tuple(prompt_ids), time.perf_counter()
             if key not in self._plain:
                 self._plain[key] = super().generate(prompt_ids, max_new_tokens, 0.0,
                                                     seed)["output_ids"]
             result["same_as_own_plain"] = self._plain[key] == output_ids
+            result["untimed_s"] = time.perf_counter() - t1  # not part of its decoding
         return result
+
+
+class GraphScorer:
+    """onnxruntime-genai's decoder graph in a plain ONNX Runtime session, for teacher forcing:
+    one forward over a whole sequence (an empty past), its logits at every position."""
+
+    def __init__(self, folder: Path, threads: int):
+        import numpy as np
+
+        from trt_spec.runtime.backends.ort import make_session
+
+        decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+        self.session = make_session(folder / decoder["filename"], threads)
+        self.names = decoder["inputs"], decoder["outputs"]
+        empty = np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]),
+                         np.float32)
+        self.past = {self.names[0][f"past_{kind}_names"] % i: empty
+                     for i in range(decoder["num_hidden_layers"]) for kind in ("key", "value")}
+
+    def __call__(self, ids: list[int], start: int):
+        """Logits for positions start-1 .. len(ids)-2 (each predicts ids[i + 1])."""
+        import numpy as np
+
+        feeds = {self.names[0]["input_ids"]: np.asarray([ids], np.int64),
+                 self.names[0]["attention_mask"]: np.ones((1, len(ids)), np.int64),
+                 **self.past}
+        logits = self.session.run([self.names[1]["logits"]], feeds)[0][0]
+        return logits[start - 1:len(ids) - 1]

@@ -23,14 +23,19 @@ from trt_spec.cli.options import engine_option, fail, threads_option
               help="Also measure llama.cpp (llama-server on the GGUF the reference was exported "
                    "from) on the same positions; its KL is over its top 100 tokens "
                    "(mean_kl_top, given for ENGINE too).")
+@click.option("--onnxruntime-genai", "ortgenai", is_flag=True,
+              help="Also measure onnxruntime-genai's int4 model (its builder on the model the "
+                   "reference was exported from; needs pip install -e '.[bench]') on the same "
+                   "positions.")
 @threads_option
-def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama_cpp, threads):
+def fidelity(reference, engine, prompts_file, num_prompts, max_new_tokens, llama_cpp, ortgenai,
+             threads):
     """How closely ENGINE follows REFERENCE, by teacher forcing: greedy agreement, mean KL."""
     from trt_spec.tools.fidelity import compare
 
     try:
         report = compare(reference, engine, prompts_file, num_prompts, max_new_tokens,
-                         llama_cpp, threads)
+                         llama_cpp, threads, ortgenai)
     except ValueError as e:
         fail(e)
     click.echo(json.dumps(report))
