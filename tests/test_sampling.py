@@ -51,3 +51,26 @@ def test_seeded_sampling_is_reproducible_and_matches_distribution():
 def test_bad_params_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_sample_from_probs_draws_each_token_at_its_weight():
+    """The two-level inverse CDF: frequencies match the weights (normalized or not, a vocabulary
+    not a multiple of the block), a zero weight is never drawn, a seed repeats the draws."""
+    from trt_spec.runtime.sampling import SAMPLE_BLOCK, sample_from_probs
+
+    rng = np.random.default_rng(1)
+    n = 3 * SAMPLE_BLOCK + 37
+    w = rng.random(n) ** 4 * 5.0  # unnormalized, uneven
+    w[::3] = 0.0
+    w[-1] = 0.0  # the last token, which rounding past a block's end would otherwise pick
+    draws = np.array([sample_from_probs(w, rng) for _ in range(40000)])
+    assert not np.any(w[draws] == 0)
+    # block by block (per-token counts are too small at this vocabulary)
+    blocks = np.add.reduceat(w, np.arange(0, n, 64)) / w.sum()
+    freq = np.bincount(draws // 64, minlength=len(blocks)) / len(draws)
+    np.testing.assert_allclose(freq, blocks, atol=0.01)
+    a = [sample_from_probs(w, np.random.default_rng(7)) for _ in range(3)]
+    assert a == [sample_from_probs(w, np.random.default_rng(7)) for _ in range(3)]
+    one_hot = np.zeros(n)
+    one_hot[SAMPLE_BLOCK + 5] = 1e-30  # a single tiny weight is still certain
+    assert {sample_from_probs(one_hot, rng) for _ in range(20)} == {SAMPLE_BLOCK + 5}
