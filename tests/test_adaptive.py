@@ -300,6 +300,45 @@ def test_hybrid_verifies_what_pays_of_a_fixed_k():
         assert asked[-1] == [0, want_head] and d.sources[1] == "mtp"
 
 
+def test_hybrid_drafts_nothing_where_no_length_pays():
+    """A large batch whose verified rows cost nearly a step each, and a weak head: hybrid's head
+    drafts nothing (a plain step) instead of one token that loses, but probes now and then."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.policy import PROBE_EVERY, SURE_LOSS_SPACING
+    from trt_spec.runtime.proposers.base import Drafts
+    from trt_spec.runtime.proposers.hybrid import HybridProposer
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 19), (3, 28)):  # batch 8: each row ~0.9 of a step
+        rule.costs.record(8, t, ms / 1000)
+    acc = rule.acceptance("hybrid:mtp", False)
+    acc.proposed, acc.accepted = [300.0] * 2, [90.0, 20.0]  # 0.3, then 0.07
+    asked = []
+
+    class Head:
+        name, reads, gated = "mtp", "hidden_states", False
+
+        def propose(self, streams, ks, gate=None):
+            asked.append(list(ks))
+            return Drafts([np.arange(k) for k in ks], [None] * len(ks))
+
+        def release(self, stream):
+            pass
+
+    lookup = SimpleNamespace(name="suffix", propose=lambda streams, ks: Drafts(
+        [np.array([], dtype=np.int64)], [None]), release=lambda s: None)
+    stream = SimpleNamespace(id=3, params=SamplingParams())
+    hybrid = HybridProposer(lookup, Head())
+    steps = PROBE_EVERY * SURE_LOSS_SPACING
+    for _ in range(steps):
+        d = hybrid.propose([stream], [2], rule.gate("hybrid", [False], 8))
+    assert asked[:-1] == [[0]] * (steps - 1) and asked[-1] == [1]  # one probe, of one token
+    assert d.sources == ["mtp"]
+    hybrid.release(stream)
+    assert not hybrid.skipped
+
+
 # --- sampling stays the target's distribution -------------------------------------------------
 
 @pytest.mark.parametrize("method,k", [("mtp", "auto"), ("hybrid", "auto"), ("eagle3", "auto:3"),

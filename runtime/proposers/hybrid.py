@@ -6,7 +6,8 @@
         trusted streams take d (nearly free to draft, often long); the others draft with the
             head (MTP / Eagle3 / ..., its k and `auto` gate as usual)
         under the policy's gain rules a fixed k is the most either drafts: each takes the
-            length that its own measured acceptance within hybrid says pays best
+            length that its own measured acceptance within hybrid says pays best, and none
+            where no length pays (a large batch: a plain step, probing now and then)
 
 The head keeps its bookkeeping either way (it catches up on the rows it skipped), so each
 stream switches per step. Drafts.sources says which proposer drafted each stream's step.
@@ -18,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from trt_spec.runtime.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.suffix import SuffixProposer
 
@@ -38,6 +40,7 @@ class HybridProposer(Proposer):
         self.measured = measured
         self.reads = head.reads
         self.plans = not head.gated  # `auto`: the engine plans k for a head without a gate
+        self.skipped: dict[tuple[int, str], int] = {}  # (stream, source) -> steps not paying
 
     def length(self, s, i: int, source: str, n: int, gate, drafting: int) -> int:
         """How many of n drafts from `source` to verify: a fixed-k stream under the gain rules
@@ -49,7 +52,14 @@ class HybridProposer(Proposer):
         rule = gate.rule
         acc = rule.acceptance(source_key(self.name, source), s.params.temperature > 0)
         cost_of = None if source == self.lookup.name else source
-        return acc.best(rule.costs, cost_of, n, gate.batch, drafting)[0]
+        best, gain = acc.best(rule.costs, cost_of, n, gate.batch, drafting)
+        if gain >= 1:
+            return best
+        # no length pays (a large batch, a weak head): a plain step, as the policy's rule for
+        # a single method, with its probes (policy.probes) so the measurements go on
+        key = (s.id, source)
+        self.skipped[key] = self.skipped.get(key, 0) + 1
+        return best if probes(self.skipped[key], gain) else 0
 
     def propose(self, streams, ks, gate=None):
         found = self.lookup.propose(streams, ks).tokens
@@ -76,6 +86,8 @@ class HybridProposer(Proposer):
     def release(self, stream) -> None:
         self.head.release(stream)
         self.lookup.release(stream)
+        for source in (self.lookup.name, self.head.name):
+            self.skipped.pop((stream.id, source), None)
 
     def adopt(self, stream, src: int, n: int, owner: int) -> int:
         return min(self.head.adopt(stream, src, n, owner),
