@@ -12,6 +12,7 @@ cannot be installed or loaded, or fails while running, is reported under skipped
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -306,7 +307,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                 if peers else None)
     active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
 
-    def run(c: Config, name: str, prompts_ids: list[list[int]]) -> None:
+    def run(c: Config, name: str, prompts_ids: list[list[int]], sampling=None) -> None:
         gen = gens[c.engine]
         gen.use_suffix_cache(c.suffix_cache)
         fast = c.method == NONE_FAST
@@ -316,7 +317,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
             gen.engine.draft_length = DraftLength()
         t0 = time.perf_counter()
         try:
-            streams = gen.generate_ids(prompts_ids, params, "none" if fast else c.method, c.k)
+            streams = gen.generate_ids(prompts_ids, sampling or params,
+                                       "none" if fast else c.method, c.k)
         finally:
             gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
             gen.engine.draft_length = rule
@@ -350,9 +352,14 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         p.groups.setdefault(name, []).append((r["completion_tokens"], wall))
         p.runs.setdefault(name, []).append(r)
 
-    for c in configs:  # warm-up, not recorded: `batch` streams, so one-time work per batch
-        # size (the engine's cost probe, runtime/cost_probe.py) is done here, not in a run
-        run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]] * batch)
+    # warm-up, not recorded: one-time work per batch size (the engine's cost probe,
+    # runtime/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
+    # whose prompts are admitted over several steps decodes at the smaller sizes first
+    warm = dataclasses.replace(params, max_tokens=min(params.max_tokens, 6))
+    for c in configs:
+        for size in range(1, batch + 1) if batch > 1 else [1]:
+            run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]] * size,
+                warm if size < batch else None)
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
         c.suffix_cache = SuffixCache()  # what the warm-up wrote is not a request
     for p in list(active):

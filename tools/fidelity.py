@@ -130,11 +130,10 @@ def compare(reference: str, engine: str, prompts_file: str | None = None,
 def ortgenai_fidelity(reference: str, forced, threads: int | None) -> dict:
     """fidelity --onnxruntime-genai: its int4 graph (its builder on the reference's source
     model) scoring each prompt + continuation in one forward, as ours are scored."""
-    from trt_spec.tools.overhead import ortgenai_folder
     from trt_spec.tools.peers import peer_threads
-    from trt_spec.tools.peers.ortgenai import GraphScorer
+    from trt_spec.tools.peers.ortgenai import GraphScorer, built_model
 
-    scorer = GraphScorer(ortgenai_folder(reference), peer_threads(threads))
+    scorer = GraphScorer(built_model(reference), peer_threads(threads))
     return fidelity_of(scorer, forced)
 
 

@@ -130,11 +130,6 @@ def table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def share(row: dict) -> dict[str, float]:
-    """Each part's share of the total."""
-    return {p: row[p] / row["total"] for p in PARTS if row[p] is not None}
-
-
 def as_json(rows: dict[str, dict]) -> dict:
     return {name: {k: (float(v) if isinstance(v, (int, float, np.floating)) else v)
                    for k, v in r.items()} for name, r in rows.items()}
@@ -149,6 +144,7 @@ def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
     from trt_spec.runtime.generator import Generator
     from trt_spec.tools.bench import write_json
     from trt_spec.tools.peers import peer_threads
+    from trt_spec.tools.peers.ortgenai import built_model
 
     unknown = [p for p in peers if p != "onnxruntime-genai"]
     if unknown:
@@ -175,7 +171,7 @@ def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
         if "onnxruntime-genai" in peers:
             if log:
                 log(f"past {past}: onnxruntime-genai")
-            rows["onnxruntime-genai"] = ortgenai_row(ortgenai_folder(engine), synthetic_prompt(
+            rows["onnxruntime-genai"] = ortgenai_row(built_model(engine), synthetic_prompt(
                 gen, past), max_tokens, peer_threads(threads))
         report[past] = rows
     if json_out:
@@ -251,16 +247,3 @@ def ortgenai_row(folder, prompt_ids: list[int], max_tokens: int, threads: int,
             "loop": total - graph, "score": None, "total": total, "tau": 1.0,
             "per_token": total}
 
-
-def ortgenai_folder(engine: str):
-    """The onnxruntime-genai model built from the engine's source model (built once, cached)."""
-    from trt_spec.runtime.manifest import load_manifest
-    from trt_spec.tools.peers import PEERS, peer_context
-    from trt_spec.tools.peers.hf import hf_dir
-    from trt_spec.tools.peers.ortgenai import build_model
-
-    ok, reason = PEERS["onnxruntime-genai"]().available()
-    if not ok:
-        raise ValueError(f"onnxruntime-genai: {reason}")
-    ctx = peer_context(load_manifest(engine, verify="none").data, None, 4, engine)
-    return build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")

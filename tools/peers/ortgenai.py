@@ -190,3 +190,17 @@ class GraphScorer:
                  **self.past}
         logits = self.session.run([self.names[1]["logits"]], feeds)[0][0]
         return logits[start - 1:len(ids) - 1]
+
+
+def built_model(engine: str) -> Path:
+    """The onnxruntime-genai model built from an engine folder's source model (built once,
+    cached beside the other peers' derived weights); ValueError where it cannot be."""
+    from trt_spec.runtime.manifest import load_manifest
+    from trt_spec.tools.peers import PEERS, peer_context
+    from trt_spec.tools.peers.hf import hf_dir
+
+    ok, reason = PEERS["onnxruntime-genai"]().available()
+    if not ok:
+        raise ValueError(f"onnxruntime-genai: {reason}")
+    ctx = peer_context(load_manifest(engine, verify="none").data, None, 4, engine)
+    return build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
