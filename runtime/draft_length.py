@@ -78,6 +78,7 @@ class StepCosts:
         self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
         self.draft: dict[str, tuple[float, int]] = {}  # method -> (mean seconds a token, n)
         self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a step, n)
+        self._units: dict[int, float | None] = {}  # _unit by batch, until a cost changes
 
     @staticmethod
     def _update(table: dict, key, seconds: float) -> None:
@@ -87,9 +88,11 @@ class StepCosts:
 
     def observe_step(self, batch: int, rows: int, seconds: float) -> None:
         self._update(self.step, (batch, rows), seconds)
+        self._units.pop(batch, None)
 
     def observe_overhead(self, batch: int, seconds: float) -> None:
         self._update(self.overhead, batch, seconds)
+        self._units.pop(batch, None)
 
     def observe_draft(self, method: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -98,6 +101,7 @@ class StepCosts:
     def record(self, batch: int, rows: int, seconds: float) -> None:
         """A measured cost (a probe's median): counts as MIN_SAMPLES live steps."""
         self.step[(batch, rows)] = (seconds, MIN_SAMPLES)
+        self._units.pop(batch, None)
 
     def known(self, batch: int) -> bool:
         """Whether c_B(1) is measured for this batch size."""
@@ -108,7 +112,13 @@ class StepCosts:
 
     def _unit(self, batch: int) -> float | None:
         """A plain step in seconds, c_B(1) + o_B: c_B(1) measured, else from the batch's
-        smallest measured step and the prior ratio."""
+        smallest measured step and the prior ratio (kept until a cost of the batch changes:
+        a step's plan reads it for every stream and length)."""
+        if batch not in self._units:
+            self._units[batch] = self._measure_unit(batch)
+        return self._units[batch]
+
+    def _measure_unit(self, batch: int) -> float | None:
         known = [(t, m) for (b, t), (m, n) in self.step.items() if b == batch and n >= MIN_SAMPLES]
         if not known:
             return None

@@ -404,6 +404,8 @@ class Engine:
             if self.proposer(s) is not None:
                 groups.setdefault(s.method, []).append(i)
         for method, idx in groups.items():
+            if not any(ks[i] for i in idx):  # none of the group drafts: a plain step for it
+                continue  # (proposers catch up on what they skipped when next asked)
             proposer = self.proposers(method)
             gate = (self.draft_length.gate(method, [streams[i].adaptive for i in idx],
                                            len(streams))
@@ -526,7 +528,10 @@ class Engine:
         t2 = time.perf_counter()
         rows = 1 + max(len(d) for d in drafts.tokens)  # the step's widest request
         self.draft_length.costs.observe_step(len(streams), rows, t2 - t1)
-        spec = [i for i, s in enumerate(streams) if self.proposer(s) is not None]
+        # streams that drafted: verified; the others take the target's next token as plain
+        # decoding does (the same draw from the same distribution as verifying no drafts)
+        spec = [i for i, s in enumerate(streams)
+                if self.proposer(s) is not None and len(drafts.tokens[i])]
         result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
                               [scores.logits[i] for i in spec],
                               [streams[i].params for i in spec], [streams[i].rng for i in spec])

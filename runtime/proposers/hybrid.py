@@ -6,8 +6,8 @@
         trusted streams take d (nearly free to draft, often long); the others draft with the
             head (MTP / Eagle3 / ..., its k and `auto` gate as usual)
         under the policy's gain rules a fixed k is the most either drafts: each takes the
-            length that its own measured acceptance within hybrid says pays best, and none
-            where no length pays (a large batch: a plain step, probing now and then)
+            length that its own measured acceptance within hybrid says pays best, and the
+            head none where no length pays (a large batch: probing now and then)
 
 The head keeps its bookkeeping either way (it catches up on the rows it skipped), so each
 stream switches per step. Drafts.sources says which proposer drafted each stream's step.
@@ -53,10 +53,12 @@ class HybridProposer(Proposer):
         acc = rule.acceptance(source_key(self.name, source), s.params.temperature > 0)
         cost_of = None if source == self.lookup.name else source
         best, gain = acc.best(rule.costs, cost_of, n, gate.batch, drafting)
-        if gain >= 1:
+        if gain >= 1 or cost_of is None:  # a lookup drafts for free; the batch width cuts it
             return best
-        # no length pays (a large batch, a weak head): a plain step, as the policy's rule for
-        # a single method, with its probes (policy.probes) so the measurements go on
+        # no length of the head pays (a large batch, a weak head): it does not draft, as the
+        # policy's rule for a single method, with its probes so the measurements go on.
+        # (Pooled over match lengths a lookup's acceptance undersells its long matches, which
+        # auto tells apart: it is not judged so.)
         key = (s.id, source)
         self.skipped[key] = self.skipped.get(key, 0) + 1
         return best if probes(self.skipped[key], gain) else 0

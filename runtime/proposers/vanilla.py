@@ -44,8 +44,12 @@ class VanillaProposer(Proposer):
         self.reprime = reprime
         self.held: dict[int, list[int]] = {}  # slot -> the token ids in its draft cache rows
         self.offsets: dict[int, int] = {}  # slot -> the position of its row 0 (its token's)
+        self.fed: set[int] = set()  # slots whose cache propose wrote since their last commit
 
     def commit(self, s) -> None:
+        if s.slot not in self.fed:  # nothing fed since the last commit: its rows still hold
+            return
+        self.fed.discard(s.slot)
         tokens, off = self.held.get(s.slot, []), self.offsets.get(s.slot, 0)
         keep = common_prefix(tokens, (s.prompt_ids + s.output_ids)[off:])
         self.cache.rewind(s.slot, keep)
@@ -81,6 +85,7 @@ class VanillaProposer(Proposer):
             if len(seq) - off - keep > self.reprime:  # restart on the last tokens (see above)
                 off, keep = len(seq) - self.reprime, 0
             self.offsets[s.slot] = off
+            self.fed.add(s.slot)
             self.cache.lengths[s.slot] = keep
             feeds[i] = seq[off + keep:]
             self.held[s.slot] = seq[off:off + keep]
