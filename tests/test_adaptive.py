@@ -267,6 +267,23 @@ def test_method_auto_chooses_by_measured_gain():
     assert auto.choose(seeded, found[:1], 4, gate, 1) == ("mtp", 4)
 
 
+class FakeHead:
+    """A model drafter for hybrid's rules: drafts 0, 1, ... and records the ks it was asked."""
+    name, reads, gated = "mtp", "hidden_states", False
+
+    def __init__(self):
+        self.asked: list[list[int]] = []
+
+    def propose(self, streams, ks, gate=None):
+        from trt_spec.runtime.proposers.base import Drafts
+
+        self.asked.append(list(ks))
+        return Drafts([np.arange(k) for k in ks], [None] * len(ks))
+
+    def release(self, stream):
+        pass
+
+
 def test_hybrid_verifies_what_pays_of_a_fixed_k():
     """Under the gain rules hybrid's k is the most either source drafts: the head's length and
     the lookup's cut follow their own acceptance within hybrid; without the rules, k."""
@@ -281,20 +298,13 @@ def test_hybrid_verifies_what_pays_of_a_fixed_k():
     for source, rates in (("mtp", [0.5, 0.05, 0.0, 0.0]), ("suffix", [0.9, 0.8, 0.1, 0.0])):
         acc = rule.acceptance(f"hybrid:{source}", False)
         acc.proposed, acc.accepted = [300.0] * 4, [300.0 * a for a in rates]
-    asked = []
-
-    class Head:
-        name, reads, gated = "mtp", "hidden_states", False
-
-        def propose(self, streams, ks, gate=None):
-            asked.append(list(ks))
-            return Drafts([np.arange(k) for k in ks], [None] * len(ks))
-
+    head = FakeHead()
+    asked = head.asked
     lookup = SimpleNamespace(name="suffix", propose=lambda streams, ks: Drafts(
         [np.array([5, 6, 7, 8]), np.array([], dtype=np.int64)], [None, None]))
     streams = [SimpleNamespace(id=i, params=SamplingParams()) for i in range(2)]
     for measured, want_lookup, want_head in ((True, 2, 1), (False, 4, 4)):
-        hybrid = HybridProposer(lookup, Head(), measured=lambda: measured)
+        hybrid = HybridProposer(lookup, head, measured=lambda: measured)
         d = hybrid.propose(streams, [4, 4], rule.gate("hybrid", [False, False], 1))
         assert len(d.tokens[0]) == want_lookup and d.sources[0] == "suffix"
         assert asked[-1] == [0, want_head] and d.sources[1] == "mtp"
@@ -314,22 +324,12 @@ def test_hybrid_drafts_nothing_where_no_length_pays():
         rule.costs.record(8, t, ms / 1000)
     acc = rule.acceptance("hybrid:mtp", False)
     acc.proposed, acc.accepted = [300.0] * 2, [90.0, 20.0]  # 0.3, then 0.07
-    asked = []
-
-    class Head:
-        name, reads, gated = "mtp", "hidden_states", False
-
-        def propose(self, streams, ks, gate=None):
-            asked.append(list(ks))
-            return Drafts([np.arange(k) for k in ks], [None] * len(ks))
-
-        def release(self, stream):
-            pass
-
+    head = FakeHead()
+    asked = head.asked
     lookup = SimpleNamespace(name="suffix", propose=lambda streams, ks: Drafts(
         [np.array([], dtype=np.int64)], [None]), release=lambda s: None)
     stream = SimpleNamespace(id=3, params=SamplingParams())
-    hybrid = HybridProposer(lookup, Head())
+    hybrid = HybridProposer(lookup, head)
     steps = PROBE_EVERY * SURE_LOSS_SPACING
     for _ in range(steps):
         d = hybrid.propose([stream], [2], rule.gate("hybrid", [False], 8))

@@ -143,14 +143,11 @@ def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
     peers: "onnxruntime-genai" adds its plain decoding (the graph, and the rest)."""
     from trt_spec.runtime.generator import Generator
     from trt_spec.tools.bench import write_json
-    from trt_spec.tools.peers import peer_threads
-    from trt_spec.tools.peers.ortgenai import built_model
 
     unknown = [p for p in peers if p != "onnxruntime-genai"]
     if unknown:
         raise ValueError(f"--overhead --peers {','.join(unknown)}: only onnxruntime-genai's "
                          "graph can be timed alone here")
-
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"--num-draft-tokens {k!r}: the decomposition needs one fixed k >= 1")
     pasts = list(pasts) or [64]
@@ -171,8 +168,8 @@ def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
         if "onnxruntime-genai" in peers:
             if log:
                 log(f"past {past}: onnxruntime-genai")
-            rows["onnxruntime-genai"] = ortgenai_row(built_model(engine), synthetic_prompt(
-                gen, past), max_tokens, peer_threads(threads))
+            rows["onnxruntime-genai"] = ortgenai_row(engine, synthetic_prompt(gen, past),
+                                                     max_tokens, threads)
         report[past] = rows
     if json_out:
         write_json(json_out, {str(p): as_json(r) for p, r in report.items()})
@@ -214,36 +211,29 @@ def ortgenai_graph_ms(folder, past: int, threads: int, repeats: int = 30) -> flo
     return _median_ms(lambda: session.run_with_iobinding(io), repeats)
 
 
-def ortgenai_row(folder, prompt_ids: list[int], max_tokens: int, threads: int,
-                 runs: int = 3, repeats: int = 30) -> dict:
-    """onnxruntime-genai, plain greedy: the graph alone, and the rest of its C++ generator
-    loop per token (its binding, sampling and loop cannot be told apart from outside)."""
-    import json
+def ortgenai_row(engine: str, prompt_ids: list[int], max_tokens: int,
+                 threads: int | None, runs: int = 3, repeats: int = 30) -> dict:
+    """onnxruntime-genai (the bench peer, on the engine's source model), plain greedy: the
+    graph alone, and the rest of its C++ generator loop per token (its binding, sampling and
+    loop cannot be told apart from outside)."""
+    from trt_spec.runtime.manifest import load_manifest
+    from trt_spec.tools.peers import peer_context
+    from trt_spec.tools.peers.ortgenai import OrtGenaiPeer
 
-    import onnxruntime_genai as og
-
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-    model = og.Model(config)
-    totals = []
-    for _ in range(runs):
-        params = og.GeneratorParams(model)
-        total = len(prompt_ids) + max_tokens
-        params.set_search_options(min_length=total, max_length=total, do_sample=False,
-                                  batch_size=1)
-        generator = og.Generator(model, params)
-        generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))
-        stamps = []
-        while not generator.is_done():
-            generator.generate_next_token()
-            stamps.append(time.perf_counter())
-        totals.append(1000 * (stamps[-1] - stamps[0]) / (len(stamps) - 1))
-    del model
+    peer = OrtGenaiPeer()
+    ok, reason = peer.available()
+    if not ok:
+        raise ValueError(f"onnxruntime-genai: {reason}")
+    ctx = peer_context(load_manifest(engine, verify="none").data, threads, 4, engine)
+    peer.load(ctx)
+    try:
+        rates = [peer.generate(prompt_ids, max_tokens, 0.0, 0)["tokens_per_s"]
+                 for _ in range(runs)]
+    finally:
+        peer.close()
     past = len(prompt_ids) + max_tokens // 2  # the middle of the measured answers
-    graph = ortgenai_graph_ms(folder, past, threads, repeats)
-    total = min(totals)
+    graph = ortgenai_graph_ms(peer.folder, past, ctx.threads, repeats)
+    total = 1000 / max(rates)  # the quickest run's ms a token
     return {"graph": graph, "binding": None, "inputs": None, "propose": None, "sample": None,
             "loop": total - graph, "score": None, "total": total, "tau": 1.0,
             "per_token": total}
-

@@ -44,6 +44,7 @@ class OrtGenaiPeer:
     def __init__(self):
         self.engine = "onnxruntime-genai"
         self.model = None
+        self.folder = None  # the model folder load() built or found
         self.vocab_size = 0
 
     def available(self) -> tuple[bool, str]:
@@ -67,10 +68,13 @@ class OrtGenaiPeer:
         self.model = og.Model(config)
         # plain temperature sampling is top-k over the whole vocabulary (top_k 0 is not "off")
         self.vocab_size = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
+        self.folder = folder
         self.engine = f"onnxruntime-genai {og.__version__}, {folder}"
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict:
+    def decode(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+               seed: int, speculative: dict | None = None):
+        """Its generator loop, each generate_next_token() timed -> (output ids, stamps, the
+        time before the prefill, the generator); `speculative`: set_speculative_options."""
         import numpy as np
         import onnxruntime_genai as og
 
@@ -82,6 +86,8 @@ class OrtGenaiPeer:
         if temperature > 0:
             options.update(temperature=temperature, top_k=self.vocab_size, top_p=1.0, random_seed=seed)
         params.set_search_options(**options)
+        if speculative:
+            params.set_speculative_options(**speculative)
         generator = og.Generator(self.model, params)
         stamps = []
         t0 = time.perf_counter()
@@ -90,6 +96,11 @@ class OrtGenaiPeer:
             generator.generate_next_token()
             stamps.append(time.perf_counter())
         output_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+        return output_ids, stamps, t0, generator
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int) -> dict:
+        output_ids, stamps, t0, _ = self.decode(prompt_ids, max_new_tokens, temperature, seed)
         assert len(output_ids) == len(stamps), (len(output_ids), len(stamps))
         return {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
                 "target_forwards": len(output_ids), "ttft_s": stamps[0] - t0 if stamps else None,
@@ -126,29 +137,10 @@ class OrtGenaiNgramPeer(OrtGenaiPeer):
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int) -> dict:
-        import numpy as np
-        import onnxruntime_genai as og
-
-        assert self.model is not None, "load() first"
-        params = og.GeneratorParams(self.model)
-        total = len(prompt_ids) + max_new_tokens
-        options = {"min_length": total, "max_length": total, "do_sample": temperature > 0,
-                   "batch_size": 1}
-        if temperature > 0:
-            options.update(temperature=temperature, top_k=self.vocab_size, top_p=1.0,
-                           random_seed=seed)
-        params.set_search_options(**options)
-        params.set_speculative_options(ngram_size=self.NGRAM,
-                                       max_draft_tokens=self.num_draft_tokens,
-                                       min_adaptive_k=1, cooldown=True)
-        generator = og.Generator(self.model, params)
-        stamps = []
-        t0 = time.perf_counter()
-        generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))
-        while not generator.is_done():
-            generator.generate_next_token()
-            stamps.append(time.perf_counter())
-        output_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+        output_ids, stamps, t0, generator = self.decode(
+            prompt_ids, max_new_tokens, temperature, seed,
+            {"ngram_size": self.NGRAM, "max_draft_tokens": self.num_draft_tokens,
+             "min_adaptive_k": 1, "cooldown": True})
         stats = generator.get_speculative_stats()
         result = {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
                   "target_forwards": int(stats.get("target_forward_passes") or 0) or None,
