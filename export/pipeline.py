@@ -41,10 +41,14 @@ FORMS = {
     "int4": lambda output, shape: "int8" if output == "logits" else "int4+residual",
     "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
 }
+# A tied head under int4 reads a 4-bit copy of the int8 table and computes each row's top
+# logits again from the int8 rows (export/quantize.py rescored_head): the head is the largest
+# matrix a step reads (49152 x 576 on SmolLM2), and memory-bound.
+HEAD_RESCORE = {"int4": 128, "int4-plain": 128}
 BACKENDS = tuple(PRECISIONS)
 # Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
 # redoes folders made before.
-LOWERING_VERSION = 4
+LOWERING_VERSION = 5
 
 # --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
 # "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.
@@ -139,12 +143,15 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     aliases = None
     if precision in FORMS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
-        aliases = tie_embedding_int8(proto)  # before the generic pass: the head is special
-        tables = 0 if aliases else embedding_int8(proto)
+        # before the generic pass: the head is special
+        aliases = tie_embedding_int8(proto, rescore_top=HEAD_RESCORE.get(precision, 0))
+        tables = 0 if aliases is not None else embedding_int8(proto)
         errors: dict[str, tuple[str, float]] = {}
         n = matmuls_to_nbits(proto, FORMS[precision], errors=errors)
         log(f"  {n} MatMuls quantized"
-            + (", embedding and lm_head share one int8 table" if aliases else "")
+            + (", embedding and lm_head share one int8 table" if aliases is not None else "")
+            + (f" (the head: 4-bit, its top {HEAD_RESCORE[precision]} rescored from it)"
+               if aliases == {} else "")
             + (", embedding to int8" if tables else ""))
     inputs, outputs = io
     if backend == "ort" and pad_attention_rows(proto):  # exact decoding inside the graph

@@ -242,7 +242,8 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     return replaced
 
 
-def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[str, str] | None:
+def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4,
+                       rescore_top: int = 0) -> dict[str, str] | None:
     """Makes the tied embedding and lm_head share one int8 copy of the table.
 
         ids --Gather(E)-->            becomes   ids --GatherBlockQuantized(Eq, s, zp)-->
@@ -251,7 +252,11 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[
     Eq is quantize_int8(E.T): [vocab, H/32, 32] rows of E in 32-blocks, which is both
     MatMulNBits' B layout and (viewed as [vocab, H]) the gather table. The two views are
     separate initializers; the returned aliases {view: source} let the saver point both at
-    the same bytes on disk. Returns None when the graph has no tied head."""
+    the same bytes on disk. Returns None when the graph has no tied head.
+
+    rescore_top > 0: the head reads a 4-bit copy of the table instead, and its `rescore_top`
+    highest logits of each row are computed again from the int8 rows (rescored_head): half
+    the bytes a step reads for the head, and the same top tokens."""
     graph = model.graph
     producers = {o: n for n in graph.node for o in n.output}
     head = producers.get("logits")
@@ -269,10 +274,13 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[
     vocab, hidden = e.shape
     q, scales, zps = quantize_int8(e.T)  # q: (vocab, H/32, 32)
     p = f"{table}.int8"
+    if not rescore_top:
+        graph.initializer.extend([
+            numpy_helper.from_array(q, p + ".q"),
+            numpy_helper.from_array(scales, p + ".scales"),
+            numpy_helper.from_array(zps, p + ".zp"),
+        ])
     graph.initializer.extend([
-        numpy_helper.from_array(q, p + ".q"),
-        numpy_helper.from_array(scales, p + ".scales"),
-        numpy_helper.from_array(zps, p + ".zp"),
         numpy_helper.from_array(q.reshape(vocab, hidden), p + ".rows"),
         numpy_helper.from_array(scales.reshape(vocab, -1), p + ".rows.scales"),
         numpy_helper.from_array(zps.reshape(vocab, -1), p + ".rows.zp"),
@@ -281,6 +289,10 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[
     nodes = []
     for node in graph.node:
         if node is transpose:
+            continue
+        if node is head and rescore_top:
+            nodes.extend(rescored_head(graph, head.input[0], e, p + ".rows", rescore_top,
+                                       accuracy_level))
             continue
         if node is head:
             node = helper.make_node(
@@ -297,7 +309,58 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4) -> dict[
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.remove(inits[table])
+    if rescore_top:
+        return {}  # one view of the int8 table: nothing to alias
     return {p + ".rows": p + ".q", p + ".rows.scales": p + ".scales", p + ".rows.zp": p + ".zp"}
+
+
+def rescored_head(graph, h: str, table: np.ndarray, rows: str, top: int,
+                  accuracy_level: int = 4) -> list:
+    """The head's nodes: logits from a 4-bit copy of `table` ([vocab, H]), with each row's
+    `top` highest computed again, in fp32, from the int8 rows (`rows`, `rows`.scales,
+    `rows`.zp: the GatherBlockQuantized table the embedding reads):
+
+        h --MatMulNBits(4-bit table)--> approx --TopK(top)--> ids
+        ids --GatherBlockQuantized(int8 rows)--> [.., top, H] --MatMul(h)--> exact
+        ScatterElements(approx, ids, exact) --> logits
+
+    The head is memory-bound: the 4-bit copy halves the bytes it reads a step. The top tokens
+    (what greedy decoding and the verifier's argmax read, and nearly all of the sampled
+    mass) get the int8 head's values, the rest the 4-bit values; `top` only has to hold the
+    int8 head's best token, which sits among the 4-bit copy's few best."""
+    vocab, hidden = table.shape
+    top = min(top, vocab)
+    packed, scales, zps = quantize_int4(table.T)
+    p = f"{rows}.int4"
+    graph.initializer.extend([
+        numpy_helper.from_array(packed, p + ".q"),
+        numpy_helper.from_array(scales, p + ".scales"),
+        numpy_helper.from_array(zps, p + ".zp"),
+        numpy_helper.from_array(np.array([top], np.int64), "/lm_head/top"),
+        numpy_helper.from_array(np.array([-1], np.int64), "/lm_head/last_axis"),
+    ])
+    return [
+        helper.make_node("MatMulNBits", [h, p + ".q", p + ".scales", p + ".zp"],
+                         ["/lm_head/approx"], name="/lm_head/approx/MatMulNBits",
+                         domain="com.microsoft", K=hidden, N=vocab, bits=4, block_size=BLOCK,
+                         accuracy_level=accuracy_level),
+        helper.make_node("TopK", ["/lm_head/approx", "/lm_head/top"],
+                         ["/lm_head/top_values", "/lm_head/top_ids"], axis=-1,
+                         name="/lm_head/TopK"),
+        helper.make_node("GatherBlockQuantized", [rows, "/lm_head/top_ids", rows + ".scales",
+                                                  rows + ".zp"], ["/lm_head/top_rows"],
+                         name="/lm_head/top_rows/GatherBlockQuantized", domain="com.microsoft",
+                         bits=8, block_size=BLOCK, quantize_axis=1, gather_axis=0),
+        helper.make_node("Unsqueeze", [h, "/lm_head/last_axis"], ["/lm_head/h_column"],
+                         name="/lm_head/h_column/Unsqueeze"),
+        helper.make_node("MatMul", ["/lm_head/top_rows", "/lm_head/h_column"],
+                         ["/lm_head/top_logits_column"], name="/lm_head/rescore/MatMul"),
+        helper.make_node("Squeeze", ["/lm_head/top_logits_column", "/lm_head/last_axis"],
+                         ["/lm_head/top_logits"], name="/lm_head/rescore/Squeeze"),
+        helper.make_node("ScatterElements", ["/lm_head/approx", "/lm_head/top_ids",
+                                             "/lm_head/top_logits"], ["logits"], axis=-1,
+                         name="/lm_head/ScatterElements"),
+    ]
 
 
 def embedding_int8(model: onnx.ModelProto, min_rows: int = 1024) -> int:

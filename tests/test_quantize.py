@@ -107,3 +107,57 @@ def test_block_sums_are_shared_by_the_weights_that_read_one_input(tmp_path):
     y1, y2 = run(model, x, tmp_path)
     for got, w in ((y1, w1), (y2, w2)):
         assert np.abs(got - x @ w).mean() < 0.02 * np.abs(x @ w).mean()
+
+
+def tied_model(e: np.ndarray) -> onnx.ModelProto:
+    """ids -> Gather(E) = emb, and h -> MatMul(h, Transpose(E)) = logits: a tied head."""
+    vocab, hidden = e.shape
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+         helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h", "table_t"], ["logits"])], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "tokens"]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", "tokens", hidden])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch", "tokens", hidden]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "tokens", vocab])],
+        [numpy_helper.from_array(e, "table")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("top", [0, 16])
+def test_tied_head_rescores_its_top_logits_from_the_int8_rows(top, tmp_path):
+    """The tied head as one int8 table (top 0), or a 4-bit copy whose `top` highest logits per
+    row are computed again from the int8 rows: those equal the int8 head's logits (in fp32,
+    closer than the 8-bit kernel's int8 activations get), the argmax is the int8 head's, the
+    rest are the 4-bit copy's. The embedding reads the int8 rows either way."""
+    from trt_spec.export.quantize import dequantize_int8, quantize_int8, tie_embedding_int8
+
+    rng = np.random.default_rng(7)
+    vocab, hidden = 512, 64
+    e = (rng.standard_normal((vocab, hidden)) * 0.05).astype(np.float32)
+    model = tied_model(e)
+    aliases = tie_embedding_int8(model, rescore_top=top)
+    assert aliases == ({} if top else {"table.int8.rows": "table.int8.q",
+                                       "table.int8.rows.scales": "table.int8.scales",
+                                       "table.int8.rows.zp": "table.int8.zp"})
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("TopK") == (1 if top else 0) and "Transpose" not in ops
+    ids = rng.integers(0, vocab, (2, 3))
+    h = rng.standard_normal((2, 3, hidden)).astype(np.float32)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    emb, logits = make_session(path).run(None, {"ids": ids, "h": h})
+    e8 = dequantize_int8(*quantize_int8(e.T), hidden, vocab).T  # [vocab, H]: the int8 rows
+    np.testing.assert_allclose(emb, e8[ids], rtol=0, atol=1e-6)
+    exact = h @ e8.T
+    assert (logits.argmax(-1) == exact.argmax(-1)).all()
+    if not top:
+        assert np.abs(logits - exact).max() < 0.02 * np.abs(exact).max()  # int8 activations
+        return
+    rescored = np.abs(logits - exact) < 1e-5  # the top of the 4-bit logits, in fp32
+    assert (rescored.sum(-1) >= top).all()  # (a tail value may fall as close by chance)
+    assert np.take_along_axis(rescored, exact.argmax(-1)[..., None], -1).all()
+    e4 = dequantize_int4(*quantize_int4(e.T), hidden, vocab).T
+    approx = h @ e4.T  # what the 4-bit kernel computes, up to its int8 activations
+    assert np.abs(logits - approx)[~rescored].max() < 0.02 * np.abs(exact).max()
+    assert np.abs(logits - exact)[~rescored].max() > 1e-3  # the tail is approximate
