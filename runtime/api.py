@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from trt_spec.runtime.engine import RequestMetrics
 from trt_spec.runtime.generator import Generator, Prompt
+from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig
+from trt_spec.runtime.stream import RequestMetrics
 
 
 @dataclass
@@ -80,7 +81,7 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
 
 
 class LLM:
-    def __init__(self, model: str | Path, method: str = "none", num_draft_tokens: int = 4,
+    def __init__(self, model: str | Path, method: str = PLAIN, num_draft_tokens: int = 4,
                  backend: str = "auto", max_num_seqs: int = SERVE_MAX_BATCH,
                  max_model_len: int = 2048, spec_fallback: bool | None = None, **options):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the

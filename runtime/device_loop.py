@@ -42,11 +42,12 @@ import torch
 from trt_spec.runtime import device_verify
 from trt_spec.runtime.device_drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
-from trt_spec.runtime.engine import StepMetrics, Stream, append
+from trt_spec.runtime.stream import StepMetrics, Stream, append
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
+from trt_spec.runtime.methods import METHODS
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
-DEVICE_METHODS = ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3")
+DEVICE_METHODS = tuple(n for n, m in METHODS.items() if m.device)  # what drafts on the device
 
 
 def unsupported(gen, streams: list[Stream]) -> str | None:
@@ -66,8 +67,9 @@ def unsupported(gen, streams: list[Stream]) -> str | None:
     spec = gen.speculation
     if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
-    if "eagle3" in methods and not hasattr(graphs, "device_function"):
-        return f"eagle3's fc has no device form on the {gen.backend} backend"
+    fused = sorted(m for m in methods if METHODS[m].fc_graph)
+    if fused and not hasattr(graphs, "device_function"):
+        return f"{fused[0]}'s fc has no device form on the {gen.backend} backend"
     return None
 
 
@@ -130,9 +132,10 @@ class DeviceLoop:
                 for _ in range(2 * config.num_layers)]
 
     def _drafter(self, gen, method: str) -> DeviceDrafter | None:
-        if method == "none":
+        kind = METHODS[method].device
+        if kind == "plain":
             return None
-        if method == "ngram":
+        if kind == "lookup":
             c = gen.speculation
             return NgramDrafts(self.k, c.ngram_min, c.ngram_max)
         entry = gen.drafters[method]
@@ -140,11 +143,10 @@ class DeviceLoop:
         d2t = (None if vocab is None else
                torch.from_numpy(vocab.draft_to_target).to(self.device))
         graphs = [gen.step_graph(g, entry.config) for g in entry.graphs]
-        if method == "vanilla":
+        if kind == "draft":
             return VanillaDrafts(self, graphs[0], entry.config, d2t)
         fc = gen.graphs.device_function(entry.fc_graph) if entry.fc_graph else None
-        reads = "eagle3_features" if method == "eagle3" else "hidden_states"
-        return HeadDrafts(self, graphs, entry.config, reads, d2t, fc)
+        return HeadDrafts(self, graphs, entry.config, METHODS[method].reads, d2t, fc)
 
     def forward(self, graph, cache: list[torch.Tensor], lo: int, hi: int, ids: torch.Tensor,
                 past: torch.Tensor, q: torch.Tensor, logits_index: torch.Tensor,

@@ -1,8 +1,7 @@
-"""Streams and the engine that advances them.
+"""The engine that advances streams (runtime/stream.py) one step at a time.
 
-A Stream is one request's state: its tokens, KV-cache slot, sampling state and method; its
-statistics are a StreamStats beside it. The engine keeps no per-stream state of its own (the
-policy keeps its window, a proposer its draft cache, each keyed by the stream).
+The engine keeps no per-stream state of its own (the policy keeps its window, a proposer its
+draft cache, each keyed by the stream).
 
     step(streams, max_prefill_tokens):
         prefill(new streams)          one ragged target forward, at most max_prefill_tokens
@@ -23,9 +22,7 @@ many methods and draft lengths its streams use.
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -36,234 +33,16 @@ from trt_spec.runtime.cost_cache import CostCache
 from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
 from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.methods import traits
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, next_token, token_logprob
+from trt_spec.runtime.sampling import next_token
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.step_inputs import SlotTokens
-from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.stream import (StepMetrics, StopChecker, Stream, append, cached_tokens,
+                                     count_positions, prefill_chunks)
 from trt_spec.runtime.verify import verify_batch
-
-_ids = itertools.count()
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    """One request's statistics, as data (times in seconds)."""
-
-    method: str
-    num_draft_tokens: int  # the k asked for (0: method none; adaptive: the most per step)
-    adaptive: bool
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens not read again: their KV came from the prefix cache
-    completion_tokens: int
-    time_to_first_token_s: float | None
-    decode_s: float
-    decode_tokens_per_s: float | None
-    target_forwards: int  # prefill included
-    tau: float | None  # tokens per target forward, bonus/recovered token included (1.0 = no gain)
-    proposed_tokens: int
-    accepted_tokens: int
-    acceptance_rate: float | None
-    acceptance_per_position: tuple[float, ...]
-    proposed_per_position: tuple[int, ...]
-    accepted_per_position: tuple[int, ...]
-    propose_s: float
-    score_s: float
-    sample_s: float
-    drafted_by: dict[str, int]  # steps that drafted, by proposer (hybrid: lookup or head)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for name in ("acceptance_per_position", "proposed_per_position", "accepted_per_position"):
-            d[name] = list(d[name])
-        return d
-
-
-@dataclass
-class StreamStats:
-    """What happened to one stream: times (time.perf_counter(), seconds) and counters."""
-
-    t_added: float = 0.0
-    t_first_token: float | None = None
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    t_finished: float | None = None
-    target_forwards: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    proposed_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    propose_s: float = 0.0
-    score_s: float = 0.0
-    sample_s: float = 0.0
-    drafted_by: dict[str, int] = field(default_factory=dict)  # steps each proposer drafted
-
-    def record(self, proposed: int, accepted: int) -> None:
-        """One target forward that verified `proposed` drafts and kept `accepted`."""
-        self.target_forwards += 1
-        self.proposed += proposed
-        self.accepted += accepted
-        count_positions(self.proposed_per_position, proposed)
-        count_positions(self.accepted_per_position, accepted)
-
-
-@dataclass
-class Stream:
-    prompt_ids: list[int]
-    params: SamplingParams
-    method: str = "none"
-    num_draft_tokens: int = 0  # k drafted per step (0: plain decoding); adaptive: at most k
-    adaptive: bool = False  # drafts while a token pays for itself (runtime/draft_length.py)
-    id: int = field(default_factory=lambda: next(_ids))
-    output_ids: list[int] = field(default_factory=list)
-    slot: int | None = None
-    prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    text: str = ""
-    rng: np.random.Generator = None
-    # per output token, when params.logprobs is set: its log-probability under the target
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    stats: StreamStats = field(default_factory=StreamStats)
-
-    def __post_init__(self):
-        if not self.prompt_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if self.method == "none":
-            self.num_draft_tokens, self.adaptive = 0, False
-        if self.rng is None:
-            self.rng = np.random.default_rng(self.params.seed)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def prefilled(self) -> bool:
-        return bool(self.output_ids)
-
-    def metrics(self) -> RequestMetrics:
-        st, n = self.stats, len(self.output_ids)
-        end = st.t_finished or time.perf_counter()
-        ttft = (st.t_first_token - st.t_added) if st.t_first_token else None
-        decode_s = (end - st.t_first_token) if st.t_first_token else 0.0
-        return RequestMetrics(
-            method=self.method, num_draft_tokens=self.num_draft_tokens, adaptive=self.adaptive,
-            prompt_tokens=len(self.prompt_ids), cached_tokens=st.cached_tokens,
-            completion_tokens=n,
-            time_to_first_token_s=ttft, decode_s=decode_s,
-            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            target_forwards=st.target_forwards,
-            tau=n / st.target_forwards if st.target_forwards else None,
-            proposed_tokens=st.proposed, accepted_tokens=st.accepted,
-            acceptance_rate=st.accepted / st.proposed if st.proposed else None,
-            acceptance_per_position=tuple(a / p for a, p in zip(st.accepted_per_position,
-                                                                st.proposed_per_position)),
-            proposed_per_position=tuple(st.proposed_per_position),
-            accepted_per_position=tuple(st.accepted_per_position),
-            propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s,
-            drafted_by=dict(st.drafted_by))
-
-
-def count_positions(counts: list[int], n: int) -> None:
-    """Adds 1 to counts[0..n-1] (draft positions 1..n), growing the list as needed."""
-    if n > len(counts):
-        counts += [0] * (n - len(counts))
-    for i in range(n):
-        counts[i] += 1
-
-
-@dataclass
-class StepMetrics:
-    """What one engine step did, returned as data (as RTP-LLM's
-    SpeculativeEngineStepMetrics; times in seconds)."""
-
-    prefill_streams: int = 0
-    prefill_tokens: int = 0
-    decode_streams: int = 0
-    speculating_streams: int = 0
-    proposed_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0
-    target_forwards: int = 0  # 0, 1 or 2: prefill, then decode/verify
-    probe_forwards: int = 0  # timing forwards (cost_probe.py): once per batch size, else 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    prefill_s: float = 0.0
-    propose_s: float = 0.0
-    score_s: float = 0.0
-    sample_s: float = 0.0
-    total_s: float = 0.0
-
-
-class StopChecker:
-    """EOS, stop token ids, stop strings, max_tokens and cache capacity."""
-
-    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_len: int):
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.max_len = max_len
-
-    def update(self, s: Stream) -> None:
-        token = s.output_ids[-1]
-        p = s.params
-        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            s.finish_reason = "stop"
-        elif p.stop:
-            s.text = self.tokenizer.decode(s.output_ids)
-            cut = min((i for i in (s.text.find(x) for x in p.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                s.text = s.text[:cut]
-                s.finish_reason = "stop"
-        if s.finish_reason is None and len(s.output_ids) >= p.max_tokens:
-            s.finish_reason = "length"
-        # the next step writes the last token at row len(prompt) + len(output) - 1
-        if s.finish_reason is None and len(s.prompt_ids) + len(s.output_ids) > self.max_len:
-            s.finish_reason = "length"
-        if s.finished:
-            s.stats.t_finished = time.perf_counter()
-            if not p.stop:
-                s.text = self.tokenizer.decode(s.output_ids)
-
-
-def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
-    """Appends tokens one by one until a stop condition holds; returns how many were kept.
-    logits: [len(tokens), vocab], the target's logits each token was chosen from (for
-    logprobs: a token accepted from a draft is scored by the target's row that verified it)."""
-    for n, token in enumerate(tokens, 1):
-        s.output_ids.append(int(token))
-        if s.params.logprobs is not None:
-            s.logprobs.append(token_logprob(logits[n - 1], int(token), s.params.logprobs))
-        if s.stats.t_first_token is None:
-            s.stats.t_first_token = time.perf_counter()
-        stops.update(s)
-        if s.finished:
-            return n
-    return len(tokens)
-
-
-def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:
-    """(stream, prompt tokens to read this step) for the streams not yet prefilled, in order,
-    within `budget` tokens in all (None: no bound)."""
-    chunks = []
-    for s in new:
-        n = len(s.prompt_ids) - s.prefill_pos
-        if budget is not None:
-            n = min(n, budget)
-            budget -= n
-        if n <= 0:
-            break
-        chunks.append((s, n))
-    return chunks
-
-
-def cached_tokens(s: Stream, cache: KVCache) -> list[int]:
-    """The token ids of s's valid cache rows. After a verification the rows of rejected drafts
-    may still count in the length until the rewind; the last emitted token has no row yet."""
-    seq = s.prompt_ids + s.output_ids
-    return seq[:min(int(cache.lengths[s.slot]), max(len(seq) - 1, s.prefill_pos))]
-
-
-LOOKUPS = ("ngram", "suffix")  # drafters without a confidence: `auto` cuts them by position
 
 
 def lookup_key(method: str) -> str:
@@ -411,7 +190,7 @@ class Engine:
                                            len(streams))
                     if proposer.gated else None)
             kk = [ks[i] for i in idx]
-            plans = getattr(proposer, "plans", not proposer.gated) and method not in LOOKUPS
+            plans = getattr(proposer, "plans", not proposer.gated) and not traits(method).lookup
             if plans:
                 kk = [self.draft_length.plan(position_key(method), method, k, len(streams))
                       if streams[i].adaptive and k > 0 else k for i, k in zip(idx, kk)]
@@ -425,7 +204,7 @@ class Engine:
                 if d.sources:
                     sources[i] = d.sources[j]
                     keys[i] = d.keys[j] if d.keys else d.sources[j]
-                if len(tokens[i]) and by in LOOKUPS:
+                if len(tokens[i]) and traits(by).lookup:
                     # a lookup's draft: deterministic, cut by position when adaptive
                     key = lookup_key(method)
                     tokens[i], conf = self.draft_length.cut(key, tokens[i], streams[i].adaptive,
@@ -478,7 +257,7 @@ class Engine:
         match, so it predicts a match. The suffix cache (and hybrid, which tries it first)
         matches earlier requests too, and a request asked again matches their answers whole,
         which no average predicts: (k, inf) (the per-stream fallback still judges it)."""
-        if s.method in ("suffix", "hybrid", "auto"):  # auto: picks its own length per step
+        if traits(s.method).picks_length:
             return k, float("inf")
         best, gain = self.acceptance(s).best(self.draft_length.costs, s.method, k, batch,
                                              max(drafting, 1))

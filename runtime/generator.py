@@ -10,14 +10,15 @@ from pathlib import Path
 from trt_spec.runtime import validation
 from trt_spec.runtime.backends.base import GraphSet, load_graphs
 from trt_spec.runtime.cost_cache import CostCache, cost_key
-from trt_spec.runtime.engine import Engine, RequestMetrics, StopChecker, Stream
+from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
-from trt_spec.runtime.methods import METHODS, DrafterEntry, method as known_method
+from trt_spec.runtime.methods import METHODS, PLAIN, DrafterEntry, method as known_method
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
+from trt_spec.runtime.stream import RequestMetrics, StopChecker, Stream
 from trt_spec.runtime.tokenizer import Tokenizer
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
@@ -114,7 +115,7 @@ class Generator:
             eos.add(self.tokenizer.eos_token_id)
         self.stops = StopChecker(self.tokenizer, eos, self.cache.max_len)
         self.speculation = config.speculation
-        self._proposers: dict[str, Proposer | None] = {"none": None}
+        self._proposers: dict[str, Proposer | None] = {PLAIN: None}
         self._suffix_cache = None
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self.engine = Engine(self.target, self.cache, self.stops,
@@ -239,10 +240,10 @@ class Generator:
         """(method, k, adaptive) for a request; None takes the configured method and k.
         ValueError quoting a bad value."""
         method = self.check_method(self.method if method is None else method)
-        if method == "none":
+        if not METHODS[method].speculative:
             if num_draft_tokens is not None:
-                raise ValueError(f"num_draft_tokens={num_draft_tokens}: method 'none' drafts "
-                                 "nothing; pick a speculative method")
+                raise ValueError(f"num_draft_tokens={num_draft_tokens}: method {method!r} "
+                                 "drafts nothing; pick a speculative method")
             return method, 0, False
         if num_draft_tokens is None:
             return method, self.speculation.num_draft_tokens, self.speculation.adaptive

@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from trt_spec.runtime.config import ModelConfig
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from trt_spec.runtime.backends.base import Function, StepGraph
     from trt_spec.runtime.kv_cache import KVCache
     from trt_spec.runtime.proposers.base import DraftVocab, Proposer
@@ -125,13 +123,20 @@ class Method:
     graph_prefix: str | None = None  # step graph names: "{prefix}_{i}" per module; else name
     uses_any: tuple[str, ...] = ()  # runs where the folder has one of these drafters
     picks: tuple[str, ...] = ()  # uses the first of these the folder has, where it has one
+    # Traits: what the engine and the device loop read instead of the name.
+    lookup: bool = False  # drafts by lookup, without a confidence: `auto` cuts by position
+    picks_length: bool = False  # picks its own draft length each step: the gain rules keep k
+    # how the device loop drafts it: "plain" (nothing), "lookup" (n-gram), "draft" (a draft
+    # model), "head" (a drafter over the target's per-token outputs); None: on the host only
+    device: str | None = None
+    reads: str | None = None  # the target's per-token output its drafter reads
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
 
     @property
     def speculative(self) -> bool:
-        return self.name != "none"
+        return self.name != PLAIN
 
     @property
     def needs_drafter(self) -> bool:
@@ -222,30 +227,33 @@ def _eagle3(loader, entry):
                           loader.function(entry.fc_graph), vocab)
 
 
+PLAIN = "none"  # the method that drafts nothing: plain decoding
+
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("none", "nothing: plain decoding, one target forward per token"),
+    Method(PLAIN, "nothing: plain decoding, one target forward per token", device="plain"),
     Method("vanilla", "a small draft model (the target's first layers, or a trained one)",
            ("graph", "model_config"), "draft", "--draft-layers N or --draft-model PATH",
-           make=_vanilla),
+           device="draft", make=_vanilla),
     Method("ngram", "prompt lookup: continues the latest earlier match of the last n tokens",
-           make=_ngram),
+           lookup=True, device="lookup", make=_ngram),
     Method("suffix", "ngram over the request's tokens, then over earlier requests' (a bounded "
-           "cache)", make=_suffix),
+           "cache)", lookup=True, picks_length=True, make=_suffix),
     Method("mtp", "N cascaded one-layer modules over the target's hidden state",
            ("graphs", "layer_config"), "mtp", "--mtp CHECKPOINT", graph_prefix="mtp",
-           make=_mtp),
+           device="head", reads="hidden_states", make=_mtp),
     Method("eagle", "one MTP-style module, looped",
-           ("graphs", "layer_config"), "eagle", "--eagle CHECKPOINT", make=_eagle),
+           ("graphs", "layer_config"), "eagle", "--eagle CHECKPOINT", device="head",
+           reads="hidden_states", make=_eagle),
     Method("eagle3", "one 2H-input layer over fused low/mid/high target features, a reduced "
            "draft vocabulary", ("graphs", "layer_config"), "eagle3", "--eagle3 CHECKPOINT",
-           fc_graph="eagle3_fc", make=_eagle3),
+           fc_graph="eagle3_fc", device="head", reads="eagle3_features", make=_eagle3),
     # the heads by measured acceptance on the shipped SmolLM2 drafters (best first)
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",
-           uses_any=("mtp", "eagle3", "eagle", "vanilla"), make=_hybrid),
+           uses_any=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True, make=_hybrid),
     Method("auto", "per stream and step, what is measured to pay most here: the suffix "
            "lookup, the folder's model drafter (as hybrid's), or no drafting",
-           picks=("mtp", "eagle3", "eagle", "vanilla"), make=_auto),
+           picks=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True, make=_auto),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))
@@ -256,6 +264,13 @@ def method(name) -> Method:
     if not isinstance(name, str) or name not in METHODS:
         raise ValueError(f"method {name!r} is not known; known: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def traits(name: str) -> Method:
+    """What the engine reads of a method (lookup, picks_length, ...): its registry entry, or
+    none of the traits for a proposer the registry lacks (one plugged into the engine
+    directly)."""
+    return METHODS.get(name) or Method(name, "")
 
 
 def by_train_name(name: str) -> Method:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
-from trt_spec.runtime.engine import StepMetrics, Stream
+from trt_spec.runtime.stream import StepMetrics, Stream
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from trt_spec.runtime.methods import METHOD_NAMES
+from trt_spec.runtime.methods import METHOD_NAMES, PLAIN
 
 BACKENDS = ("ort", "torch-cuda", "trt")
 VERIFY = ("sha256", "size", "none")
@@ -99,7 +99,7 @@ class SpeculationConfig:
 class RuntimeConfig:
     """Everything a loaded engine folder runs with."""
 
-    method: str = "none"  # the default method of requests that name none
+    method: str = PLAIN  # the default method of requests that name none
     backend: str = "ort"  # ort | torch-cuda | trt
     device: str | None = None  # torch-cuda / trt: the device (default: cuda when available)
     threads: int | None = None  # ort: intra-op threads (default: TRT_SPEC_THREADS or all cores)

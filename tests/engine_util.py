@@ -1,6 +1,7 @@
 """An Engine over a generator's target and cache with a proposer a test made itself."""
 
-from trt_spec.runtime.engine import Engine, Stream
+from trt_spec.runtime.engine import Engine
+from trt_spec.runtime.stream import Stream
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 

@@ -6,7 +6,7 @@ log-softmax of the target's logits, with speculation or without."""
 import numpy as np
 import pytest
 
-from trt_spec.runtime.engine import Stream
+from trt_spec.runtime.stream import Stream
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams

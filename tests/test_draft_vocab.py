@@ -21,7 +21,7 @@ from trt_spec.export.model import empty_cache  # noqa: E402
 from trt_spec.export.onnx_export import export_drafter, export_target  # noqa: E402
 from trt_spec.export.pipeline import resolve_draft_vocab, truncated_draft  # noqa: E402
 from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
-from trt_spec.runtime.engine import Stream  # noqa: E402
+from trt_spec.runtime.stream import Stream  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402

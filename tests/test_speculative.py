@@ -4,7 +4,8 @@ seeded sampling, dynamic disable, streams switching method, one target forward p
 import numpy as np
 import pytest
 
-from trt_spec.runtime.engine import Engine, Stream
+from trt_spec.runtime.engine import Engine
+from trt_spec.runtime.stream import Stream
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig

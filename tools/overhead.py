@@ -142,7 +142,7 @@ def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
     (every step drafting its k: the policy's gain rules off), after each past (default 64);
     peers: "onnxruntime-genai" adds its plain decoding (the graph, and the rest)."""
     from trt_spec.runtime.generator import Generator
-    from trt_spec.tools.bench import write_json
+    from trt_spec.tools.bench_output import write_json
 
     unknown = [p for p in peers if p != "onnxruntime-genai"]
     if unknown:

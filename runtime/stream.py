@@ -1,0 +1,237 @@
+"""One request's state as the engine advances it: the Stream, its statistics and metrics, and
+the rules that append tokens to it (stop conditions) and read its prompt in chunks.
+
+A Stream is one request's state: its tokens, KV-cache slot, sampling state and method; its
+statistics are a StreamStats beside it. The engine (runtime/engine.py) keeps no per-stream
+state of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.methods import PLAIN
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob
+from trt_spec.runtime.tokenizer import Tokenizer
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """One request's statistics, as data (times in seconds)."""
+
+    method: str
+    num_draft_tokens: int  # the k asked for (0: method none; adaptive: the most per step)
+    adaptive: bool
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens not read again: their KV came from the prefix cache
+    completion_tokens: int
+    time_to_first_token_s: float | None
+    decode_s: float
+    decode_tokens_per_s: float | None
+    target_forwards: int  # prefill included
+    tau: float | None  # tokens per target forward, bonus/recovered token included (1.0 = no gain)
+    proposed_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    acceptance_per_position: tuple[float, ...]
+    proposed_per_position: tuple[int, ...]
+    accepted_per_position: tuple[int, ...]
+    propose_s: float
+    score_s: float
+    sample_s: float
+    drafted_by: dict[str, int]  # steps that drafted, by proposer (hybrid: lookup or head)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_per_position", "proposed_per_position", "accepted_per_position"):
+            d[name] = list(d[name])
+        return d
+
+
+@dataclass
+class StreamStats:
+    """What happened to one stream: times (time.perf_counter(), seconds) and counters."""
+
+    t_added: float = 0.0
+    t_first_token: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    t_finished: float | None = None
+    target_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sample_s: float = 0.0
+    drafted_by: dict[str, int] = field(default_factory=dict)  # steps each proposer drafted
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """One target forward that verified `proposed` drafts and kept `accepted`."""
+        self.target_forwards += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        count_positions(self.proposed_per_position, proposed)
+        count_positions(self.accepted_per_position, accepted)
+
+
+@dataclass
+class Stream:
+    prompt_ids: list[int]
+    params: SamplingParams
+    method: str = PLAIN
+    num_draft_tokens: int = 0  # k drafted per step (0: plain decoding); adaptive: at most k
+    adaptive: bool = False  # drafts while a token pays for itself (runtime/draft_length.py)
+    id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    text: str = ""
+    rng: np.random.Generator = None
+    # per output token, when params.logprobs is set: its log-probability under the target
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    stats: StreamStats = field(default_factory=StreamStats)
+
+    def __post_init__(self):
+        if not self.prompt_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if self.method == PLAIN:
+            self.num_draft_tokens, self.adaptive = 0, False
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.output_ids)
+
+    def metrics(self) -> RequestMetrics:
+        st, n = self.stats, len(self.output_ids)
+        end = st.t_finished or time.perf_counter()
+        ttft = (st.t_first_token - st.t_added) if st.t_first_token else None
+        decode_s = (end - st.t_first_token) if st.t_first_token else 0.0
+        return RequestMetrics(
+            method=self.method, num_draft_tokens=self.num_draft_tokens, adaptive=self.adaptive,
+            prompt_tokens=len(self.prompt_ids), cached_tokens=st.cached_tokens,
+            completion_tokens=n,
+            time_to_first_token_s=ttft, decode_s=decode_s,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            target_forwards=st.target_forwards,
+            tau=n / st.target_forwards if st.target_forwards else None,
+            proposed_tokens=st.proposed, accepted_tokens=st.accepted,
+            acceptance_rate=st.accepted / st.proposed if st.proposed else None,
+            acceptance_per_position=tuple(a / p for a, p in zip(st.accepted_per_position,
+                                                                st.proposed_per_position)),
+            proposed_per_position=tuple(st.proposed_per_position),
+            accepted_per_position=tuple(st.accepted_per_position),
+            propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s,
+            drafted_by=dict(st.drafted_by))
+
+
+def count_positions(counts: list[int], n: int) -> None:
+    """Adds 1 to counts[0..n-1] (draft positions 1..n), growing the list as needed."""
+    if n > len(counts):
+        counts += [0] * (n - len(counts))
+    for i in range(n):
+        counts[i] += 1
+
+
+@dataclass
+class StepMetrics:
+    """What one engine step did, returned as data (as RTP-LLM's
+    SpeculativeEngineStepMetrics; times in seconds)."""
+
+    prefill_streams: int = 0
+    prefill_tokens: int = 0
+    decode_streams: int = 0
+    speculating_streams: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    target_forwards: int = 0  # 0, 1 or 2: prefill, then decode/verify
+    probe_forwards: int = 0  # timing forwards (cost_probe.py): once per batch size, else 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sample_s: float = 0.0
+    total_s: float = 0.0
+
+
+class StopChecker:
+    """EOS, stop token ids, stop strings, max_tokens and cache capacity."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_len: int):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_len = max_len
+
+    def update(self, s: Stream) -> None:
+        token = s.output_ids[-1]
+        p = s.params
+        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            s.finish_reason = "stop"
+        elif p.stop:
+            s.text = self.tokenizer.decode(s.output_ids)
+            cut = min((i for i in (s.text.find(x) for x in p.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                s.text = s.text[:cut]
+                s.finish_reason = "stop"
+        if s.finish_reason is None and len(s.output_ids) >= p.max_tokens:
+            s.finish_reason = "length"
+        # the next step writes the last token at row len(prompt) + len(output) - 1
+        if s.finish_reason is None and len(s.prompt_ids) + len(s.output_ids) > self.max_len:
+            s.finish_reason = "length"
+        if s.finished:
+            s.stats.t_finished = time.perf_counter()
+            if not p.stop:
+                s.text = self.tokenizer.decode(s.output_ids)
+
+
+def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
+    """Appends tokens one by one until a stop condition holds; returns how many were kept.
+    logits: [len(tokens), vocab], the target's logits each token was chosen from (for
+    logprobs: a token accepted from a draft is scored by the target's row that verified it)."""
+    for n, token in enumerate(tokens, 1):
+        s.output_ids.append(int(token))
+        if s.params.logprobs is not None:
+            s.logprobs.append(token_logprob(logits[n - 1], int(token), s.params.logprobs))
+        if s.stats.t_first_token is None:
+            s.stats.t_first_token = time.perf_counter()
+        stops.update(s)
+        if s.finished:
+            return n
+    return len(tokens)
+
+
+def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:
+    """(stream, prompt tokens to read this step) for the streams not yet prefilled, in order,
+    within `budget` tokens in all (None: no bound)."""
+    chunks = []
+    for s in new:
+        n = len(s.prompt_ids) - s.prefill_pos
+        if budget is not None:
+            n = min(n, budget)
+            budget -= n
+        if n <= 0:
+            break
+        chunks.append((s, n))
+    return chunks
+
+
+def cached_tokens(s: Stream, cache: KVCache) -> list[int]:
+    """The token ids of s's valid cache rows. After a verification the rows of rejected drafts
+    may still count in the length until the rewind; the last emitted token has no row yet."""
+    seq = s.prompt_ids + s.output_ids
+    return seq[:min(int(cache.lengths[s.slot]), max(len(seq) - 1, s.prefill_pos))]
