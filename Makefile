@@ -33,7 +33,7 @@ export-gemma: setup  ## Gemma-3-270M int4 and its fp32 reference, engines/gemma3
 	$(BIN)/trt-spec export --model gemma3-270m --precision int4 --out engines/gemma3-270m
 	$(BIN)/trt-spec export --model gemma3-270m --precision fp32 --out engines/gemma3-270m-fp32
 
-# The fastest measured here (docs/benchmarks.md, adaptive drafting): hybrid at k = 2.
+# The fastest method in docs/benchmarks.md (adaptive drafting): hybrid at k = 2.
 DEMO_METHODS := none,vanilla,ngram,suffix,mtp,eagle,eagle3,hybrid
 demo: export  ## export (once), answer PROMPT with hybrid k=2, then every method side by side on 8 held-out prompts
 	$(BIN)/trt-spec generate --engine $(ENGINE) --method hybrid --num-draft-tokens 2 \
@@ -42,7 +42,7 @@ demo: export  ## export (once), answer PROMPT with hybrid k=2, then every method
 		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
 		--repeats 1
 
-# The default training recipe on this CPU: the target answers 1,000 ShareGPT prompts itself,
+# The default CPU training recipe: the target answers 1,000 ShareGPT prompts itself,
 # its features are cached, then all four drafters train on them (every stage resumes: run it
 # again). drafters/smollm2-135m/ holds the drafters shipped (trained with scripts/gpu_train.sh).
 TRAIN_OUT ?= runs/smollm2-135m-cpu

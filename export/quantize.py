@@ -9,7 +9,7 @@ forms (FORMS), each a function quantize_<form> below:
 - "int4+residual": the same 4-bit blocks plus the per-block residual that the integer zero
   point leaves, applied to the input's block sums in the same kernel (quantize_int4_residual):
   a Q4_1 GGUF's weights, at ~4% more bytes.
-accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (NOTES.md); ORT's
+accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (docs/quantization.md); ORT's
 float zero points (exact for Q4_1 by themselves) run ~35x slower.
 """
 

@@ -103,3 +103,14 @@ def test_no_module_is_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for folder in folders for p in (ROOT / folder).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+def test_backends_are_named_once():
+    """settings.BACKENDS is the one list of backend names (the CLI's --backend choices read
+    it); each has its graph source registered in backends/base.py."""
+    from trt_spec.runtime.backends.base import GRAPH_SOURCES
+    from trt_spec.runtime.settings import BACKENDS
+
+    assert tuple(GRAPH_SOURCES) == BACKENDS
+    assert not [p for p in (ROOT / "runtime").rglob("*.py") if p.name != "settings.py"
+                and "\nBACKENDS = " in p.read_text()]

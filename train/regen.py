@@ -1,8 +1,8 @@
 """Self-distilled answers: the target answers the conversations' prompts itself.
 
 A drafter is asked to predict the target's own continuation at inference, so training on the
-target's answers (rather than on ShareGPT's, written by another model) is the lever NOTES.md
-expects to pay most. For each conversation the prompt is everything before its first assistant
+target's answers (rather than on ShareGPT's, written by another model) is the lever expected
+to pay most (docs/training.md). For each conversation the prompt is everything before its first assistant
 turn (system and first user message), cut to `max_prompt` tokens from the left; the target
 answers it with batched generation (transformers' `generate`, greedy unless a temperature is
 given, stopping at the chat template's end of turn or after `max_new_tokens`), and the answer

