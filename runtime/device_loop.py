@@ -17,8 +17,9 @@ settings; the KV caches of the target and the drafters; the drafters' own bookke
 tensor has a fixed address and every step over slots [0, nb) has fixed shapes, so on CUDA each
 phase (propose, score, sample) of a step is captured once per nb as a CUDA graph (the first
 step of an nb runs eagerly and is the warm-up) and replayed: three launches a step, whatever k
-and the drafter. A graph runner is any StepGraph with `device_forward(inputs, views)`: the
-torch-cuda backend's modules, or a TensorRT engine enqueued on the current stream.
+and the drafter. A graph runner is a StepGraph that is a DeviceRunner (backends/base.py) over a
+GraphSet that is a DeviceGraphs: the torch-cuda backend's modules (a TensorRT engine
+enqueued on the current stream, once its backend declares the same).
 
 Exact decoding (the runtime's `exact_decode`, on by default): matrix kernels give a row
 results that depend on how many rows run with it (cuBLAS and MKL pick kernels by shape), so
@@ -43,6 +44,7 @@ from trt_spec.runtime import device_verify
 from trt_spec.runtime.device_drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
 from trt_spec.runtime.stream import StepMetrics, Stream, append
+from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
 
@@ -53,7 +55,7 @@ DEVICE_METHODS = tuple(n for n, m in METHODS.items() if m.device)  # what drafts
 def unsupported(gen, streams: list[Stream]) -> str | None:
     """Why these streams cannot run on the device loop of `gen`, or None when they can."""
     graphs = gen.graphs
-    if not hasattr(gen.target, "device_forward"):
+    if not isinstance(gen.target, DeviceRunner) or not isinstance(graphs, DeviceGraphs):
         return f"the {gen.backend} backend has no device runner"
     methods = {s.method for s in streams}
     if methods - set(DEVICE_METHODS):
@@ -67,9 +69,6 @@ def unsupported(gen, streams: list[Stream]) -> str | None:
     spec = gen.speculation
     if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
-    fused = sorted(m for m in methods if METHODS[m].fc_graph)
-    if fused and not hasattr(graphs, "device_function"):
-        return f"{fused[0]}'s fc has no device form on the {gen.backend} backend"
     return None
 
 
@@ -94,8 +93,8 @@ class DeviceLoop:
         self.gen = gen
         self.method, self.k = method, k
         self.target = gen.target
-        self.device = torch.device(getattr(gen.graphs, "device", None) or "cuda")
-        self.dtype = getattr(gen.graphs, "dtype", torch.float32)
+        self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (see unsupported)
+        self.dtype = gen.graphs.dtype
         self.config = gen.config
         self.vocab_size = gen.config.vocab_size
         self.slots = gen.cache.slots
@@ -103,7 +102,7 @@ class DeviceLoop:
         self.width = max(EXACT_ROWS, k + 1) if exact else k + 1  # W: rows of a verify forward
         # rows past max_len a step may write: the verify rows, drafts, the heads' loop rows
         self.length = self.max_len + self.width + 2 * k + 2
-        self.use_graphs = self.device.type == "cuda" and getattr(gen.graphs, "cuda_graphs", True)
+        self.use_graphs = self.device.type == "cuda" and gen.graphs.cuda_graphs
         dev = self.device
         self.state = DeviceState(
             seq=torch.zeros(self.slots, self.length, dtype=torch.long, device=dev),

@@ -221,3 +221,23 @@ def test_half_precision_weights(engine, ort_outputs):
     assert [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, "eagle3", 3)] == plain
     agree = np.mean([a == b for x, y in zip(plain, ort_outputs["none"]) for a, b in zip(x, y)])
     assert agree > 0.3, agree  # a tiny random model in bf16: near-ties flip, not everything
+
+
+def test_the_device_loop_runs_where_the_backend_declares_a_device_runner(engine):
+    """The device loop's contract is declared (backends/base.py DeviceRunner, DeviceGraphs):
+    the torch-cuda backend's target and graphs declare it, ONNX Runtime's do not, and the
+    loop says so rather than probing attributes."""
+    from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
+    from trt_spec.runtime.device_loop import unsupported
+    from trt_spec.runtime.stream import Stream
+
+    streams = [Stream(PROMPTS[0], GREEDY, "mtp", 3)]
+    torch_side = torch_gen(engine)
+    assert isinstance(torch_side.target, DeviceRunner)
+    assert isinstance(torch_side.graphs, DeviceGraphs)
+    assert unsupported(torch_side, streams) is None
+    ort_side = Generator(engine, max_batch=3, max_len=64)
+    assert not isinstance(ort_side.target, DeviceRunner)
+    assert unsupported(ort_side, streams) == "the ort backend has no device runner"
+    assert "drafts on the host" in unsupported(torch_side, [Stream(PROMPTS[0], GREEDY,
+                                                                   "suffix", 3)])

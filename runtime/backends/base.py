@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -112,6 +112,29 @@ class GraphSet(ABC):
     def d2t(self, file: str) -> np.ndarray:
         """A draft vocabulary map (d2t [draft_vocab] int64) by its file name in the folder."""
         return np.load(self.manifest.path(file))
+
+
+@runtime_checkable
+class DeviceRunner(Protocol):
+    """A StepGraph that also runs on device tensors (the device loop's graph runner,
+    runtime/device_loop.py): the torch-cuda backend's modules, or a TensorRT engine."""
+
+    def device_forward(self, inputs: dict, views: list) -> tuple:
+        """inputs: the step's feeds as device tensors; views: the cache rows of the step's
+        slots, written in place -> (logits, per-token outputs ...) as device tensors."""
+
+
+@runtime_checkable
+class DeviceGraphs(Protocol):
+    """A GraphSet whose graphs run on one device, the device loop's: where, in what dtype,
+    whether it may capture CUDA graphs, and the cache-free graphs as device modules."""
+
+    device: object  # a torch.device
+    dtype: object  # a torch dtype: the weights' and caches'
+    cuda_graphs: bool
+
+    def device_function(self, name: str):
+        """A graph without a cache (Eagle3's fc) as a callable on device tensors."""
 
 
 def _ort(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trt_spec.runtime.backends.base import GraphSet, StepGraph
+from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner, GraphSet, StepGraph
 from trt_spec.runtime.backends.buckets import Bucket, exact_bucket, pad_feeds, plan_bucket
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.graph_io import HIDDEN_INPUT, STEP_INPUTS
@@ -109,7 +109,7 @@ def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-class TorchTarget(StepGraph):
+class TorchTarget(StepGraph, DeviceRunner):
     """A StepGraph run by torch over a TorchKVCache: a module with the step contract of
     export/model.py (target or vanilla draft) or export/drafters.py (an MTP / Eagle / Eagle3
     step, which takes `hidden_states`).
@@ -250,7 +250,7 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class TorchGraphs(GraphSet):
+class TorchGraphs(GraphSet, DeviceGraphs):
     """The torch modules of an engine, by the graph names the manifest uses (runtime/methods.py
     names them): what Generator asks a backend for."""
 
