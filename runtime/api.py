@@ -20,7 +20,7 @@ from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
-from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig
+from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
 from trt_spec.runtime.stream import RequestMetrics
 
 
@@ -81,7 +81,8 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
 
 
 class LLM:
-    def __init__(self, model: str | Path, method: str = PLAIN, num_draft_tokens: int = 4,
+    def __init__(self, model: str | Path, method: str = PLAIN,
+                 num_draft_tokens: int | str = SpeculationConfig.num_draft_tokens,
                  backend: str = "auto", max_num_seqs: int = SERVE_MAX_BATCH,
                  max_model_len: int = 2048, spec_fallback: bool | None = None, **options):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the

@@ -256,3 +256,28 @@ def test_python_m_trt_spec_cli_runs_the_same_group():
     result = subprocess.run([sys.executable, "-m", "trt_spec.cli", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "generate" in result.stdout
+
+
+def test_cli_defaults_are_the_config_objects_defaults():
+    """Every default lives in one place: the options of generate, bench and serve show the
+    defaults of SamplingParams, SpeculationConfig, RuntimeConfig and BenchConfig."""
+    from trt_spec.cli import main
+    from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.settings import RuntimeConfig, SpeculationConfig
+    from trt_spec.tools.bench import BenchConfig
+
+    sampling, spec, runtime = SamplingParams(), SpeculationConfig(), RuntimeConfig()
+    want = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+            "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "ngram_min": spec.ngram_min, "ngram_max": spec.ngram_max,
+            "spec_min_acceptance": spec.min_acceptance, "spec_fallback": spec.fallback,
+            "backend": runtime.backend}
+    for name in ("generate", "serve"):
+        params = {p.name: p.default for p in main.commands[name].params}
+        for option, value in want.items():
+            if option in params:
+                assert params[option] == value, (name, option, params[option], value)
+        assert str(params["num_draft_tokens"]) == str(spec.num_draft_tokens), name
+    bench = {p.name: p.default for p in main.commands["bench"].params}
+    assert bench["max_new_tokens"] == BenchConfig.max_new_tokens == sampling.max_tokens
+    assert bench["ks"] == str(spec.num_draft_tokens) and BenchConfig.ks == (spec.num_draft_tokens,)

@@ -29,6 +29,7 @@ from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
 from trt_spec.tools.bench_output import peak_rss_mb, table, write_json, write_plot
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
 
@@ -237,8 +238,9 @@ class BenchConfig:
 
     engines: tuple[str, ...]
     methods: tuple[str, ...] = ("none",)
-    ks: tuple[int, ...] = (4,)  # draft lengths, each method but none at each
-    max_new_tokens: int = 128
+    # draft lengths, each method but none at each
+    ks: tuple[int, ...] = (SpeculationConfig.num_draft_tokens,)
+    max_new_tokens: int = SamplingParams.max_tokens
     prompts_file: str | None = None  # None: the shipped prompts
     num_prompts: int | None = None  # the first N (None: all)
     pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trt_spec.runtime.methods import PLAIN
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig
+
 MAX_LEN = 2048  # the most KV-cache rows one request gets
 ROWS = 64  # the cache is sized in whole blocks of this many rows
 
@@ -33,18 +37,21 @@ def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) 
     return min(MAX_LEN, max(ROWS, -(-need // ROWS) * ROWS))
 
 
-def generate_one(engine: str | Path, prompt: str, method: str = "none", *,
-                 num_draft_tokens: int | str = 4, ngram: tuple[int, int] = (1, 4),
+def generate_one(engine: str | Path, prompt: str, method: str = PLAIN, *,
+                 num_draft_tokens: int | str = SpeculationConfig.num_draft_tokens,
+                 ngram: tuple[int, int] = (SpeculationConfig.ngram_min,
+                                           SpeculationConfig.ngram_max),
                  spec_max_batch: int | None = None, spec_min_acceptance: float = 0.0,
                  spec_fallback: bool = True,
-                 max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 max_tokens: int = SamplingParams.max_tokens,
+                 temperature: float = SamplingParams.temperature,
+                 top_k: int = SamplingParams.top_k,
                  top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (),
                  chat: bool | None = None, threads: int | None = None, backend: str = "ort",
                  device: str | None = None) -> Answer:
     """Answers `prompt` with `method` on `backend`. Raises ValueError for a bad engine folder,
     method, backend or sampling setting."""
     from trt_spec.runtime.generator import Generator, encode_prompt
-    from trt_spec.runtime.sampling import SamplingParams
     from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
     from trt_spec.runtime.tokenizer import Tokenizer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import (DEFAULT_ENGINE, SPECULATION, backend_options, checked,
+from trt_spec.cli.options import (DEFAULT_ENGINE, SAMPLING, SPECULATION, backend_options, checked,
                                   comma_list, fail, methods_help, threads_option)
 
 
@@ -58,7 +58,8 @@ def parse_peers(text: str) -> list[str]:
               callback=checked(parse_ks),
               help="k, or comma-separated ks to sweep (e.g. 2,4,6); auto or auto:K drafts "
                    "while a token pays for itself, at most K (default 6).")
-@click.option("--max-new-tokens", type=click.IntRange(min=2), default=128, show_default=True,
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=SAMPLING.max_tokens,
+              show_default=True,
               help="New tokens per run (EOS ignored unless --stop-at-eos).")
 @click.option("--stop-at-eos", is_flag=True,
               help="End each answer at the model's end of turn, as a chat client does (τ then "

@@ -8,11 +8,13 @@ import click
 DEFAULT_ENGINE = "engines/smollm2-135m"
 
 # generate / bench / serve: the runtime backend that runs an engine folder
+from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import (BACKENDS as RUNTIME_BACKENDS, MAX_DRAFT_TOKENS,
                                        RuntimeConfig, SpeculationConfig)
 
 RUNTIME = RuntimeConfig()  # the defaults every runtime option shows (runtime/settings.py)
 SPECULATION = SpeculationConfig()
+SAMPLING = SamplingParams()  # the sampling options' defaults (runtime/sampling.py)
 
 
 def fail(e: Exception):
@@ -53,13 +55,16 @@ def threads_option(f):
 
 def sampling_options(f):
     for opt in reversed([
-        click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+        click.option("--max-tokens", type=click.IntRange(min=1), default=SAMPLING.max_tokens,
+                     show_default=True,
                      help="Most new tokens per prompt."),
-        click.option("--temperature", type=click.FloatRange(min=0), default=0.0,
+        click.option("--temperature", type=click.FloatRange(min=0), default=SAMPLING.temperature,
                      show_default=True, help="0 = greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--top-k", type=click.IntRange(min=0), default=SAMPLING.top_k,
+                     show_default=True,
                      help="Keep the k most likely tokens (0 = off)."),
-        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True),
+                     default=SAMPLING.top_p,
                      show_default=True, help="Nucleus sampling mass (1 = off)."),
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
