@@ -252,20 +252,16 @@ class Generator:
     def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
                      method: str | None = None, num_draft_tokens: int | str | None = None
                      ) -> list[Stream]:
-        """Runs every prompt to completion, at most `cache.slots` at a time."""
+        """Runs every prompt to completion, at most `cache.slots` at a time: on the device
+        loop where it covers the run, else through Scheduler.run (the admission and steps the
+        server and LLM run, on this thread)."""
         streams = [self.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
         loop = self.device_loop(streams)
         if loop is not None:
             return loop.run(streams)
-        waiting, running = list(streams), []
-        while waiting or running:
-            while waiting and len(running) < self.cache.slots:
-                s = waiting.pop(0)
-                self.engine.admit(s)
-                running.append(s)
-            self.engine.step(running)
-            running = [s for s in running if not s.finished]
-        return streams
+        from trt_spec.runtime.scheduler import Scheduler  # it imports this module
+
+        return Scheduler(self).run(streams)
 
     def device_loop(self, streams: list[Stream]):
         """The device loop (runtime/device_loop.py) these streams run on, or None for the host

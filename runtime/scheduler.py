@@ -12,6 +12,8 @@
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
 talks to it only through `submit` / `cancel` (thread-safe) and the `on_output` callbacks,
 which run on that thread (the server forwards them with `loop.call_soon_threadsafe`).
+`Generator.generate_ids` (generate, bench) runs its streams through `run`: the same admission
+and steps, on the caller's thread, errors raised.
 
 Requests with different methods and draft lengths run side by side in the Generator's one
 engine: each stream carries its method and k.
@@ -59,7 +61,7 @@ class Output:
 class Request:
     id: str
     stream: Stream  # its method and k, tokens, slot
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None  # None: nobody reads its text as it comes (run)
     on_output: Callable[[Output], None] | None = None
     t_submitted: float = field(default_factory=time.perf_counter)
     sent_tokens: int = 0
@@ -105,6 +107,7 @@ class Scheduler:
         self._running: list[Request] = []  # the loop's own
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._raise = False  # run(): an error ends the run instead of the request
 
     # -- requests (any thread) -------------------------------------------------------------
 
@@ -160,6 +163,28 @@ class Scheduler:
             self._cond.notify()
         return r
 
+    def run(self, streams: list[Stream]) -> list[Stream]:
+        """Runs `streams` (from gen.stream) to completion on this thread, through the same
+        admission and steps as submitted requests, every prompt read whole (no prefill
+        budget); an error raises here. The loop under Generator.generate_ids."""
+        assert self._thread is None, "run() drives the steps itself"
+        budget, self.max_prefill_tokens, self._raise = self.max_prefill_tokens, None, True
+        try:
+            with self._cond:
+                self._waiting.extend(Request(f"run-{next(_ids)}", s, None) for s in streams)
+            while self.has_work():
+                self.step()
+        except BaseException:
+            for r in self._running:  # the run ends here: free the slots it holds
+                self._release(r, keep=False)
+            self._running = []
+            with self._cond:
+                self._waiting.clear()
+            raise
+        finally:
+            self.max_prefill_tokens, self._raise = budget, False
+        return streams
+
     def cancel(self, request_id: str) -> None:
         """Ends the request at the next step and frees its KV slot (no-op when finished)."""
         with self._cond:
@@ -205,6 +230,8 @@ class Scheduler:
                 engine.admit(r.stream)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
+                if self._raise:
+                    raise
                 log.exception("admitting %s", r.id)
                 r.error = f"{type(e).__name__}: {e}"
                 self._release(r, keep=False)
@@ -214,6 +241,8 @@ class Scheduler:
                 report.engine = engine.step([r.stream for r in self._running],
                                             self.max_prefill_tokens)
             except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+                if self._raise:
+                    raise
                 log.exception("engine step")
                 for r in self._running:
                     r.error = f"{type(e).__name__}: {e}"
@@ -238,8 +267,11 @@ class Scheduler:
         if s.finish_reason == "error":
             self._end(r, "error", report)
             return
-        r.detok.update(s.output_ids)
-        text = r.detok.flush(s.text) if s.finished else r.detok.delta()
+        if r.detok is None:
+            text = s.text if s.finished else ""
+        else:
+            r.detok.update(s.output_ids)
+            text = r.detok.flush(s.text) if s.finished else r.detok.delta()
         ids = s.output_ids[r.sent_tokens:]
         logprobs = s.logprobs[r.sent_tokens:len(s.output_ids)]
         r.sent_tokens = len(s.output_ids)

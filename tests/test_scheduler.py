@@ -157,3 +157,24 @@ def test_background_thread(tiny_engine):
     finally:
         sched.stop(timeout=10)
     assert not sched.alive
+
+
+def test_generate_ids_runs_on_the_schedulers_admission_and_steps(tiny_spec_engine, monkeypatch):
+    """One driver of admission: Generator.generate_ids runs its streams through
+    Scheduler.run (more prompts than slots, every prompt read whole, in order), and an error
+    raises to its caller instead of ending the request as the server's loop does."""
+    gen = Generator(tiny_spec_engine, max_batch=2, max_prefill_tokens=4)
+    runs, steps = [], []
+    real_run, real_step = Scheduler.run, gen.engine.step
+    monkeypatch.setattr(Scheduler, "run", lambda self, streams: runs.append(len(streams))
+                        or real_run(self, streams))
+    monkeypatch.setattr(gen.engine, "step", lambda streams, budget=None: steps.append(
+        (len(streams), budget)) or real_step(streams, budget))
+    streams = gen.generate_ids(PROMPTS, greedy(5), "vanilla", 2)
+    assert runs == [len(PROMPTS)]
+    assert max(n for n, _ in steps) == 2 and {b for _, b in steps} == {None}
+    assert [s.output_ids for s in streams] == [alone(tiny_spec_engine, p, 5) for p in PROMPTS]
+    assert gen.cache.free_slots == 2
+    with pytest.raises(ValueError, match="context"):  # the second prompt cannot be admitted
+        gen.generate_ids([[5, 6, 7], [5] * 5000], greedy(2))
+    assert gen.cache.free_slots == 2  # the first one's slot is free again
