@@ -211,19 +211,22 @@ class Scheduler:
 
     def step(self) -> StepReport:
         report = StepReport()
-        with self._cond:
-            cancelled, self._cancelled = self._cancelled, set()
-        for r in [r for r in self._running if r.id in cancelled]:
-            self._release(r)
-            self._end(r, "abort", report)
-        self._running = [r for r in self._running if not r.done]
-        with self._cond:
-            for r in [r for r in self._waiting if r.id in cancelled]:
-                self._waiting.remove(r)
+        cancelled = set()
+        if self._cancelled:  # (a racy read only delays a cancellation by one step)
+            with self._cond:
+                cancelled, self._cancelled = self._cancelled, set()
+            for r in [r for r in self._running if r.id in cancelled]:
+                self._release(r)
                 self._end(r, "abort", report)
-            free = self.gen.cache.slots - len(self._running)
-            while self._waiting and len(report.admitted) < free:
-                report.admitted.append(self._waiting.popleft())
+        self._running = [r for r in self._running if not r.done]
+        if self._waiting or cancelled:  # the queue's lock only when there is work in it
+            with self._cond:
+                for r in [r for r in self._waiting if r.id in cancelled]:
+                    self._waiting.remove(r)
+                    self._end(r, "abort", report)
+                free = self.gen.cache.slots - len(self._running)
+                while self._waiting and len(report.admitted) < free:
+                    report.admitted.append(self._waiting.popleft())
         engine = self.gen.engine
         for r in report.admitted:
             try:
