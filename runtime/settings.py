@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from trt_spec.runtime.methods import METHOD_NAMES, PLAIN
 
@@ -36,24 +37,38 @@ def check_num_draft_tokens(k) -> int:
     return k
 
 
-def parse_num_draft_tokens(value) -> tuple[int, bool]:
-    """k (fixed) or "auto" / "auto:K" (adaptive, at most K) -> (k, adaptive); an integer
-    string is a fixed k. ValueError quoting a bad value."""
+def draft_tokens_label(k: int, adaptive: bool) -> str:
+    return f"auto:{k}" if adaptive else str(k)
+
+
+class DraftTokens(NamedTuple):
+    """num_draft_tokens as parsed at the edge (a CLI option, an HTTP field, an API argument),
+    and passed on as it is: k, and whether each step picks up to k itself (auto:K)."""
+
+    k: int
+    adaptive: bool = False
+
+    def __str__(self) -> str:
+        return draft_tokens_label(self.k, self.adaptive)
+
+
+def parse_num_draft_tokens(value) -> DraftTokens:
+    """k (fixed) or "auto" / "auto:K" (adaptive, at most K) -> DraftTokens(k, adaptive); an
+    integer string is a fixed k; a DraftTokens is already parsed and comes back as it is.
+    ValueError quoting a bad value."""
+    if isinstance(value, DraftTokens):
+        return value
     if isinstance(value, str):
         text = value.strip().lower()
         if text == "auto":
-            return AUTO_MAX_DRAFT_TOKENS, True
+            return DraftTokens(AUTO_MAX_DRAFT_TOKENS, True)
         if text.startswith("auto:") and text[5:].isdigit():
-            return check_num_draft_tokens(int(text[5:])), True
+            return DraftTokens(check_num_draft_tokens(int(text[5:])), True)
         if text.isdigit():
-            return check_num_draft_tokens(int(text)), False
+            return DraftTokens(check_num_draft_tokens(int(text)), False)
         raise ValueError(f"num_draft_tokens={value!r}: must be an integer in "
                          f"1..{MAX_DRAFT_TOKENS}, or auto / auto:K")
-    return check_num_draft_tokens(value), False
-
-
-def draft_tokens_label(k: int, adaptive: bool) -> str:
-    return f"auto:{k}" if adaptive else str(k)
+    return DraftTokens(check_num_draft_tokens(value), False)
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ class SpeculationConfig:
     max_cooldown: int = 256  # a probe that fails again, up to this
 
     def __post_init__(self):
-        if isinstance(self.num_draft_tokens, str):
+        if isinstance(self.num_draft_tokens, (str, DraftTokens)):
             k, adaptive = parse_num_draft_tokens(self.num_draft_tokens)
             object.__setattr__(self, "num_draft_tokens", k)
             object.__setattr__(self, "adaptive", adaptive)

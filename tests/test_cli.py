@@ -281,3 +281,30 @@ def test_cli_defaults_are_the_config_objects_defaults():
     bench = {p.name: p.default for p in main.commands["bench"].params}
     assert bench["max_new_tokens"] == BenchConfig.max_new_tokens == sampling.max_tokens
     assert bench["ks"] == str(spec.num_draft_tokens) and BenchConfig.ks == (spec.num_draft_tokens,)
+
+
+def test_num_draft_tokens_is_parsed_once_at_the_edge(tiny_engine, monkeypatch):
+    """`generate --num-draft-tokens auto:3`: the option's text is parsed once, by the CLI, into
+    a DraftTokens that every later step takes as it is (never the text again)."""
+    import json
+
+    import trt_spec.runtime.generator as generator_module
+    import trt_spec.runtime.settings as settings
+    from trt_spec.runtime.settings import DraftTokens
+
+    parse, seen = settings.parse_num_draft_tokens, []
+
+    def spy(value):
+        seen.append(value)
+        return parse(value)
+
+    monkeypatch.setattr(settings, "parse_num_draft_tokens", spy)
+    monkeypatch.setattr(generator_module, "parse_num_draft_tokens", spy)
+    result = CliRunner().invoke(main, ["generate", "--engine", str(tiny_engine), "--max-tokens",
+                                       "6", "--method", "ngram", "--num-draft-tokens", "auto:3",
+                                       "--json", "hello"])
+    assert result.exit_code == 0, result.output
+    texts = [v for v in seen if not isinstance(v, DraftTokens)]
+    assert texts == ["auto:3"], seen
+    assert DraftTokens(3, True) in seen  # what travelled on
+    assert json.loads(result.output)["metrics"]["adaptive"] is True

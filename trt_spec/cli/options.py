@@ -73,24 +73,25 @@ def sampling_options(f):
     return f
 
 
-class DraftTokens(click.ParamType):
-    """k or auto / auto:K -> an int, or "auto:K"."""
+class DraftTokensType(click.ParamType):
+    """k or auto / auto:K -> settings.DraftTokens: parsed here, once, and passed on parsed."""
 
     name = "K|auto[:K]"
 
     def convert(self, value, param, ctx):
-        from trt_spec.runtime.settings import draft_tokens_label, parse_num_draft_tokens
+        from trt_spec.runtime.settings import DraftTokens, parse_num_draft_tokens
 
+        if isinstance(value, DraftTokens):
+            return value
         try:
-            k, adaptive = parse_num_draft_tokens(value if isinstance(value, str) else int(value))
+            return parse_num_draft_tokens(value if isinstance(value, str) else int(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
-        return draft_tokens_label(k, True) if adaptive else k
 
 
 def speculation_options(f):
     for opt in reversed([
-        click.option("--num-draft-tokens", "num_draft_tokens", type=DraftTokens(),
+        click.option("--num-draft-tokens", "num_draft_tokens", type=DraftTokensType(),
                      default=str(SPECULATION.num_draft_tokens), show_default=True,
                      help=f"k: tokens drafted per step (1..{MAX_DRAFT_TOKENS}); auto or auto:K: "
                           "each step drafts while a token pays for itself, at most K "
