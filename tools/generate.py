@@ -7,12 +7,12 @@ rows; NOTES in the README).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.runtime.settings import RuntimeConfig
 
 MAX_LEN = 2048  # the most KV-cache rows one request gets
 ROWS = 64  # the cache is sized in whole blocks of this many rows
@@ -37,37 +37,20 @@ def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) 
     return min(MAX_LEN, max(ROWS, -(-need // ROWS) * ROWS))
 
 
-def generate_one(engine: str | Path, prompt: str, method: str = PLAIN, *,
-                 num_draft_tokens: int | str = SpeculationConfig.num_draft_tokens,
-                 ngram: tuple[int, int] = (SpeculationConfig.ngram_min,
-                                           SpeculationConfig.ngram_max),
-                 spec_max_batch: int | None = None, spec_min_acceptance: float = 0.0,
-                 spec_fallback: bool = True,
-                 max_tokens: int = SamplingParams.max_tokens,
-                 temperature: float = SamplingParams.temperature,
-                 top_k: int = SamplingParams.top_k,
-                 top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (),
-                 chat: bool | None = None, threads: int | None = None, backend: str = "ort",
-                 device: str | None = None) -> Answer:
-    """Answers `prompt` with `method` on `backend`. Raises ValueError for a bad engine folder,
-    method, backend or sampling setting."""
+def generate_one(engine: str | Path, prompt: str, config: RuntimeConfig,
+                 params: SamplingParams, chat: bool | None = None) -> Answer:
+    """Answers `prompt` on the engine folder with `config` (its method, k, backend, ...) and
+    `params`; the KV cache is sized for this one request. Raises ValueError for a bad engine
+    folder, method, backend or sampling setting."""
     from trt_spec.runtime.generator import Generator, encode_prompt
-    from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
     from trt_spec.runtime.tokenizer import Tokenizer
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, stop=stop)
     tokenizer, max_len = None, MAX_LEN
     if (Path(engine) / "tokenizer.json").is_file():
         tokenizer = Tokenizer(engine)
-        max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), max_tokens,
-                                  parse_num_draft_tokens(num_draft_tokens)[0])
-    config = RuntimeConfig.from_options(
-        method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram[0], ngram_max=ngram[1],
-        spec_max_batch=spec_max_batch, min_acceptance=spec_min_acceptance,
-        fallback=spec_fallback, max_len=max_len,
-        threads=threads, backend=backend, device=device)
-    gen = Generator(engine, config, tokenizer=tokenizer)
+        max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), params.max_tokens,
+                                  config.speculation.num_draft_tokens)
+    gen = Generator(engine, dataclasses.replace(config, max_len=max_len), tokenizer=tokenizer)
     result = gen.generate([prompt], params, chat=chat)[0]
     return Answer(result.text, result.token_ids, result.finish_reason,
                   {**result.metrics.to_dict(), "load_s": gen.load_seconds})

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -373,62 +373,12 @@ def step_line(s) -> str | None:
     return line
 
 
-def train_drafters(methods: tuple[str, ...], model: str, out: str | Path,
-                   data: str | Path | None = None, *, answers: str = "data",
-                   max_conversations: int | None = None, samples: int = 2,
-                   temperatures: tuple[float, float] = (0.6, 1.0), turns: int | None = None,
-                   answers_dir: str | Path | None = None, answers_minutes: float | None = None,
-                   heldout_conversations: int = 200, gen_slots: int = 64,
-                   gen_dtype: str = "bfloat16", data_only: bool = False, bf16: bool = False,
-                   fit_schedule: bool = False,
-                   answer_tokens: int = 256,
-                   answer_batch: int = 32, max_tokens: int = 200_000,
-                   heldout_tokens: int = 20_000, max_len: int = 512, epochs: float = 1.0,
-                   draft_vocab: int = 8192, num_modules: int = 3,
-                   draft_layers: tuple[int, ...] = (0, 1), head_intermediate: int | None = None,
-                   features_mode: str | None = None, batch_size: int = 8, lr: float = 8e-4,
-                   ttt_steps: int = 3, top_k: int = 32, max_disk_gb: float = 10.0,
-                   checkpoint_every: int = 200, max_steps: int | None = None,
-                   max_minutes: float | None = None, device: str = "cpu", resume: bool = False,
-                   seed: int = 0, eval_every: int = 0, eval_sequences: int = 64,
-                   lr_scan: tuple[float, ...] = (), warmup_scan: tuple[int, ...] = (),
-                   scan_tokens: int | None = None, scan_only: bool = False,
+def train_drafters(config: RunConfig, resume: bool = False, max_steps: int | None = None,
                    log=print) -> dict:
-    """`trt-spec train`: the RunConfig of the command's options (features live on cuda, on
-    disk on cpu, unless `features_mode`), run with every stage's progress as lines to `log`.
-    Returns {method: {"drafter": OUT/method, **metrics}} for the methods asked for
-    ({method: {"scan": result}} with scan_only)."""
-    scan = None
-    if lr_scan or warmup_scan:
-        if scan_tokens is None:
-            raise ValueError("--lr-scan / --warmup-scan: give --scan-tokens, the training "
-                             "tokens of each scan run")
-        scan = ScanConfig(tuple(lr_scan) or (lr,),
-                          tuple(warmup_scan) or (TrainConfig.warmup_steps,), scan_tokens,
-                          scan_only)
-    elif scan_tokens is not None or scan_only:
-        raise ValueError("--scan-tokens / --scan-only go with --lr-scan or --warmup-scan")
-    config = RunConfig(
-        tuple(methods), model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
-        heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
-        num_modules=num_modules, draft_layers=tuple(draft_layers),
-        head_intermediate=head_intermediate, answers=answers,
-        max_conversations=max_conversations,
-        features_mode=features_mode or ("live" if device == "cuda" else "disk"),
-        device=device, max_minutes=max_minutes,
-        features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
-        train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
-                          amp=bf16, fit_schedule=fit_schedule,
-                          checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
-                          eval_sequences=eval_sequences),
-        regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
-        distill=DistillConfig(samples=samples, t_min=temperatures[0], t_max=temperatures[1],
-                              turns=turns, max_new_tokens=answer_tokens, max_context=max_len,
-                              slots=gen_slots, dtype=gen_dtype, seed=seed)
-        if answers == "distill" else DistillConfig(),
-        answers_dir=Path(answers_dir) if answers_dir else None, answers_minutes=answers_minutes,
-        heldout_conversations=heldout_conversations, data_only=data_only,
-        scan=scan)
+    """`trt-spec train`: `config` (the command builds it from its options) run with every
+    stage's progress as lines to `log`. Returns {method: {"drafter": OUT/method, **metrics}}
+    for the methods asked for ({method: {"scan": result}} with a scan only)."""
+    methods, out = config.methods, config.out
 
     def on_step(s):
         line = step_line(s)

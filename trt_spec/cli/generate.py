@@ -29,16 +29,19 @@ def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_ba
              spec_min_acceptance, spec_fallback, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
              threads, backend, device, prompt):
     """Generate an answer to PROMPT."""
+    from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.settings import RuntimeConfig
     from trt_spec.tools.generate import generate_one, summary_line
 
     try:
-        answer = generate_one(engine, prompt, method, num_draft_tokens=num_draft_tokens,
-                              ngram=(ngram_min, ngram_max), spec_max_batch=spec_max_batch,
-                              spec_min_acceptance=spec_min_acceptance,
-                              spec_fallback=spec_fallback, max_tokens=max_tokens,
-                              temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                              stop=stop, chat=chat, threads=threads, backend=backend,
-                              device=device)
+        config = RuntimeConfig.from_options(
+            method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
+            ngram_max=ngram_max, spec_max_batch=spec_max_batch,
+            min_acceptance=spec_min_acceptance, fallback=spec_fallback, threads=threads,
+            backend=backend, device=device)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, stop=stop)
+        answer = generate_one(engine, prompt, config, params, chat)
     except ValueError as e:
         fail(e)
     if as_json:
