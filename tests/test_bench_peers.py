@@ -137,6 +137,14 @@ def test_bench_with_fake_peers(fake_peers, tiny_engine, tmp_path):
         "broken-run": "failed while running: ConnectionError: server died"}
     for name, reason in report["skipped_peers"].items():
         assert f"skipped peer {name}: {reason}" in result.stdout
+    # every row shows its time to first token and peak memory; each peer is named with what
+    # it runs (its version, where it has one)
+    header = next(line for line in result.stdout.splitlines() if line.startswith("engine"))
+    assert "ttft ms" in header and "rss MB" in header
+    for r in report["results"]:
+        assert r["ttft_ms"] is not None and r["peak_rss_mb"] > 0
+        if r.get("peer"):
+            assert f"peer {r['method']}: {r['engine']}" in result.stdout
 
     results = {r["method"]: r for r in report["results"]}
     assert set(results) == {"none", "none-fast", "ngram", "echo", "echo2"}

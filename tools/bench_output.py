@@ -13,8 +13,8 @@ def peak_rss_mb() -> float:
 
 def table(results: list[dict], skipped_peers: dict | None = None) -> str:
     head = (f"{'engine':<32} {'method':<22} {'workload':<10} {'tok/s':>7} {'x none':>7} "
-            f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10}  "
-            "acceptance by position")
+            f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10} "
+            f"{'ttft ms':>7} {'rss MB':>6}  acceptance by position")
     rows = [head, "-" * len(head)]
 
     def fmt(value, spec: str) -> str:
@@ -33,8 +33,14 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
                     f"{fmt(r.get('speedup_vs_none_fast'), '.2f'):>7} "
                     f"{r['throughput_tokens_per_s']:>7.1f} {fmt(r['tau'], '.2f'):>5} "
                     f"{fmt(r['identical_to_baseline'], '.2f'):>5} "
-                    f"{fmt(r['propose_us_per_step'], '.0f'):>10}  {acc}")
-    rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process)")
+                    f"{fmt(r['propose_us_per_step'], '.0f'):>10} "
+                    f"{fmt(r.get('ttft_ms'), '.0f'):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>6}  "
+                    f"{acc}")
+    rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process; a peer in its own process: "
+                "its own)")
+    for name, engine in dict.fromkeys((r["method"], r["engine"]) for r in results
+                                      if r.get("peer")):
+        rows.append(f"peer {name}: {engine}")
     ours = [r for r in results if "vs_peers" in r]
     if ours:
         names = list(ours[0]["vs_peers"])
