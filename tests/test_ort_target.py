@@ -249,3 +249,4 @@ def _feeding_one_row(target):
 
     target.session.run_with_iobinding = run_with_one_row
     return target.step
+

@@ -78,7 +78,7 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
     precisions = sorted({g["precision"] for g in data["graphs"].values()})
     if "trt" in backends and not machine["tensorrt"]:
         problems.append("the folder has TensorRT engines and TensorRT is not installed")
-    if any(p in ("int4", "int8") for p in precisions) and "avx2" not in machine["cpu_features"] \
+    if any(p.startswith(("int4", "int8")) for p in precisions) and "avx2" not in machine["cpu_features"] \
             and "neon" not in machine["cpu_features"]:
         notes.append("int4/int8 graphs run without AVX2/NEON here: MatMulNBits falls back to "
                      "slow kernels")

@@ -18,13 +18,16 @@ def renamed(ctx, param, value):
               help="A known model name (smollm2-135m, gemma3-270m), a local .gguf file, or a "
                    "Hugging Face folder (config.json + safetensors + tokenizer) of a Llama, "
                    "Mistral, Qwen2/2.5, Qwen3 or Gemma 3 (text) model.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-plain"]),
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-head8",
+                                                "int4-plain"]),
               default=None,
               help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
                    "[default: int4: 4-bit blocks plus each block's residual, which keeps a Q4_1 "
-                   "GGUF's weights; int4-plain: without the residual, 4% smaller and "
-                   "not the same model]; fp32 / fp16 for trt, which builds strongly typed from "
-                   "the graph's dtypes [default: fp16].")
+                   "GGUF's weights, and a tied head read at 4 bits with each row's top 128 "
+                   "logits at 8; int4-head8: the same with the whole head at 8 bits (slower, "
+                   "the distribution's tail exact); int4-plain: without the residual, 4% "
+                   "smaller and not the same model]; fp32 / fp16 for trt, which builds strongly "
+                   "typed from the graph's dtypes [default: fp16].")
 @click.option("--lower-for", "lower_for", type=click.Choice(["ort", "trt"]), default="ort",
               show_default=True,
               help="The runtime the graphs are lowered for: ONNX Runtime, or TensorRT "
