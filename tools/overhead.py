@@ -26,11 +26,14 @@ import time
 
 import numpy as np
 
+from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs
 from trt_spec.tools.step_costs import synthetic_prompt
 
 PARTS = ("graph", "binding", "inputs", "propose", "sample", "loop")
+K = SpeculationConfig.num_draft_tokens  # the k a speculative row drafts, unless told
 
 
 def _median_ms(fn, repeats: int, block: int = 3) -> float:
@@ -99,7 +102,7 @@ def measured_step(gen, prompt: list[int], method: str, k: int, max_tokens: int) 
             "tau": m.tau, "forwards": forwards}
 
 
-def decompose(gen, past: int, method: str = "none", k: int = 4, max_tokens: int = 64,
+def decompose(gen, past: int, method: str = PLAIN, k: int = K, max_tokens: int = 64,
               repeats: int = 30, runs: int = 3) -> dict:
     """One row of the table: ms per target forward by part, and ms per output token."""
     rows = 1 if method == "none" else k + 1
@@ -136,7 +139,7 @@ def as_json(rows: dict[str, dict]) -> dict:
 
 
 def overhead_report(engine: str, pasts: list[int], threads: int | None = None,
-                    method: str = "ngram", k: int = 4, max_tokens: int = 64,
+                    method: str = "ngram", k: int = K, max_tokens: int = 64,
                     json_out=None, log=None, peers: tuple[str, ...] = ()) -> str:
     """`trt-spec bench --overhead`: the table for plain exact, plain fast and `method` at k
     (every step drafting its k: the policy's gain rules off), after each past (default 64);
