@@ -40,9 +40,9 @@ FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 oth
 FORMS = {
     "int8": lambda output, shape: "int8",
     "int4": lambda output, shape: "int8" if output == "logits" else "int4+residual",
-    "int4-head8": lambda output, shape: "int8" if output == "logits" else "int4+residual",
     "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
 }
+FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEAD_RESCORE)
 # A tied head under int4 reads a 4-bit copy of the int8 table and computes each row's top
 # logits again from the int8 rows (export/quantize.py rescored_head): the head is the largest
 # matrix a step reads (49152 x 576 on SmolLM2), and memory-bound. "int4-head8" is int4 with
@@ -146,15 +146,17 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     aliases = None
     if precision in FORMS:
         log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
+        rescore = HEAD_RESCORE.get(precision, 0)
         # before the generic pass: the head is special
-        aliases = tie_embedding_int8(proto, rescore_top=HEAD_RESCORE.get(precision, 0))
-        tables = 0 if aliases is not None else embedding_int8(proto)
+        aliases = tie_embedding_int8(proto, rescore_top=rescore)
+        tied = aliases is not None
+        tables = 0 if tied else embedding_int8(proto)
         errors: dict[str, tuple[str, float]] = {}
         n = matmuls_to_nbits(proto, FORMS[precision], errors=errors)
         log(f"  {n} MatMuls quantized"
-            + (", embedding and lm_head share one int8 table" if aliases is not None else "")
-            + (f" (the head: 4-bit, its top {HEAD_RESCORE[precision]} rescored from it)"
-               if aliases == {} else "")
+            + (", embedding and lm_head share one int8 table" if tied else "")
+            + (f" (the head: 4-bit, its top {rescore} rescored from it)"
+               if tied and rescore else "")
             + (", embedding to int8" if tables else ""))
     inputs, outputs = io
     if backend == "ort" and pad_attention_rows(proto):  # exact decoding inside the graph
