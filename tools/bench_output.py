@@ -11,6 +11,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def method_label(r: dict) -> str:
+    """A result row's method, with its k where it drafts: "ngram k=4", "none"."""
+    k = r["num_draft_tokens"]
+    return r["method"] if k is None else f"{r['method']} k={k}"
+
+
 def table(results: list[dict], skipped_peers: dict | None = None) -> str:
     head = (f"{'engine':<32} {'method':<22} {'workload':<10} {'tok/s':>7} {'x none':>7} "
             f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10} "
@@ -21,7 +27,7 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
         return "" if value is None else format(value, spec)
 
     for r in results:
-        label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
+        label = method_label(r)
         engine = r["precision"] if r.get("peer") else Path(r["engine"]).name
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
         if r.get("identical_to_own_plain") is not None:  # a speculating peer
@@ -48,7 +54,7 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
                      "prompt and pass; peers' 'x none' is peer / our none, medians"]
         rows.append(f"{'method':<22} {'workload':<10} " + " ".join(f"{n:>22}" for n in names))
         for r in ours:
-            label = r["method"] if r["num_draft_tokens"] is None else f"{r['method']} k={r['num_draft_tokens']}"
+            label = method_label(r)
             rows.append(f"{label:<22} {r['workload']:<10} "
                         + " ".join(f"{fmt(r['vs_peers'][n], '.2f'):>22}" for n in names))
     for name, reason in (skipped_peers or {}).items():
@@ -70,8 +76,7 @@ def write_plot(report: dict, path: str | Path) -> None:
     workloads = list(dict.fromkeys(r["workload"] for r in results))
 
     def label(r: dict) -> str:
-        base = (f"{r['method']} k={r['num_draft_tokens']}" if r["num_draft_tokens"] is not None
-                else r["method"])
+        base = method_label(r)
         many = len(report["settings"]["engines"]) > 1 and not r.get("peer")
         return base + (f" [{Path(r['engine']).name}]" if many else "")
 
