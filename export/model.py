@@ -109,7 +109,7 @@ class DecoderLayer(nn.Module):
 
     # The attention op (plugins/attention.py: the reference eagerly, ORT's node under export).
     # The torch-cuda backend sets a shape-static, in-place form on its own copy of the module
-    # (runtime/backends/torch_cuda.py); a strategy chosen once, not a value of the graph.
+    # (export/torch_backend.py); a strategy chosen once, not a value of the graph.
     attention_op = staticmethod(attention)
 
     def qkv(self, x: torch.Tensor) -> torch.Tensor:

@@ -125,7 +125,7 @@ class DeviceLoop:
 
     def new_cache(self, config) -> list[torch.Tensor]:
         """2L buffers [slots, kv_heads, length + 1, head_dim] (the last row: padding's scratch
-        row, backends/torch_cuda.py attention_in_place)."""
+        row, export/torch_backend.py attention_in_place)."""
         shape = (self.slots, config.num_kv_heads, self.length + 1, config.head_dim)
         return [torch.zeros(shape, dtype=self.dtype, device=self.device)
                 for _ in range(2 * config.num_layers)]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 from trt_spec.runtime import validation
-from trt_spec.runtime.backends.base import GraphSet, load_graphs
+from trt_spec.runtime.backends.base import GraphSet
+from trt_spec.runtime.backends.sources import load_graphs
 from trt_spec.runtime.cost_cache import CostCache, cost_key
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest

@@ -12,9 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from trt_spec.runtime.backends.sources import BACKENDS
 from trt_spec.runtime.methods import METHOD_NAMES, PLAIN
 
-BACKENDS = ("ort", "torch-cuda", "trt")
 VERIFY = ("sha256", "size", "none")
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_DRAFT_TOKENS = 64  # k is 1..MAX_DRAFT_TOKENS

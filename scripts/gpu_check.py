@@ -128,7 +128,7 @@ def environment(device: str) -> dict:
 
 
 def load(args) -> dict:
-    from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+    from trt_spec.export.torch_backend import TorchGraphs
     from trt_spec.runtime.generator import Generator
 
     heads = {k: getattr(args, k) for k in ("mtp", "eagle", "eagle3") if getattr(args, k)}

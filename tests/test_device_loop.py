@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec.runtime import device_verify  # noqa: E402
-from trt_spec.runtime.backends.torch_cuda import TorchGraphs  # noqa: E402
+from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits  # noqa: E402

@@ -329,7 +329,7 @@ def test_torch_cuda_backend_every_method_equals_ort(family_engine):
     """The torch-cuda backend (on the CPU, every step through its padded buckets) runs the
     same modules with its in-place attention (window included): greedy output equal to the
     ORT graphs' for every method."""
-    from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+    from trt_spec.export.torch_backend import TorchGraphs
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.manifest import load_manifest
     from trt_spec.runtime.sampling import SamplingParams

@@ -10,8 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # torch-free modules that say what an engine folder is: export writes them, the runtime reads
 CONTRACT = {"config", "files", "graph_io", "manifest", "methods", "tokenizer"}
-# the one runtime module that runs the export modules themselves (lazily, with torch)
-TORCH_TWIN = ROOT / "runtime/backends/torch_cuda.py"
+# the torch-cuda backend: it runs the export modules, so it lives beside them, and is a
+# runtime backend, so it reads the runtime's backend contract
+TORCH_BACKEND = ROOT / "export/torch_backend.py"
+# the folders of the package's parts, by the name they import under (trt_spec.<part>)
+PARTS = {"export": "export", "runtime": "runtime", "serve": "serve", "tools": "tools",
+         "plugins": "plugins", "train": "train", "cli": "trt_spec/cli"}
 
 
 def imports(path: Path) -> list[str]:
@@ -34,6 +38,8 @@ def files(folder: str) -> list[Path]:
 def test_export_and_training_read_only_the_contract(folder):
     bad = []
     for path in files(folder):
+        if path == TORCH_BACKEND:
+            continue
         for name in imports(path):
             parts = name.split(".")
             if parts[:2] == ["trt_spec", "runtime"] and len(parts) > 2 \
@@ -47,9 +53,7 @@ def test_the_serving_core_imports_no_tool_front_end_or_exporter():
     for path in files("runtime"):
         for name in imports(path):
             part = name.split(".")[1] if name.startswith("trt_spec.") else None
-            if part in ("export", "train") and path == TORCH_TWIN:
-                continue
-            if part in ("export", "train", "tools", "serve"):
+            if part in ("export", "train", "tools", "serve", "plugins"):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, bad
 
@@ -83,13 +87,12 @@ def method_name_branches(path: Path, names: set[str]) -> list[str]:
 
 def test_the_engine_and_server_read_method_traits_not_names(tmp_path):
     """Outside the registry (runtime/methods.py) and the proposers, runtime/ and serve/ read
-    a method's traits (lookup, picks_length, device, reads), never branch on its name. The
-    torch-cuda backend, which runs the export modules, is the one module still to move."""
+    a method's traits (lookup, picks_length, device, reads), never branch on its name."""
     from trt_spec.runtime.methods import METHODS
 
     names = set(METHODS)
     files = [p for folder in ("runtime", "serve") for p in (ROOT / folder).rglob("*.py")
-             if p.name != "methods.py" and "proposers" not in p.parts and p != TORCH_TWIN]
+             if p.name != "methods.py" and "proposers" not in p.parts]
     found = [f for p in files for f in method_name_branches(p, names)]
     assert not found, "\n".join(found)
     probe = tmp_path / "probe.py"  # the check sees what it looks for
@@ -106,11 +109,78 @@ def test_no_module_is_over_500_lines():
 
 
 def test_backends_are_named_once():
-    """settings.BACKENDS is the one list of backend names (the CLI's --backend choices read
-    it); each has its graph source registered in backends/base.py."""
-    from trt_spec.runtime.backends.base import GRAPH_SOURCES
-    from trt_spec.runtime.settings import BACKENDS
+    """backends/sources.BACKENDS is the one list of backend names (settings and the CLI's
+    --backend choices read it); each has its graph source registered once the package is
+    imported (torch-cuda at the package's edge)."""
+    from trt_spec.runtime.backends.sources import BACKENDS, GRAPH_SOURCES
 
-    assert tuple(GRAPH_SOURCES) == BACKENDS
-    assert not [p for p in (ROOT / "runtime").rglob("*.py") if p.name != "settings.py"
+    assert sorted(GRAPH_SOURCES) == sorted(BACKENDS)
+    assert not [p for p in (ROOT / "runtime").rglob("*.py") if p.name != "sources.py"
                 and "\nBACKENDS = " in p.read_text()]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package's modules it imports, at the top or inside a
+    function (trt_spec itself: the package's edge, trt_spec/__init__.py)."""
+    modules = {"trt_spec": ROOT / "trt_spec/__init__.py"}
+    for part, folder in PARTS.items():
+        for path in files(folder):
+            names = [n for n in path.relative_to(ROOT / folder).with_suffix("").parts
+                     if n != "__init__"]
+            modules[".".join(["trt_spec", part, *names])] = path
+
+    def module_of(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {t for n in imports(path) if n.startswith("trt_spec")
+                if (t := module_of(n)) not in (None, m)} for m, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root), on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w), on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w), component.add(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_no_import_cycle_spans_two_parts():
+    """Imports inside functions count: a cycle through two parts (runtime and export, say)
+    ties them into one unit that cannot be read, tested or shipped apart."""
+    graph = import_graph()
+    assert "trt_spec.export.torch_backend" in graph  # the walk sees the package
+    spanning = [sorted(c) for c in cycles(graph)
+                if len({(m.split(".") + ["edge"])[1] for m in c}) > 1]
+    assert not spanning, spanning
+    probe = {"trt_spec.a.x": {"trt_spec.b.y"}, "trt_spec.b.y": {"trt_spec.a.x"},
+             "trt_spec.a.z": set()}  # the check sees what it looks for
+    assert cycles(probe) == [{"trt_spec.a.x", "trt_spec.b.y"}]

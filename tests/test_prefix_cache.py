@@ -214,7 +214,7 @@ def test_the_kv_cache_keeps_copies_and_evicts(tiny_engine):
 
 
 def torch_gen(folder, **options):
-    from trt_spec.runtime.backends.torch_cuda import TorchGraphs
+    from trt_spec.export.torch_backend import TorchGraphs
     from trt_spec.runtime.manifest import load_manifest
 
     manifest = load_manifest(folder)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec.plugins.attention import attention_reference  # noqa: E402
-from trt_spec.runtime.backends.torch_cuda import (TorchGraphs, TorchKVCache,  # noqa: E402
+from trt_spec.export.torch_backend import (TorchGraphs, TorchKVCache,  # noqa: E402
                                                   attention_in_place)
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
@@ -128,7 +128,7 @@ def test_backend_errors(tiny_all_engine):
     with pytest.raises(ValueError, match="backend='tensorrt'"):
         Generator(tiny_all_engine, backend="tensorrt")
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
-        from trt_spec.runtime.backends.torch_cuda import TorchTarget
+        from trt_spec.export.torch_backend import TorchTarget
         from trt_spec.export.model import TargetModel
 
         TorchTarget(TargetModel(load_manifest(tiny_all_engine).config), 256, "cpu",

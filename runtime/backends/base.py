@@ -12,14 +12,14 @@ inputs already built. Everything else about a step is here, written once:
         cache lengths += new tokens
         -> StepOutput: per request, its logits rows and its rows of each wanted output
 
-    load_graphs(manifest, config) -> GraphSet          # by config.backend: ort | torch-cuda | trt
+The graph sources by backend name: runtime/backends/sources.py.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,10 +29,6 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import Manifest
 from trt_spec.runtime.step_inputs import SlotTokens, StepInputs, build_step_inputs, commit_lengths
 
-from trt_spec.runtime.settings import BACKENDS
-
-if TYPE_CHECKING:
-    from trt_spec.runtime.settings import RuntimeConfig
 
 
 @dataclass
@@ -135,42 +131,3 @@ class DeviceGraphs(Protocol):
 
     def device_function(self, name: str):
         """A graph without a cache (Eagle3's fc) as a callable on device tensors."""
-
-
-def _ort(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
-    from trt_spec.runtime.backends.ort import OrtGraphs
-
-    return OrtGraphs(manifest, config.threads, config.exact_decode)
-
-
-def _torch_cuda(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
-    try:
-        from trt_spec.runtime.backends.torch_cuda import TorchGraphs
-    except ImportError as e:
-        raise ValueError(f"backend 'torch-cuda' needs torch ({e}); install the export "
-                         "extra: pip install -e '.[export]'") from None
-    return TorchGraphs.from_manifest(manifest, config.device, config.cuda_graphs,
-                                     dtype=config.dtype)
-
-
-def _trt(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
-    from trt_spec.runtime.backends.trt import TrtGraphs
-
-    return TrtGraphs(manifest, config.device, config.cuda_graphs)
-
-
-# Each backend's graph source by name (settings.BACKENDS lists the names); each imports its
-# module only when chosen.
-GRAPH_SOURCES: dict[str, Callable[[Manifest, "RuntimeConfig"], GraphSet]] = {
-    "ort": _ort, "torch-cuda": _torch_cuda, "trt": _trt}
-
-
-def load_graphs(manifest: Manifest, config: "RuntimeConfig") -> GraphSet:
-    """The graph source of `config.backend`: "ort" (the folder's ONNX graphs), "torch-cuda" (the
-    export modules, loaded from the folder's source checkpoint) or "trt" (the folder's
-    TensorRT engines, `trt-spec build`). Where a backend cannot run here, one ValueError line
-    says why and what to install."""
-    source = GRAPH_SOURCES.get(config.backend)
-    if source is None:
-        raise ValueError(f"backend={config.backend!r}: expected one of {', '.join(BACKENDS)}")
-    return source(manifest, config)

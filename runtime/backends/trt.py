@@ -255,6 +255,6 @@ class TrtGraphs(GraphSet):
     def cache(self, config: ModelConfig, slots: int, max_len: int) -> KVCache:
         import torch
 
-        from trt_spec.runtime.backends.torch_cuda import TorchKVCache
+        from trt_spec.runtime.backends.torch_cache import TorchKVCache
 
         return TorchKVCache(config, slots, max_len, torch.device(self.device))

@@ -1,7 +1,11 @@
 """torch-cuda backend: the export modules (export/model.py, export/drafters.py) run with torch on
 a device, with preallocated KV buffers and one CUDA graph per shape bucket. The runnable twin of
 the trt backend (runtime/backends/trt.py): the same step() contract, the same buckets
-(runtime/backends/buckets.py), the same in-place cache.
+(runtime/backends/buckets.py), the same in-place cache (runtime/backends/torch_cache.py).
+
+It lives beside the modules it runs, not in runtime/: the runtime never imports export/. The
+package's edge (trt_spec/__init__.py) registers it by name with the runtime's graph sources
+(runtime/backends/sources.py), so `backend="torch-cuda"` reaches it from every entry point.
 
     step(cache, requests, want):
         feeds  = build_step_inputs(...)                 # NumPy, as for ORT
@@ -32,6 +36,7 @@ import torch
 
 from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner, GraphSet, StepGraph
 from trt_spec.runtime.backends.buckets import Bucket, exact_bucket, pad_feeds, plan_bucket
+from trt_spec.runtime.backends.torch_cache import TorchKVCache
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.graph_io import HIDDEN_INPUT, STEP_INPUTS
 from trt_spec.runtime.kv_cache import KVCache
@@ -83,20 +88,6 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
     out = scores.softmax(dim=-1) @ values[:, :, None]  # (B, kvh, g, T, hd)
     out = out.reshape(batch, num_heads, new_tokens, head_dim).transpose(1, 2)
     return out.reshape(batch, new_tokens, num_heads * head_dim), past_key, past_value
-
-
-class TorchKVCache(KVCache):
-    """KVCache with its block on a torch device: [2L, slots, kv_heads, max_len + 1, head_dim]
-    (KVCache's scratch row per slot, see attention_in_place). Lengths and slots stay on the
-    host."""
-
-    def __init__(self, config: ModelConfig, slots: int, max_len: int, device: torch.device,
-                 num_layers: int | None = None, dtype: torch.dtype = torch.float32):
-        self.device, self.dtype = device, dtype
-        super().__init__(config, slots, max_len, num_layers)
-
-    def zeros(self, shape: tuple[int, ...]):
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
 
 def use_in_place_attention(module: torch.nn.Module) -> torch.nn.Module:
@@ -376,3 +367,10 @@ class TorchGraphs(GraphSet, DeviceGraphs):
     def stats(self) -> dict[str, dict]:
         return {name: dict(t.stats, failed=dict((str(b), why) for b, why in t.failed.items()))
                 for name, t in self.loaded.items()}
+
+
+def graph_source(manifest: Manifest, config) -> TorchGraphs:
+    """The torch-cuda graph source (runtime/backends/sources.py): the folder's
+    source model on config.device, with CUDA graphs and weights in config.dtype."""
+    return TorchGraphs.from_manifest(manifest, config.device, config.cuda_graphs,
+                                     dtype=config.dtype)
