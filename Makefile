@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -75,6 +75,10 @@ test: setup  ## the whole test suite, real-model tests included
 
 test-fast: setup  ## tiny-model tests only
 	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+test-triton: setup  ## the Triton kernels on triton's CPU interpreter (fetches triton, ~290 MB, once)
+	$(BIN)/pip install -q --no-deps --target .triton triton
+	PYTHONPATH=.triton TRITON_INTERPRET=1 $(BIN)/python -m pytest -q tests/test_plugins_spec_verify.py -k interpreted
 
 bench: export export-fp32  ## plain decode tokens/s, fp32 vs int4, at past 0/512/1024
 	$(BIN)/trt-spec bench --engine $(ENGINE)-fp32 --engine $(ENGINE) --past 0,512,1024 \

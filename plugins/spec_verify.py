@@ -248,8 +248,7 @@ def spec_verify_triton(draft_tokens, draft_lens, target_logits, draft_probs, uni
         draft_tokens.to(torch.int64).contiguous(), draft_lens.to(torch.int32).contiguous(), logits,
         draft_probs.contiguous(), uniforms.float().contiguous(), temperature.float().contiguous(),
         out[0], out[1], k, vocab, FULL_Q=full_q,
-        BLOCK_V=min(block_v, max(16, 1 << (vocab - 1).bit_length())),
-        BLOCK_K=max(2, 1 << k.bit_length()))
+        BLOCK_V=min(block_v, max(16, 1 << (vocab - 1).bit_length())))
     return out
 
 

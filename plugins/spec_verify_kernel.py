@@ -38,7 +38,7 @@ def _row_stats(row, inv_t, V: tl.constexpr, BLOCK_V: tl.constexpr):
 @triton.jit
 def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
                        acc_ptr, tok_ptr, K: tl.constexpr, V: tl.constexpr, FULL_Q: tl.constexpr,
-                       BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(lens_ptr + b).to(tl.int32)
     temp = tl.load(temp_ptr + b).to(tl.float32)
@@ -67,6 +67,8 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
     rejected = a < n
     x_a = tl.load(draft_ptr + b * K + a, mask=rejected, other=-1)
     q_row = q_ptr + (b * K + a) * V
+    # masks below are where(rejected, inb, False), not inb & rejected: the same on a GPU, and
+    # triton's CPU interpreter cannot load with a mask made by & of a vector and a scalar
     total = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
@@ -74,7 +76,8 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
         z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
         p = tl.exp(z * inv_t - m) / s
         if FULL_Q:
-            q = tl.load(q_row + offs, mask=inb & rejected, other=0.0).to(tl.float32)
+            q = tl.load(q_row + offs, mask=tl.where(rejected, inb, False),  # inb & rejected
+                        other=0.0).to(tl.float32)
         else:
             q = tl.where((offs == x_a) & rejected, 1.0, 0.0)
         total += tl.sum(tl.where(inb, tl.maximum(p - q, 0.0), 0.0), 0)
@@ -90,7 +93,8 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
         z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
         p = tl.exp(z * inv_t - m) / s
         if FULL_Q:
-            q = tl.load(q_row + offs, mask=inb & rejected, other=0.0).to(tl.float32)
+            q = tl.load(q_row + offs, mask=tl.where(rejected, inb, False),  # inb & rejected
+                        other=0.0).to(tl.float32)
         else:
             q = tl.where((offs == x_a) & rejected, 1.0, 0.0)
         w = tl.where(inb, tl.where(use_residual, tl.maximum(p - q, 0.0), p), 0.0)
@@ -101,7 +105,6 @@ def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
     token = tl.where(greedy, best_i, sampled).to(tl.int64)
 
     tl.store(acc_ptr + b, a.to(tl.int64))
-    j = tl.arange(0, BLOCK_K)
-    xs = tl.load(draft_ptr + b * K + j, mask=j < a, other=0)
-    out = tl.where(j < a, xs, tl.where(j == a, token, -1))
-    tl.store(tok_ptr + b * (K + 1) + j, out, mask=j < K + 1)
+    for j in tl.static_range(K + 1):  # the accepted drafts, then the token, then -1
+        x = tl.load(draft_ptr + b * K + j, mask=j < a, other=0)
+        tl.store(tok_ptr + b * (K + 1) + j, tl.where(j < a, x, tl.where(j == a, token, -1)))
