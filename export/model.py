@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trt_spec.plugins.attention import attention
+from trt_spec.plugins.attention import Heads, attention
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.plugins.spec_verify import spec_verify
 from trt_spec.runtime.config import ModelConfig
@@ -131,13 +131,11 @@ class DecoderLayer(nn.Module):
     def attend(self, x, past_key, past_value, seqlens_k, query_seqlens, position_ids,
                total_sequence_length, cos, sin):
         """x [B, T, qkv_in] (normed) -> (attention output [B, T, nh hd], present_key,
-        present_value). The window goes to the op only when the layer has one, so an
-        attention_op without the argument still runs every full-attention model."""
+        present_value)."""
         c = self.config
-        window = {"window": self.window} if self.window else {}
         return self.attention_op(self.qkv(x), past_key, past_value, seqlens_k, query_seqlens,
-                                 position_ids, total_sequence_length, cos, sin, c.num_heads,
-                                 c.num_kv_heads, **window)
+                                 position_ids, total_sequence_length, cos, sin,
+                                 Heads(c.num_heads, c.num_kv_heads, self.window))
 
     def residual(self, a: torch.Tensor, h: torch.Tensor,
                  next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

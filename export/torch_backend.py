@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trt_spec.plugins.attention import Heads, heads_with_rope
 from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner, GraphSet, StepGraph
 from trt_spec.runtime.backends.buckets import Bucket, exact_bucket, pad_feeds, plan_bucket
 from trt_spec.runtime.backends.torch_cache import TorchKVCache
@@ -46,8 +47,7 @@ from trt_spec.runtime.step_inputs import StepInputs
 
 
 def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                       total_sequence_length, cos_cache, sin_cache, num_heads: int,
-                       kv_heads: int, window: int = 0):
+                       total_sequence_length, cos_cache, sin_cache, heads: Heads):
     """plugins.attention.attention_reference's semantics, shape-static and in place.
 
     qkv [batch, new_tokens, (num_heads + 2 kv_heads) head_dim]; past_key / past_value
@@ -55,15 +55,13 @@ def attention_in_place(qkv, past_key, past_value, seqlens_k, query_seqlens, posi
     tokens (s >= query_seqlens[b]) write to, so every write is a scatter of fixed shape and
     no valid row is touched by padding. Returns (output [batch, new_tokens, num_heads
     head_dim], past_key, past_value) (the caches, updated). Padding rows of the output are
-    unspecified (finite). total_sequence_length is not needed. window > 0: a sliding window,
-    keys row - window < j <= row (the reference's rule)."""
-    from trt_spec.plugins.attention import heads_with_rope
-
+    unspecified (finite). total_sequence_length is not needed. heads.window > 0: a sliding
+    window, keys row - window < j <= row (the reference's rule)."""
+    num_heads, kv_heads, window = heads
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
     max_len = past_key.shape[2] - 1  # row max_len: scratch
-    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
-                              head_dim)
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, heads, head_dim)
 
     total = seqlens_k.long() + 1  # (B,) rows valid after this step
     past = total - query_seqlens.long()  # (B,) rows valid before

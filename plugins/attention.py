@@ -73,6 +73,8 @@ in `TRT_DOMAIN`; if a TensorRT release wants another, only `node.domain` changes
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -88,10 +90,21 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+class Heads(NamedTuple):
+    """A layer's attention heads, constants of its graph: query heads, key/value heads (GQA:
+    query head h reads kv head h // (num // kv)) and its sliding window W (keys
+    P + s - W < j <= P + s; 0: none)."""
+
+    num: int
+    kv: int
+    window: int = 0
+
+
 def heads_with_rope(qkv: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tensor,
-                    sin_cache: torch.Tensor, num_heads: int, kv_heads: int, head_dim: int):
+                    sin_cache: torch.Tensor, heads: Heads, head_dim: int):
     """qkv [batch, new_tokens, (num_heads + 2 kv_heads) head_dim] -> q [B, nh, T, hd], k and v
     [B, kvh, T, hd], RoPE applied to q and k at position_ids [B, T]."""
+    num_heads, kv_heads = heads.num, heads.kv
     batch, new_tokens, _ = qkv.shape
     q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)
@@ -111,16 +124,14 @@ def attention_reference(
     position_ids: torch.Tensor,  # [batch, new_tokens] int64
     cos_cache: torch.Tensor,  # [max_positions, head_dim / 2]
     sin_cache: torch.Tensor,  # [max_positions, head_dim / 2]
-    num_heads: int,
-    kv_heads: int,
+    heads: Heads,
     attn_mask: torch.Tensor | None = None,  # [batch, new_tokens, max_len] bool, or None: causal
-    window: int = 0,  # sliding window W (keys P + s - W < j <= P + s), 0: none
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (output [batch, new_tokens, num_heads * head_dim], present_key, present_value)."""
+    num_heads, kv_heads, window = heads
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
-    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
-                              head_dim)
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, heads, head_dim)
 
     present_key, present_value = past_key.clone(), past_value.clone()
     out = torch.zeros_like(q)
@@ -149,9 +160,9 @@ def attention_reference(
 
 
 def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                    cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None,
-                    window: int = 0):
+                    cos_cache, sin_cache, heads: Heads, attn_mask=None):
     """NumPy (float64) twin of `attention_reference`: same arguments as arrays, same result."""
+    num_heads, kv_heads, window = heads
     qkv = np.asarray(qkv, np.float64)
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
@@ -205,14 +216,13 @@ def window_mask(write: torch.Tensor, new_tokens: int, max_len, window: int) -> t
 
 
 def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                  cos_cache, sin_cache, num_heads: int, kv_heads: int, attn_mask=None,
-                  window: int = 0):
+                  cos_cache, sin_cache, heads: Heads, attn_mask=None):
     """The TensorRT lowering (traced under ONNX export): shapes as `attention_reference`.
     See the module docstring for the node forms and their sources."""
+    num_heads, window = heads.num, heads.window
     batch, new_tokens, _ = qkv.shape
     head_dim = past_key.shape[-1]
-    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, num_heads, kv_heads,
-                              head_dim)
+    q, k, v = heads_with_rope(qkv, position_ids, cos_cache, sin_cache, heads, head_dim)
     q = q * head_dim**-0.5  # TRT wants Q pre-scaled
     write = (seqlens_k + 1 - query_seqlens).to(torch.int32)  # (B,) P: rows cached before
     kv_len = write + new_tokens  # (B,) int32
@@ -241,18 +251,17 @@ def attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_
 
 
 def attention(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-              total_sequence_length, cos_cache, sin_cache, num_heads: int, kv_heads: int,
-              attn_mask=None, window: int = 0):
+              total_sequence_length, cos_cache, sin_cache, heads: Heads, attn_mask=None):
     """Shapes as `attention_reference`; total_sequence_length: [] int32, an upper bound of
-    seqlens_k + 1 (ORT checks it; the reference and TensorRT do not need it). window: the
-    layer's sliding window (0: none), a constant of the graph."""
+    seqlens_k + 1 (ORT checks it; the reference and TensorRT do not need it). heads: the
+    layer's, constants of the graph (its sliding window too)."""
     if not torch.onnx.is_in_onnx_export():
         return attention_reference(qkv, past_key, past_value, seqlens_k, query_seqlens,
-                                   position_ids, cos_cache, sin_cache, num_heads, kv_heads,
-                                   attn_mask, window)
+                                   position_ids, cos_cache, sin_cache, heads, attn_mask)
     if lowering.current() == "trt":
         return attention_trt(qkv, past_key, past_value, seqlens_k, query_seqlens, position_ids,
-                             cos_cache, sin_cache, num_heads, kv_heads, attn_mask, window)
+                             cos_cache, sin_cache, heads, attn_mask)
+    num_heads, kv_heads, window = heads
     if attn_mask is not None:
         raise NotImplementedError("an explicit attention mask lowers for TensorRT only so far")
     batch, new_tokens, _ = qkv.shape

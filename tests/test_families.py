@@ -289,7 +289,7 @@ def test_gqa_local_window_size_counts_like_transformers(new_tokens, tmp_path):
     visible from query i when j > i - W), at prefill and in 1- and 3-token steps after a past;
     W - 1 and W + 1 differ. The reference's `window` is that rule."""
     from trt_spec.export.model import rope_tables
-    from trt_spec.plugins.attention import attention_reference
+    from trt_spec.plugins.attention import Heads, attention_reference
     from trt_spec.runtime.config import ModelConfig
 
     nh, kvh, hd, max_len, total, window = 2, 1, 16, 32, 20, 5
@@ -300,8 +300,8 @@ def test_gqa_local_window_size_counts_like_transformers(new_tokens, tmp_path):
     zeros = torch.zeros(1, kvh, max_len, hd)
     args = (torch.tensor([total - 1], dtype=torch.int32),)
     expected = {w: attention_reference(qkv, zeros, zeros, *args, torch.tensor([total], dtype=torch.int32),
-                                       torch.arange(total)[None], cos, sin, nh, kvh,
-                                       window=w)[0][:, total - new_tokens:].numpy()
+                                       torch.arange(total)[None], cos, sin,
+                                       Heads(nh, kvh, w))[0][:, total - new_tokens:].numpy()
                 for w in (window - 1, window, window + 1)}
     # transformers' mask for the same sizes: the reference's rule
     from transformers.masking_utils import sliding_window_overlay

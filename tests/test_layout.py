@@ -184,3 +184,20 @@ def test_no_import_cycle_spans_two_parts():
     probe = {"trt_spec.a.x": {"trt_spec.b.y"}, "trt_spec.b.y": {"trt_spec.a.x"},
              "trt_spec.a.z": set()}  # the check sees what it looks for
     assert cycles(probe) == [{"trt_spec.a.x", "trt_spec.b.y"}]
+
+
+def test_no_function_takes_more_than_12_parameters():
+    """Outside the command line (which maps options onto config objects) settings travel as
+    typed configs, not long keyword chains: no function takes more than 12 parameters."""
+    folders = ("runtime", "serve", "tools", "export", "train", "plugins", "scripts")
+    long = []
+    for path in (p for folder in folders for p in files(folder)):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+                n = len([x for x in names if x not in ("self", "cls")])
+                if n > 12:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n}")
+    assert not long, long

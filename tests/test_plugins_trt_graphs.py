@@ -17,7 +17,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from trt_spec.export.checkpoint import load_target  # noqa: E402
 from trt_spec.export.model import TargetScorer, empty_cache  # noqa: E402
-from trt_spec.plugins.attention import attention_numpy, attention_reference  # noqa: E402
+from trt_spec.plugins.attention import Heads, attention_numpy, attention_reference  # noqa: E402
 from trt_spec.plugins.reference_ops import REFERENCE_OPS  # noqa: E402
 from trt_spec.plugins.spec_verify import spec_verify_reference  # noqa: E402
 
@@ -60,10 +60,11 @@ def test_attention_numpy_equals_torch_with_and_without_mask():
     tree[:, :, 0] = True  # every query sees at least the first token
     for mask, window in ((None, 0), (tree, 0), (None, 3), (tree, 3)):  # 3: a sliding window
         want = attention_reference(*map(torch.from_numpy, (qkv, past_k, past_v, seqlens_k, q_lens,
-                                                          pos, cos, sin)), nh, kvh,
-                                   None if mask is None else torch.from_numpy(mask), window)
-        got = attention_numpy(qkv, past_k, past_v, seqlens_k, q_lens, pos, cos, sin, nh, kvh, mask,
-                              window)
+                                                          pos, cos, sin)),
+                                   Heads(nh, kvh, window),
+                                   None if mask is None else torch.from_numpy(mask))
+        got = attention_numpy(qkv, past_k, past_v, seqlens_k, q_lens, pos, cos, sin,
+                              Heads(nh, kvh, window), mask)
         for w, g in zip(want, got):
             np.testing.assert_allclose(g, w.numpy(), atol=1e-5)
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec.plugins.attention import attention_reference  # noqa: E402
+from trt_spec.plugins.attention import Heads, attention_reference  # noqa: E402
 from trt_spec.export.torch_backend import (TorchGraphs, TorchKVCache,  # noqa: E402
                                                   attention_in_place)
 from trt_spec.runtime.generator import Generator  # noqa: E402
@@ -43,12 +43,12 @@ def test_attention_in_place_equals_reference(past, query, window):
                          1.0 / 10000 ** (torch.arange(0, hd, 2).double() / hd))
     cos, sin = angles.cos().float(), angles.sin().float()
     want, want_k, want_v = attention_reference(qkv, cache_k, cache_v, seqlens_k, query_seqlens,
-                                               pos, cos, sin, nh, kvh, window=window)
+                                               pos, cos, sin, Heads(nh, kvh, window))
     # the in-place form's cache has one scratch row more
     k = torch.cat([cache_k, torch.zeros(batch, kvh, 1, hd)], 2)
     v = torch.cat([cache_v, torch.zeros(batch, kvh, 1, hd)], 2)
     got, got_k, got_v = attention_in_place(qkv, k, v, seqlens_k, query_seqlens, pos, None,
-                                           cos, sin, nh, kvh, window=window)
+                                           cos, sin, Heads(nh, kvh, window))
     assert got_k is k and got_v is v  # in place
     for b, (p, q) in enumerate(zip(past, query)):
         torch.testing.assert_close(got[b, :q], want[b, :q])

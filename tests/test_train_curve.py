@@ -22,7 +22,8 @@ from trt_spec.train.curve import chain_accept, read_curve, tau_estimate
 from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
 from trt_spec.train.eagle3 import train_eagle3
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
-from trt_spec.train.loop import TrainConfig, batch_indices, lr_factor, tokens_before, total_steps
+from trt_spec.train.loop import (RunControl, TrainConfig, batch_indices, lr_factor, tokens_before,
+                                 total_steps)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +102,13 @@ def test_resume_continues_the_curve_without_duplicates(target, store, heldout, c
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_eagle3(store, target, tmp_path, config, 48, log=killed_at_step_7, heldout=heldout)
+        train_eagle3(store, target, tmp_path, config, 48, RunControl(log=killed_at_step_7),
+                     heldout=heldout)
     state = torch.load(tmp_path / "eagle3-state.pt", weights_only=False)
     assert state["step"] == 4 and state["tokens_seen"] == tokens_before(store, 4, config)
     assert max(r["step"] for r in read_curve(tmp_path / "eagle3-curve.jsonl")) > 4
     # eval_every is not a training setting: a resumed run may change it (here: not)
-    train_eagle3(store, target, tmp_path, config, 48, resume=True, heldout=heldout)
+    train_eagle3(store, target, tmp_path, config, 48, RunControl(resume=True), heldout=heldout)
     resumed = read_curve(tmp_path / "eagle3-curve.jsonl")
     reference = read_curve(clean[0] / "eagle3-curve.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in reference]  # none twice
@@ -141,9 +143,9 @@ def test_every_method_writes_a_curve(target, store, heldout, tmp_path, kind, mod
 
     config = dataclasses.replace(config_for(store), eval_every=10 ** 9)  # step 0 and the end
     if kind == "draft":
-        train_draft(store, target, tmp_path, config, (0,), max_steps=2, heldout=heldout)
+        train_draft(store, target, tmp_path, config, (0,), RunControl(max_steps=2), heldout)
     else:
-        train_mtp(store, target, tmp_path, config, kind, modules or 1, max_steps=2,
+        train_mtp(store, target, tmp_path, config, kind, modules or 1, RunControl(max_steps=2),
                   heldout=heldout)
     records = read_curve(tmp_path / f"{kind}-curve.jsonl")
     assert [r["step"] for r in records] == [0]  # stopped before the end: no second record

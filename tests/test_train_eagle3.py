@@ -16,7 +16,7 @@ from trt_spec.train.eagle3 import draft_vocab, init_eagle3, target_to_draft, tra
 from trt_spec.train.loop import lr_factor
 from trt_spec.train.unroll import unroll
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
-from trt_spec.train.loop import TrainConfig
+from trt_spec.train.loop import RunControl, TrainConfig
 
 STEPS = 3
 
@@ -105,7 +105,8 @@ CONFIG = TrainConfig(epochs=12, batch_size=4, lr=3e-3, warmup_steps=4, checkpoin
 def trained(target, store, tmp_path_factory):
     out = tmp_path_factory.mktemp("eagle3-run")
     logs = []
-    metrics = train_eagle3(store, target, out, CONFIG, draft_vocab_size=48, log=logs.append)
+    metrics = train_eagle3(store, target, out, CONFIG, draft_vocab_size=48,
+                           run=RunControl(log=logs.append))
     return out, logs, metrics
 
 
@@ -125,7 +126,7 @@ def test_bf16_autocast_trains_like_fp32(target, store, trained, tmp_path):
     _, logs, _ = trained
     amp_logs = []
     train_eagle3(store, target, tmp_path, dataclasses.replace(CONFIG, amp=True), 48,
-                 log=amp_logs.append)
+                 RunControl(log=amp_logs.append))
     fp32 = np.array([s.metrics["loss"] for s in logs])
     bf16 = np.array([s.metrics["loss"] for s in amp_logs])
     assert abs(bf16[0] - fp32[0]) < 0.02 * fp32[0]
@@ -136,8 +137,8 @@ def test_bf16_autocast_trains_like_fp32(target, store, trained, tmp_path):
 def test_fit_schedule_ends_the_cosine_at_the_time_limit(target, store, tmp_path):
     config = dataclasses.replace(CONFIG, epochs=200, fit_schedule=True)
     logs = []
-    metrics = train_eagle3(store, target, tmp_path, config, 48, log=logs.append,
-                           max_seconds=1.5)
+    metrics = train_eagle3(store, target, tmp_path, config, 48,
+                           RunControl(log=logs.append, max_seconds=1.5))
     assert metrics["done"] and metrics["step"] == metrics["total_steps"]
     assert metrics["total_steps"] < logs[0].total  # shortened from the 200 epochs' length
     total = metrics["total_steps"]  # the last step ran the schedule's last lr, near its floor
@@ -155,9 +156,9 @@ def test_resume_gives_the_uninterrupted_result(target, store, trained, tmp_path)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_eagle3(store, target, tmp_path, CONFIG, 48, log=killed_at_step_17)
+        train_eagle3(store, target, tmp_path, CONFIG, 48, RunControl(log=killed_at_step_17))
     assert torch.load(tmp_path / "eagle3-state.pt", weights_only=False)["step"] == 10
-    train_eagle3(store, target, tmp_path, CONFIG, 48, resume=True)
+    train_eagle3(store, target, tmp_path, CONFIG, 48, RunControl(resume=True))
     a = load_drafter(out_clean / "eagle3", "eagle3", target)
     b = load_drafter(tmp_path / "eagle3", "eagle3", target)
     for (name, x), (_, y) in zip(a.modules[0].state_dict().items(),
@@ -166,7 +167,7 @@ def test_resume_gives_the_uninterrupted_result(target, store, trained, tmp_path)
     torch.testing.assert_close(a.fc.fc.weight, b.fc.fc.weight, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="written by another run"):
         train_eagle3(store, target, tmp_path, dataclasses.replace(CONFIG, lr=1e-3), 48,
-                     resume=True)
+                     RunControl(resume=True))
 
 
 def test_trained_head_loads_with_the_training_numbers(target, store, trained):

@@ -10,7 +10,7 @@ from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
 from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
-from trt_spec.train.loop import TrainConfig
+from trt_spec.train.loop import RunControl, TrainConfig
 from trt_spec.train.mtp import init_mtp, train_mtp
 from trt_spec.train.unroll import unroll
 
@@ -98,7 +98,8 @@ def heads(target, store, tmp_path_factory):
     logs = {}
     for kind in ("mtp", "eagle"):
         logs[kind] = []
-        train_mtp(store, target, out, CONFIG, kind, num_modules=3, log=logs[kind].append)
+        train_mtp(store, target, out, CONFIG, kind, num_modules=3,
+                  run=RunControl(log=logs[kind].append))
     return out, logs
 
 

@@ -25,7 +25,7 @@ from trt_spec.export.drafter_checkpoint import load_draft, save_draft
 from trt_spec.export.model import TargetModel
 from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.forward import causal_forward
-from trt_spec.train.loop import Batch
+from trt_spec.train.loop import Batch, RunControl
 from trt_spec.train.unroll import distill_loss, shift, top1_hits
 
 SHARED = ("embed_tokens.weight", "lm_head.weight")  # the target's: frozen, never saved
@@ -68,23 +68,20 @@ def draft_loss(draft: TargetModel, batch: Batch, chain: int = 0) -> tuple[torch.
 
 
 def train_draft(store, target: TargetModel, out, config, layers: tuple[int, ...],
-                resume: bool = False, device: str = "cpu", log=None,
-                max_steps: int | None = None, max_seconds: float | None = None,
-                heldout=None) -> dict:
+                run: RunControl = RunControl(), heldout=None) -> dict:
     """As train_eagle3: state `out/draft-state.pt`, the draft `out/draft/`, the learning curve
     `out/draft-curve.jsonl`."""
     from trt_spec.train.loop import train_loop
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    draft = init_draft(target, layers).to(device)
+    draft = init_draft(target, layers).to(run.device)
     extra = {"kind": "draft", "plan": store.manifest["plan"], "shards": store.shards,
              "layers": list(layers)}
     curve = make_curve(config, heldout, lambda batch: draft_loss(draft, batch, CHAIN),
                        out / "draft-curve.jsonl")
     metrics = train_loop(store, {"draft": draft}, lambda batch: draft_loss(draft, batch), config,
-                         out / "draft-state.pt", extra, resume, device, log, max_steps,
-                         max_seconds, curve)
+                         out / "draft-state.pt", extra, run, curve)
     save_draft(draft.to("cpu").eval(), out / "draft", layers)
     return metrics
 

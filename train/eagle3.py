@@ -34,7 +34,7 @@ from trt_spec.export.drafters import Drafter, Eagle3Fc, Eagle3Step
 from trt_spec.export.model import TargetModel
 from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.features import FeatureStore
-from trt_spec.train.loop import Batch
+from trt_spec.train.loop import Batch, RunControl
 from trt_spec.train.unroll import distill_loss, top1_hits, unroll
 
 # --- the draft vocabulary -----------------------------------------------------------------
@@ -131,10 +131,9 @@ def to_device(drafter: Drafter, device: str) -> Drafter:
 
 
 def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vocab_size: int,
-                 resume: bool = False, device: str = "cpu", log=None,
-                 max_steps: int | None = None, max_seconds: float | None = None,
-                 intermediate_size: int | None = None, heldout=None) -> dict:
-    """Trains a head on `store`; the training state is `out/eagle3-state.pt` (every
+                 run: RunControl = RunControl(), intermediate_size: int | None = None,
+                 heldout=None) -> dict:
+    """Trains a head on `store` as `run` says (train/loop.py RunControl); the training state is `out/eagle3-state.pt` (every
     config.checkpoint_every steps), the head `out/eagle3/` (save_drafter) when this run stops,
     the learning curve on `heldout` `out/eagle3-curve.jsonl` (config.eval_every > 0).
     Returns the loop's metrics plus the draft vocabulary's coverage of the training tokens."""
@@ -143,7 +142,7 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
     from trt_spec.export.drafter_checkpoint import save_drafter
     from trt_spec.train.loop import train_loop
 
-    out = Path(out)
+    out, device = Path(out), run.device
     out.mkdir(parents=True, exist_ok=True)
     vocab = target.config.vocab_size
     if tuple(store.feature_layers) != tuple(target.config.eagle3_layers):
@@ -163,8 +162,7 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
         store, {"fc": drafter.fc, "step": drafter.modules[0]},
         lambda batch: eagle3_loss(drafter, batch, t2d_index, config.ttt_steps,
                                   config.step_decay),
-        config, out / "eagle3-state.pt", extra, resume, device, log, max_steps, max_seconds,
-        curve)
+        config, out / "eagle3-state.pt", extra, run, curve)
     save_drafter(to_device(drafter, "cpu").eval(), out / "eagle3")
     metrics["draft_vocab_coverage"] = float(counts[t2d.numpy()].sum() / max(1, counts.sum()))
     return metrics

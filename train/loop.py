@@ -172,25 +172,40 @@ class StepLog:
     heldout: dict | None = None  # the learning-curve record written at this step, if any
 
 
+@dataclass(frozen=True)
+class RunControl:
+    """How one training run runs, not what it learns (that is TrainConfig): on which device,
+    whether it goes on from its saved state, where each step is logged, and when this run stops
+    early. max_steps stops it after that many steps (a later resume continues), for tests and
+    short runs; max_seconds likewise once that much time has passed (the state is saved at
+    the stop); with TrainConfig.fit_schedule the schedule is instead shortened, after
+    FIT_AFTER timed steps, to end at max_seconds (the fitted length is saved, so a resume
+    keeps it)."""
+
+    device: str = "cpu"
+    resume: bool = False
+    log: Callable[[StepLog], None] | None = None
+    max_steps: int | None = None
+    max_seconds: float | None = None
+
+
 def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
                loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]], config: TrainConfig,
-               state_path: Path, extra: dict, resume: bool, device: str = "cpu",
-               log: Callable[[StepLog], None] | None = None, max_steps: int | None = None,
-               max_seconds: float | None = None, curve=None) -> dict:
-    """Trains the parameters of `modules` that require grad. `extra` (JSON-able) is saved in
-    the state and must match on resume. Returns the final metrics. max_steps stops this run
-    early (a later --resume continues), for tests and short runs; max_seconds likewise once
-    that much time has passed (the state is saved at the stop); with config.fit_schedule the
-    schedule is instead shortened, after FIT_AFTER timed steps, to end at max_seconds (the
-    fitted length is saved, so a resume keeps it). curve: a train/curve.py Curve,
-    evaluated at step 0, every curve.every training tokens and at the schedule's end."""
+               state_path: Path, extra: dict, run: RunControl = RunControl(),
+               curve=None) -> dict:
+    """Trains the parameters of `modules` that require grad, as `run` says. `extra`
+    (JSON-able) is saved in the state and must match on resume. Returns the final metrics.
+    curve: a train/curve.py Curve, evaluated at step 0, every curve.every training tokens
+    and at the schedule's end."""
+    device, log = run.device, run.log
+    max_steps, max_seconds = run.max_steps, run.max_seconds
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, 0.95))
     total = total_steps(len(store), config)
     step, tokens_seen, seconds = 0, 0, 0.0
     extra = dict(extra, config=train_settings(config), sequences=len(store))
-    if resume and state_path.exists():
+    if run.resume and state_path.exists():
         state = torch.load(state_path, map_location=device, weights_only=False)
         if state["extra"] != extra:
             raise ValueError(f"{state_path} was written by another run (settings or data "

@@ -27,7 +27,7 @@ from trt_spec.export.drafters import Drafter, MTPModule
 from trt_spec.export.model import TargetModel
 from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.features import FeatureStore
-from trt_spec.train.loop import Batch
+from trt_spec.train.loop import Batch, RunControl
 from trt_spec.train.unroll import distill_loss, top1_hits, unroll
 
 KINDS = ("mtp", "eagle")
@@ -91,8 +91,7 @@ def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float,
 
 
 def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str = "mtp",
-              num_modules: int = 3, resume: bool = False, device: str = "cpu", log=None,
-              max_steps: int | None = None, max_seconds: float | None = None,
+              num_modules: int = 3, run: RunControl = RunControl(),
               intermediate_size: int | None = None, heldout=None) -> dict:
     """As train_eagle3: state `out/<kind>-state.pt`, the drafter `out/<kind>/`, the learning
     curve `out/<kind>-curve.jsonl`."""
@@ -104,7 +103,7 @@ def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str =
     drafter = init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind,
                        intermediate_size)
     for m in drafter.modules:
-        m.to(device)
+        m.to(run.device)
     extra = {"kind": kind, "plan": store.manifest["plan"], "shards": store.shards,
              "modules": len(drafter.modules),
              "intermediate_size": drafter.config.intermediate_size}
@@ -114,8 +113,7 @@ def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str =
     metrics = train_loop(
         store, {f"module_{i}": m for i, m in enumerate(drafter.modules)},
         lambda batch: mtp_loss(drafter, batch, config.ttt_steps, config.step_decay),
-        config, out / f"{kind}-state.pt", extra, resume, device, log, max_steps, max_seconds,
-        curve)
+        config, out / f"{kind}-state.pt", extra, run, curve)
     for m in drafter.modules:
         m.to("cpu").eval()
     save_drafter(drafter, out / kind)

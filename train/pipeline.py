@@ -291,19 +291,19 @@ def train_method(config: RunConfig, method: str, store, target, resume, on_step,
     `heldout` (OUT/<method>-curve.jsonl)."""
     from trt_spec.train.draft import train_draft
     from trt_spec.train.eagle3 import train_eagle3
+    from trt_spec.train.loop import RunControl
     from trt_spec.train.mtp import train_mtp
 
-    seconds = config.max_minutes * 60 if config.max_minutes else None
+    run = RunControl(config.device, resume, on_step, max_steps,
+                     config.max_minutes * 60 if config.max_minutes else None)
     if method == "eagle3":
-        return train_eagle3(store, target, config.out, config.train, config.draft_vocab, resume,
-                            config.device, on_step, max_steps, seconds, config.head_intermediate,
-                            heldout)
+        return train_eagle3(store, target, config.out, config.train, config.draft_vocab, run,
+                            config.head_intermediate, heldout)
     if method == "draft":
-        return train_draft(store, target, config.out, config.train, config.draft_layers, resume,
-                           config.device, on_step, max_steps, seconds, heldout)
-    return train_mtp(store, target, config.out, config.train, method, config.num_modules,
-                     resume, config.device, on_step, max_steps, seconds, config.head_intermediate,
-                     heldout)
+        return train_draft(store, target, config.out, config.train, config.draft_layers, run,
+                           heldout)
+    return train_mtp(store, target, config.out, config.train, method, config.num_modules, run,
+                     config.head_intermediate, heldout)
 
 
 def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> dict:
