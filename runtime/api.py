@@ -84,24 +84,19 @@ class LLM:
     def __init__(self, model: str | Path, method: str = PLAIN,
                  num_draft_tokens: int | str = SpeculationConfig.num_draft_tokens,
                  backend: str = "auto", max_num_seqs: int = SERVE_MAX_BATCH,
-                 max_model_len: int = 2048, spec_fallback: bool | None = None, **options):
+                 max_model_len: int = RuntimeConfig.max_len, **options):
         """model: an engine folder (`trt-spec export`). method: none, ngram, or a drafter the
         folder has (see `methods`); num_draft_tokens: its k. backend: "auto" / "ort",
         "torch-cuda" or "trt". max_num_seqs: KV slots (streams batched together);
-        max_model_len: context per stream. spec_fallback: the policy's gain rules (a step
-        drafts fewer tokens, or none, where that is measured to be faster; False: every step
-        drafts its k; default on; also `fallback=`). options: any other RuntimeConfig setting
-        (runtime/settings.py), flat: threads, device, cuda_graphs, exact_decode,
-        max_prefill_tokens, speculation=SpeculationConfig(...) or its fields
-        (spec_max_batch, min_acceptance, ngram_min, ...)."""
-        if spec_fallback is not None:
-            if "fallback" in options and options["fallback"] != spec_fallback:
-                raise ValueError(f"spec_fallback={spec_fallback!r} and fallback="
-                                 f"{options['fallback']!r} disagree; give one")
-            options["fallback"] = spec_fallback
+        max_model_len: context per stream. options: any other RuntimeConfig setting
+        (runtime/settings.py), flat, by its field name or the CLI's: threads, device,
+        cuda_graphs, exact_decode, max_prefill_tokens, speculation=SpeculationConfig(...) or
+        its fields (spec_max_batch, spec_min_acceptance, ngram_min, ...); spec_fallback (or
+        fallback): the policy's gain rules (a step drafts fewer tokens, or none, where that
+        is measured to be faster; False: every step drafts its k; default on)."""
         config = RuntimeConfig.from_options(
             method=method, num_draft_tokens=num_draft_tokens, backend=check_backend(backend),
-            max_batch=max_num_seqs, max_len=max_model_len, **options)
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, **options)
         self.config = config
         self.backend = config.backend
         self.generator = Generator(model, config)

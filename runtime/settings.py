@@ -29,6 +29,39 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # `serve`: 1 MiB, far past any prompt a 2,048-
 AUTO_MAX_DRAFT_TOKENS = 6  # `auto`: the most tokens a step drafts (runtime/draft_length.py)
 
 
+def option(default, name: str):
+    """A config field whose public name (its CLI flag, `LLM` keyword, HTTP field) is not the
+    field's own, declared once, here: from_options takes either name."""
+    return field(default=default, metadata={"option": name})
+
+
+def option_names(cls) -> dict[str, str]:
+    """{public name: field name} of a config dataclass's fields; a field without a declared
+    option name is public under its own."""
+    return {f.metadata.get("option", f.name): f.name for f in dataclasses.fields(cls)}
+
+
+def defaults(cls) -> dict:
+    """{field name: default} of a config dataclass's fields that have one: what the command
+    line shows, read from the one place it is set."""
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+def field_options(cls, options: dict, known: set[str] | None = None) -> dict:
+    """The entries of `options` that name a field of `cls` (by field or public name), keyed
+    by field name. ValueError where both of a field's names are given and disagree."""
+    out = {}
+    for public, name in option_names(cls).items():
+        given = {n: options[n] for n in dict.fromkeys((public, name)) if n in options}
+        if len(set(map(repr, given.values()))) > 1:
+            raise ValueError(" and ".join(f"{n}={v!r}" for n, v in given.items())
+                             + " disagree; give one")
+        if given:
+            out[name] = next(iter(given.values()))
+    return out
+
+
 def check_num_draft_tokens(k) -> int:
     """k, or ValueError quoting it: an integer in 1..MAX_DRAFT_TOKENS."""
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
@@ -82,10 +115,11 @@ class SpeculationConfig:
     ngram_min: int = 1  # n-gram lookup: the shortest match it continues
     ngram_max: int = 4  # ... and the longest it tries first
     spec_max_batch: int | None = None  # more streams decoding: no drafting (None: no limit)
-    min_acceptance: float = 0.0  # a stream's acceptance below this: plain steps (0: never)
+    # a stream's acceptance below this: plain steps (0: never)
+    min_acceptance: float = option(0.0, "spec_min_acceptance")
     # a stream whose tokens per unit of cost (measured: runtime/cost_probe.py) fall below 1,
     # plain decoding's, over its last `window` speculative steps: plain steps for a cooldown
-    fallback: bool = True
+    fallback: bool = option(True, "spec_fallback")
     window: int = 32  # speculative steps in the acceptance and the gain windows
     cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
     max_cooldown: int = 256  # a probe that fails again, up to this
@@ -129,8 +163,9 @@ class RuntimeConfig:
     # plain step, and outputs can then differ at near-ties
     exact_decode: bool = True
     verify: str = "sha256"  # how the engine folder's files are checked on load
-    max_batch: int = 1  # KV-cache slots: streams decoded together
-    max_len: int = 2048  # context per stream (prompt + output), capped by the model's
+    max_batch: int = option(1, "max_num_seqs")  # KV-cache slots: streams decoded together
+    # context per stream (prompt + output), capped by the model's
+    max_len: int = option(2048, "max_model_len")
     max_prefill_tokens: int | None = DEFAULT_MAX_PREFILL_TOKENS  # per step (None: whole prompts)
     max_waiting: int | None = 64  # queued requests before `submit` refuses (None: no bound)
     # a finished request's KV slot keeps its rows; a prompt that starts with them reads only
@@ -171,20 +206,31 @@ class RuntimeConfig:
             raise ValueError(f"speculation={self.speculation!r}: expected a SpeculationConfig")
 
     @classmethod
+    def option_names(cls) -> set[str]:
+        """Every name from_options takes: fields and public names of RuntimeConfig and
+        SpeculationConfig (what the CLI's runtime options are called)."""
+        return {n for c in (cls, SpeculationConfig) for pair in option_names(c).items()
+                for n in pair}
+
+    @classmethod
     def from_options(cls, **options) -> "RuntimeConfig":
         """From flat keyword options: RuntimeConfig's fields and SpeculationConfig's (which
-        override `speculation=` when both are given). Unknown names raise, listing the known."""
-        own = {f.name for f in dataclasses.fields(cls)}
-        spec_names = {f.name for f in dataclasses.fields(SpeculationConfig)}
-        unknown = sorted(set(options) - own - spec_names)
+        override `speculation=` when both are given), each by its field name or its public
+        name (max_num_seqs for max_batch, ...). Unknown names raise, listing the known."""
+        unknown = sorted(set(options) - cls.option_names())
         if unknown:
             raise ValueError(f"unknown runtime options {unknown}; known: "
-                             f"{', '.join(sorted(own | spec_names))}")
-        spec = {k: options.pop(k) for k in list(options) if k in spec_names and k not in own}
-        base = options.pop("speculation", None) or SpeculationConfig()
-        return cls(**options, speculation=dataclasses.replace(base, **spec))
+                             f"{', '.join(sorted(cls.option_names()))}")
+        own = field_options(cls, options)
+        spec = {k: v for k, v in field_options(SpeculationConfig, options).items()
+                if k not in own}
+        base = own.pop("speculation", None) or SpeculationConfig()
+        return cls(**own, speculation=dataclasses.replace(base, **spec))
 
     def replace(self, **options) -> "RuntimeConfig":
         """A copy with flat options changed (as from_options)."""
         current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for public, name in option_names(RuntimeConfig).items():
+            if public in options:  # a public name replaces the field's current value
+                current.pop(name)
         return RuntimeConfig.from_options(**{**current, **options})

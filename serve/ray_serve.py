@@ -43,7 +43,8 @@ from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
 from trt_spec.runtime.settings import RuntimeConfig
-from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES, ServeOptions
+from trt_spec.serve.options import RayOptions, ServeOptions
+from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -305,22 +306,6 @@ def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, ho
 
 class DeploymentError(RuntimeError):
     """Ray Serve could not start the application (Ray wraps a replica's error)."""
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    """`trt-spec serve --ray`'s own options."""
-
-    replicas: int = 1
-    address: str | None = None  # join this cluster; None: start a local Ray
-    min_replicas: int | None = None
-    max_replicas: int | None = None
-    target_ongoing_requests: float | None = None
-    max_ongoing_requests: int | None = None  # None: --max-num-seqs
-    replica_cpus: float = 1.0
-    ship_engine: bool = False
-    metrics_targets: str | None = None
-    num_cpus: int | None = None  # of the local Ray
 
 
 def replica_config(options: ServeOptions, engine_checksum: str | None = None) -> ReplicaConfig:

@@ -27,7 +27,6 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -35,11 +34,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.options import ServeOptions
 from trt_spec.serve.protocol import (ChatRequest, CompletionRequest, RequestError,
                                        chat_messages, completion_prompt, parse_body,
                                        sampling_params)
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
-from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
+from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
 from trt_spec.runtime.scheduler import Output, QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 
@@ -392,26 +392,6 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     Server(config).run()
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """`trt-spec serve`'s options, shared by the single-process server (serve_engine) and the
-    Ray Serve replicas (serve/ray_serve.py)."""
-
-    engine: str
-    runtime: RuntimeConfig  # the Generator's and Scheduler's settings (runtime/settings.py)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    shutdown_timeout: float = 60.0
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    debug_step_delay: float = 0.0
-
-    @property
-    def model_name(self) -> str:
-        """The model id clients send: --served-model-name, else the engine folder's name."""
-        return self.served_model_name or Path(self.engine).resolve().name
 
 
 def serve_engine(options: ServeOptions, say=print) -> None:

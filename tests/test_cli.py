@@ -258,29 +258,52 @@ def test_python_m_trt_spec_cli_runs_the_same_group():
     assert result.returncode == 0 and "generate" in result.stdout
 
 
-def test_cli_defaults_are_the_config_objects_defaults():
-    """Every default lives in one place: the options of generate, bench and serve show the
-    defaults of SamplingParams, SpeculationConfig, RuntimeConfig and BenchConfig."""
+def test_cli_options_are_config_fields_with_their_defaults():
+    """Each command builds its config objects from its options by name, with no renaming in
+    between: every option but a command's own few is a field of one of them (by the field's
+    name or the public name it declares), and shows that field's default: every default
+    lives in one place."""
+    import dataclasses
+
     from trt_spec.cli import main
     from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.settings import RuntimeConfig, SpeculationConfig
-    from trt_spec.tools.bench import BenchConfig
+    from trt_spec.runtime.settings import (SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig,
+                                           option_names)
+    from trt_spec.serve.options import RayOptions, ServeOptions
+    from trt_spec.tools.bench_config import BenchConfig
 
-    sampling, spec, runtime = SamplingParams(), SpeculationConfig(), RuntimeConfig()
-    want = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-            "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "ngram_min": spec.ngram_min, "ngram_max": spec.ngram_max,
-            "spec_min_acceptance": spec.min_acceptance, "spec_fallback": spec.fallback,
-            "backend": runtime.backend}
-    for name in ("generate", "serve"):
-        params = {p.name: p.default for p in main.commands[name].params}
-        for option, value in want.items():
-            if option in params:
-                assert params[option] == value, (name, option, params[option], value)
-        assert str(params["num_draft_tokens"]) == str(spec.num_draft_tokens), name
-    bench = {p.name: p.default for p in main.commands["bench"].params}
-    assert bench["max_new_tokens"] == BenchConfig.max_new_tokens == sampling.max_tokens
-    assert bench["ks"] == str(spec.num_draft_tokens) and BenchConfig.ks == (spec.num_draft_tokens,)
+    def fields(*classes):  # public name -> default (MISSING: none)
+        return {public: next(f for f in dataclasses.fields(c) if f.name == name).default
+                for c in classes for public, name in option_names(c).items()}
+
+    runtime = fields(RuntimeConfig, SpeculationConfig)
+    commands = {  # the configs each command builds; its own options; its own defaults
+        "generate": (fields(SamplingParams) | runtime, {"engine", "chat", "as_json", "prompt"},
+                     {}),
+        "serve": (fields(ServeOptions, RayOptions) | runtime, {"engine", "use_ray",
+                                                                 "engine_checksum"},
+                  {"max_num_seqs": SERVE_MAX_BATCH, "cost_cache": True,
+                   "method": None}),  # method: auto where the folder has drafters
+        "bench": (fields(BenchConfig), {"step_costs", "overhead", "json_out", "plot_out"}, {}),
+    }
+    wrong = []
+    for name, (known, own, differs) in commands.items():
+        command = main.commands[name]  # the options' values when none is given
+        params = command.make_context(name, ["PROMPT"] if name == "generate" else []).params
+        assert not set(params) - set(known) - own, (name, set(params) - set(known) - own)
+        for option, default in params.items():
+            if option in own or known[option] is dataclasses.MISSING:
+                continue
+            want = differs.get(option, known[option])
+            if option == "num_draft_tokens":  # parsed: DraftTokens(k, adaptive)
+                default = default.k
+            if isinstance(default, list):
+                default = tuple(default)
+            if default != want:
+                wrong.append((name, option, default, want))
+    assert not wrong, wrong
+    assert BenchConfig.max_new_tokens == SamplingParams.max_tokens
+    assert BenchConfig.ks == (SpeculationConfig.num_draft_tokens,)
 
 
 def test_num_draft_tokens_is_parsed_once_at_the_edge(tiny_engine, monkeypatch):

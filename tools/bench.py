@@ -29,7 +29,7 @@ from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
 from trt_spec.tools.bench_output import peak_rss_mb, table, write_json, write_plot
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.tools.bench_config import BenchConfig
 from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
 
@@ -230,31 +230,6 @@ def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: lis
         # a server peer reports its own process; an in-process peer shares ours
         "peak_rss_mb": max(own_rss) if own_rss else peak_rss_mb(),
     }
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """One `trt-spec bench` run: what is timed, on what, how often."""
-
-    engines: tuple[str, ...]
-    methods: tuple[str, ...] = ("none",)
-    # draft lengths, each method but none at each
-    ks: tuple[int, ...] = (SpeculationConfig.num_draft_tokens,)
-    max_new_tokens: int = SamplingParams.max_tokens
-    prompts_file: str | None = None  # None: the shipped prompts
-    num_prompts: int | None = None  # the first N (None: all)
-    pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths
-    repeats: int = 2
-    temperature: float = 0.0
-    seed: int | None = None  # sampling: None draws fresh randomness each run
-    batch: int = 1
-    stop_at_eos: bool = False
-    peers: tuple[str, ...] = ()
-    threads: int | None = None
-    exact_decode: bool = True
-    backend: str = "ort"
-    device: str | None = None
-    fallback: bool = True  # the policy's gain rules (False: every step drafts its k)
 
 
 def run_bench(config: BenchConfig, progress=print) -> dict:

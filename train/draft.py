@@ -16,7 +16,6 @@ format, kind "draft").
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import (DEFAULT_ENGINE, SAMPLING, SPECULATION, backend_options, checked,
+from trt_spec.cli.options import (DEFAULT_ENGINE, SPECULATION, backend_options, checked,
                                   comma_list, fail, methods_help, threads_option)
+from trt_spec.runtime.settings import defaults, field_options
+from trt_spec.tools.bench_config import BenchConfig
+
+BENCH = defaults(BenchConfig)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -42,6 +46,7 @@ def parse_peers(text: str) -> list[str]:
 
 @click.command()
 @click.option("--engine", "engines", multiple=True, type=click.Path(file_okay=False),
+              default=(DEFAULT_ENGINE,),
               help="Engine folder; repeat to compare (runs are interleaved) "
                    f"[default: {DEFAULT_ENGINE}].")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
@@ -58,13 +63,14 @@ def parse_peers(text: str) -> list[str]:
               callback=checked(parse_ks),
               help="k, or comma-separated ks to sweep (e.g. 2,4,6); auto or auto:K drafts "
                    "while a token pays for itself, at most K (default 6).")
-@click.option("--max-new-tokens", type=click.IntRange(min=2), default=SAMPLING.max_tokens,
+@click.option("--max-new-tokens", type=click.IntRange(min=2), default=BENCH["max_new_tokens"],
               show_default=True,
               help="New tokens per run (EOS ignored unless --stop-at-eos).")
 @click.option("--stop-at-eos", is_flag=True,
               help="End each answer at the model's end of turn, as a chat client does (τ then "
                    "measures the answers only; runs differ in length).")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--temperature", type=click.FloatRange(min=0), default=BENCH["temperature"],
+              show_default=True,
               help="0 = greedy.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Sampling: the requests' seed, for repeatable runs (a seeded request drafts "
@@ -73,9 +79,10 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--past", "pasts", default="", callback=checked(parse_past),
               help="Also time decoding after synthetic prompts of these lengths "
                    "(comma-separated, e.g. 0,512,1024).")
-@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=BENCH["repeats"],
+              show_default=True,
               help="Passes over all prompts (interleaved).")
-@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True,
+@click.option("--batch", type=click.IntRange(1, 64), default=BENCH["batch"], show_default=True,
               help="Streams decoding together (groups of prompts; see throughput).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the report (settings, machine, results) to this JSON file.")
@@ -97,46 +104,39 @@ def parse_peers(text: str) -> list[str]:
                    "decode loop, for plain exact, plain fast and the first method of --methods "
                    "other than none (default ngram) at the first k, drafting every step; with "
                    "--peers onnxruntime-genai, its graph alone and the rest of its loop.")
-@click.option("--fast-decode", is_flag=True,
-              help="Plain 1-token target steps on ONNX Runtime's one-row kernels: faster by "
-                   "about c(2)/c(1), but speculative greedy output may then differ from plain "
-                   "greedy at near-ties (default: exact; see docs/speculative-decoding.md).")
-@click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
+@click.option("--exact-decode/--fast-decode", "exact_decode", default=BENCH["exact_decode"],
+              help="--fast-decode: plain 1-token target steps on ONNX Runtime's one-row "
+                   "kernels: faster by about c(2)/c(1), but speculative greedy output may then "
+                   "differ from plain greedy at near-ties (default: exact; see "
+                   "docs/speculative-decoding.md).")
+@click.option("--spec-fallback/--no-spec-fallback", default=BENCH["fallback"],
               show_default=True,
               help="The policy's gain rules: a step drafts fewer tokens than k, or none, where "
                    "that is measured to be faster; off, every step drafts its k (tau of the "
                    "drafter itself).")
 @threads_option
 @backend_options
-def bench(engines, prompts_file, num_prompts, methods, ks, max_new_tokens, stop_at_eos,
-          temperature, seed, pasts, repeats, batch, json_out, peers, plot_out, step_costs,
-          overhead, fast_decode, spec_fallback, threads, backend, device):
+def bench(step_costs, overhead, json_out, plot_out, **options):
     """Tokens/s, tau and acceptance per method and k, side by side in one process."""
-    from trt_spec.tools.bench import BenchConfig, bench_report, step_costs_report
+    from trt_spec.tools.bench import bench_report, step_costs_report
 
-    engines = list(engines) or [DEFAULT_ENGINE]
-    try:
+    progress = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    try:  # the other options are BenchConfig's fields, by name
+        config = BenchConfig(**field_options(BenchConfig, options))
         if step_costs and overhead:
             raise ValueError("--step-costs and --overhead are two different reports; give one")
         if overhead:
             from trt_spec.tools.overhead import overhead_report
 
-            spec = [m for m in methods if m != "none"]
-            text = overhead_report(engines[0], pasts, threads, spec[0] if spec else "ngram",
-                                   ks[0], max_new_tokens, json_out,
-                                   lambda msg: click.echo(msg, err=True), tuple(peers))
+            spec = [m for m in config.methods if m != "none"]
+            text = overhead_report(config.engines[0], config.pasts, config.threads,
+                                   spec[0] if spec else "ngram", config.ks[0],
+                                   config.max_new_tokens, json_out, progress, config.peers)
         elif step_costs:
-            text = step_costs_report(engines[0], pasts, threads, exact_decode=not fast_decode,
-                                     json_out=json_out)
+            text = step_costs_report(config.engines[0], config.pasts, config.threads,
+                                     config.exact_decode, json_out)
         else:
-            config = BenchConfig(tuple(engines), tuple(methods), tuple(ks), max_new_tokens,
-                                 prompts_file, num_prompts, tuple(pasts), repeats, temperature,
-                                 seed=seed, batch=batch, stop_at_eos=stop_at_eos,
-                                 peers=tuple(peers),
-                                 threads=threads, exact_decode=not fast_decode,
-                                 backend=backend, device=device, fallback=spec_fallback)
-            text = bench_report(config, lambda msg: click.echo(msg, err=True), json_out,
-                                plot_out)
+            text = bench_report(config, progress, json_out, plot_out)
     except ValueError as e:
         fail(e)
     click.echo(text)

@@ -7,7 +7,7 @@ import json
 import click
 
 from trt_spec.cli.options import (backend_options, engine_option, fail, methods_help,
-                                  sampling_options,
+                                  runtime_config, sampling_options, sampling_params,
                                   speculation_options, threads_option)
 
 
@@ -25,23 +25,13 @@ from trt_spec.cli.options import (backend_options, engine_option, fail, methods_
 @threads_option
 @backend_options
 @click.argument("prompt")
-def generate(engine, method, num_draft_tokens, ngram_min, ngram_max, spec_max_batch,
-             spec_min_acceptance, spec_fallback, max_tokens, temperature, top_k, top_p, seed, stop, chat, as_json,
-             threads, backend, device, prompt):
+def generate(engine, chat, as_json, prompt, **options):
     """Generate an answer to PROMPT."""
-    from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.settings import RuntimeConfig
     from trt_spec.tools.generate import generate_one, summary_line
 
-    try:
-        config = RuntimeConfig.from_options(
-            method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
-            ngram_max=ngram_max, spec_max_batch=spec_max_batch,
-            min_acceptance=spec_min_acceptance, fallback=spec_fallback, threads=threads,
-            backend=backend, device=device)
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, stop=stop)
-        answer = generate_one(engine, prompt, config, params, chat)
+    try:  # the other options are RuntimeConfig's and SamplingParams' fields, by name
+        answer = generate_one(engine, prompt, runtime_config(options), sampling_params(options),
+                              chat)
     except ValueError as e:
         fail(e)
     if as_json:

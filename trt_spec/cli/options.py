@@ -36,6 +36,22 @@ def checked(parse):
     return callback
 
 
+def runtime_config(options: dict) -> RuntimeConfig:
+    """A command's RuntimeConfig from its options: each option is named after a field of
+    RuntimeConfig or SpeculationConfig, or after the public name the field declares
+    (runtime/settings.py `option`), so nothing is renamed here."""
+    names = RuntimeConfig.option_names()
+    return RuntimeConfig.from_options(**{k: v for k, v in options.items() if k in names})
+
+
+def sampling_params(options: dict) -> SamplingParams:
+    """A command's SamplingParams from its sampling options (named after its fields)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
+    return SamplingParams(**{k: v for k, v in options.items() if k in names})
+
+
 def comma_list(text: str) -> list[str]:
     """'a, b,,c' -> ['a', 'b', 'c']."""
     return [x.strip() for x in text.split(",") if x.strip()]

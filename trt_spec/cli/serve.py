@@ -6,8 +6,11 @@ from __future__ import annotations
 import click
 
 from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail, methods_help,
-                                  speculation_options, threads_option)
-from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, SERVE_MAX_BATCH
+                                  runtime_config, speculation_options, threads_option)
+from trt_spec.runtime.settings import SERVE_MAX_BATCH, defaults, field_options
+from trt_spec.serve.options import RayOptions, ServeOptions
+
+SERVE, RAY = defaults(ServeOptions), defaults(RayOptions)
 
 
 def default_method(engine: str) -> str:
@@ -23,8 +26,8 @@ def default_method(engine: str) -> str:
 
 @click.command()
 @engine_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+@click.option("--host", default=SERVE["host"], show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=SERVE["port"], show_default=True,
               help="Port to listen on.")
 @click.option("--served-model-name", default=None,
               help="The model id clients send [default: the engine folder's name].")
@@ -42,7 +45,8 @@ def default_method(engine: str) -> str:
 @click.option("--max-waiting", type=click.IntRange(min=0), default=RUNTIME.max_waiting,
               show_default=True,
               help="Requests queued for a slot; past this, 429.")
-@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=60.0,
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0),
+              default=SERVE["shutdown_timeout"],
               show_default=True, help="On SIGTERM, seconds to let in-flight requests finish; "
                                       "past it each gets an error event (or a 503).")
 @click.option("--max-prefill-tokens", type=click.IntRange(min=1),
@@ -57,16 +61,18 @@ def default_method(engine: str) -> str:
               help="Keep the step costs the engine measures (the speculation policy's input) "
                    "in the user's cache folder, keyed by engine and machine: a later server "
                    "reads them instead of timing its first requests.")
-@click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES,
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=SERVE["max_body_bytes"],
               show_default=True, help="Largest request body; past it, 413.")
-@click.option("--debug-step-delay", type=click.FloatRange(min=0), default=0.0, hidden=True,
+@click.option("--debug-step-delay", type=click.FloatRange(min=0),
+              default=SERVE["debug_step_delay"], hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
 @threads_option
 @backend_options
 @click.option("--ray", "use_ray", is_flag=True,
               help="Deploy on Ray Serve: --replicas engines behind one HTTP endpoint "
                    "(pip install 'trt-spec[ray]').")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--replicas", type=click.IntRange(min=1), default=RAY["replicas"],
+              show_default=True,
               help="--ray: replicas (the initial count when autoscaling).")
 @click.option("--ray-address", default=None,
               help="--ray: join this Ray cluster (e.g. auto, 10.0.0.1:6379) [default: start a "
@@ -81,7 +87,8 @@ def default_method(engine: str) -> str:
 @click.option("--max-ongoing-requests", type=click.IntRange(min=1), default=None,
               help="--ray: requests a replica holds at once; more wait in Ray Serve's router "
                    "[default: --max-num-seqs].")
-@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=RAY["replica_cpus"],
+              show_default=True,
               help="--ray: CPUs Ray reserves per replica.")
 @click.option("--ship-engine", is_flag=True,
               help="--ray: send the engine folder to replicas through Ray's object store "
@@ -93,35 +100,21 @@ def default_method(engine: str) -> str:
               help="--ray: keep a Prometheus file_sd JSON of the replicas' /metrics here.")
 @click.option("--ray-num-cpus", type=click.IntRange(min=1), default=None,
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
-def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram_min, ngram_max,
-          spec_max_batch, spec_min_acceptance, spec_fallback, max_num_seqs, max_model_len, max_waiting,
-          shutdown_timeout, max_prefill_tokens, prefix_cache, cost_cache, max_body_bytes, debug_step_delay, threads,
-          backend, device, use_ray, replicas, ray_address,
-          min_replicas, max_replicas, target_ongoing_requests, max_ongoing_requests,
-          replica_cpus, ship_engine, engine_checksum, metrics_targets, ray_num_cpus):
+def serve(engine, method, use_ray, engine_checksum, **options):
     """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics); with --ray, as replicas on Ray Serve."""
-    from trt_spec.serve.server import ServeOptions, serve_engine
+    from trt_spec.serve.server import serve_engine
 
-    from trt_spec.runtime.settings import RuntimeConfig
-
+    # the other options are fields of RuntimeConfig, ServeOptions and RayOptions, by name
     try:
-        method = method or default_method(engine)
-        runtime = RuntimeConfig.from_options(
-            method=method, num_draft_tokens=num_draft_tokens, ngram_min=ngram_min,
-            ngram_max=ngram_max, spec_max_batch=spec_max_batch,
-            min_acceptance=spec_min_acceptance, fallback=spec_fallback, max_batch=max_num_seqs, max_len=max_model_len,
-            max_waiting=max_waiting, max_prefill_tokens=max_prefill_tokens,
-            prefix_cache=prefix_cache, cost_cache=cost_cache, threads=threads,
-            backend=backend, device=device)
+        runtime = runtime_config({**options, "method": method or default_method(engine)})
     except ValueError as e:
         fail(e)
-    options = ServeOptions(engine, runtime, host, port, served_model_name, shutdown_timeout,
-                           max_body_bytes, debug_step_delay)
+    serve_options = ServeOptions(engine, runtime, **field_options(ServeOptions, options))
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if not use_ray:
         try:
-            serve_engine(options, say)
+            serve_engine(serve_options, say)
         except ValueError as e:
             fail(e)
         return
@@ -130,10 +123,8 @@ def serve(engine, host, port, served_model_name, method, num_draft_tokens, ngram
     except ImportError as e:
         raise click.ClickException(f"--ray needs Ray Serve ({e}); install it with "
                                    "pip install 'trt-spec[ray]'") from None
-    ray_options = ray_serve.RayOptions(
-        replicas, ray_address, min_replicas, max_replicas, target_ongoing_requests,
-        max_ongoing_requests, replica_cpus, ship_engine, metrics_targets, ray_num_cpus)
     try:
-        ray_serve.serve_on_ray(options, ray_options, engine_checksum, say)
+        ray_serve.serve_on_ray(serve_options, RayOptions(**field_options(RayOptions, options)),
+                               engine_checksum, say)
     except (ValueError, ray_serve.DeploymentError) as e:
         fail(e)

@@ -1,0 +1,39 @@
+"""What one `trt-spec bench` run times: light, so the command line reads its defaults without
+importing the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig, option
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One `trt-spec bench` run: what is timed, on what, how often."""
+
+    engines: tuple[str, ...]
+    methods: tuple[str, ...] = ("none",)
+    # draft lengths, each method but none at each
+    ks: tuple[int, ...] = (SpeculationConfig.num_draft_tokens,)
+    max_new_tokens: int = SamplingParams.max_tokens
+    prompts_file: str | None = None  # None: the shipped prompts
+    num_prompts: int | None = None  # the first N (None: all)
+    pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths
+    repeats: int = 2
+    temperature: float = 0.0
+    seed: int | None = None  # sampling: None draws fresh randomness each run
+    batch: int = 1
+    stop_at_eos: bool = False
+    peers: tuple[str, ...] = ()
+    threads: int | None = None
+    exact_decode: bool = True
+    backend: str = "ort"
+    device: str | None = None
+    # the policy's gain rules (False: every step drafts its k)
+    fallback: bool = option(True, "spec_fallback")
+
+    def __post_init__(self):
+        for name in ("engines", "methods", "ks", "pasts", "peers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
