@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from trt_spec.runtime.backends.sources import BACKENDS
+from trt_spec.runtime.options import field_options, option, option_names
 from trt_spec.runtime.methods import METHOD_NAMES, PLAIN
 
 VERIFY = ("sha256", "size", "none")
@@ -27,39 +28,6 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # `serve`: 1 MiB, far past any prompt a 2,048-
 
 
 AUTO_MAX_DRAFT_TOKENS = 6  # `auto`: the most tokens a step drafts (runtime/draft_length.py)
-
-
-def option(default, name: str):
-    """A config field whose public name (its CLI flag, `LLM` keyword, HTTP field) is not the
-    field's own, declared once, here: from_options takes either name."""
-    return field(default=default, metadata={"option": name})
-
-
-def option_names(cls) -> dict[str, str]:
-    """{public name: field name} of a config dataclass's fields; a field without a declared
-    option name is public under its own."""
-    return {f.metadata.get("option", f.name): f.name for f in dataclasses.fields(cls)}
-
-
-def defaults(cls) -> dict:
-    """{field name: default} of a config dataclass's fields that have one: what the command
-    line shows, read from the one place it is set."""
-    return {f.name: f.default for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING}
-
-
-def field_options(cls, options: dict, known: set[str] | None = None) -> dict:
-    """The entries of `options` that name a field of `cls` (by field or public name), keyed
-    by field name. ValueError where both of a field's names are given and disagree."""
-    out = {}
-    for public, name in option_names(cls).items():
-        given = {n: options[n] for n in dict.fromkeys((public, name)) if n in options}
-        if len(set(map(repr, given.values()))) > 1:
-            raise ValueError(" and ".join(f"{n}={v!r}" for n, v in given.items())
-                             + " disagree; give one")
-        if given:
-            out[name] = next(iter(given.values()))
-    return out
 
 
 def check_num_draft_tokens(k) -> int:

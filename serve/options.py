@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig, option
+from trt_spec.runtime.options import option
+from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
 
 
 @dataclass(frozen=True)

@@ -267,8 +267,8 @@ def test_cli_options_are_config_fields_with_their_defaults():
 
     from trt_spec.cli import main
     from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.settings import (SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig,
-                                           option_names)
+    from trt_spec.runtime.options import option_names
+    from trt_spec.runtime.settings import SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
     from trt_spec.serve.options import RayOptions, ServeOptions
     from trt_spec.tools.bench_config import BenchConfig
 
@@ -304,6 +304,39 @@ def test_cli_options_are_config_fields_with_their_defaults():
     assert not wrong, wrong
     assert BenchConfig.max_new_tokens == SamplingParams.max_tokens
     assert BenchConfig.ks == (SpeculationConfig.num_draft_tokens,)
+
+
+def test_train_options_are_config_fields_with_their_defaults(tmp_path):
+    """`trt-spec train` builds RunConfig and the configs inside it from its options by the
+    fields' public names (two are derived: --max-disk-gb, --temperatures), each option
+    showing the default of the first config that has it."""
+    import dataclasses
+
+    from trt_spec.cli import main
+    from trt_spec.runtime.options import option_names
+    from trt_spec.train.configs import (DistillConfig, FeatureConfig, RegenConfig, RunConfig,
+                                        ScanConfig, TrainConfig)
+
+    known = {}
+    for c in (RunConfig, TrainConfig, FeatureConfig, RegenConfig, DistillConfig, ScanConfig):
+        for public, name in option_names(c).items():
+            known.setdefault(public, next(f for f in dataclasses.fields(c)
+                                          if f.name == name).default)
+    command = main.commands["train"]
+    params = command.make_context("train", ["--method", "eagle3", "--out", str(tmp_path)]).params
+    own = {"max_steps", "resume"}
+    derived = {"max_disk_gb": FeatureConfig.max_disk_bytes / 1e9,
+               "temperatures": (DistillConfig.t_min, DistillConfig.t_max)}
+    assert not set(params) - set(known) - own - set(derived)
+    unset = {"lr_scan": (), "warmup_scan": ()}  # None: no scan
+    wrong = [(o, v, derived.get(o, known.get(o))) for o, v in params.items()
+             if o not in own and known.get(o) is not dataclasses.MISSING
+             and (unset.get(o, v) if v is None else v) != derived.get(o, known.get(o))]
+    assert not wrong, wrong
+    config = RunConfig.from_options(params)
+    assert config.train == TrainConfig() and config.features == FeatureConfig()
+    assert config.regen == RegenConfig() and config.distill == DistillConfig()
+    assert config.scan is None and config.features_mode == "disk"
 
 
 def test_num_draft_tokens_is_parsed_once_at_the_edge(tiny_engine, monkeypatch):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.settings import SpeculationConfig, option
+from trt_spec.runtime.options import option
+from trt_spec.runtime.settings import SpeculationConfig
 
 
 @dataclass(frozen=True)

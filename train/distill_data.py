@@ -37,39 +37,10 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.train.batch_generate import Continue, Job
+from trt_spec.train.configs import DistillConfig
 from trt_spec.train.data import Conversation
 
 SHARD = "shard-{:05d}.npz"
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    samples: int = 2  # sampled answers per prompt beside the greedy one
-    t_min: float = 0.6
-    t_max: float = 1.0
-    turns: int | None = None  # human turns answered per conversation (None: every one)
-    max_new_tokens: int = 256
-    max_context: int = 1024  # a trajectory's context stops growing past this many tokens
-    shard_conversations: int = 32
-    slots: int = 64  # sequences decoded together
-    dtype: str = "bfloat16"  # the generator's (train/batch_generate.py)
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.samples < 0:
-            raise ValueError(f"samples {self.samples}: must be >= 0")
-        if not 0 < self.t_min <= self.t_max:
-            raise ValueError(f"temperatures {self.t_min}..{self.t_max}: need 0 < min <= max")
-        if self.turns is not None and self.turns < 1:
-            raise ValueError(f"turns {self.turns}: must be >= 1 (or None: every human turn)")
-        for name in ("max_new_tokens", "shard_conversations", "slots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
-        if self.max_context <= self.max_new_tokens:
-            raise ValueError(f"max_context {self.max_context}: must exceed max_new_tokens "
-                             f"{self.max_new_tokens}")
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise ValueError(f"dtype {self.dtype!r}: expected bfloat16, float32 or float16")
 
 
 @dataclass(frozen=True)

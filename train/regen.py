@@ -21,23 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from trt_spec.train.configs import RegenConfig
 from trt_spec.train.data import Conversation
-
-
-@dataclass(frozen=True)
-class RegenConfig:
-    max_new_tokens: int = 256
-    max_prompt: int = 256  # prompt tokens kept (the last ones)
-    batch_size: int = 32
-    temperature: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("max_new_tokens", "max_prompt", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature}: must be >= 0")
 
 
 @dataclass(frozen=True)

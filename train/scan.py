@@ -16,36 +16,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from trt_spec.train.configs import ScanConfig
 from trt_spec.train.curve import by_step
 from trt_spec.train.features import write_json
 from trt_spec.train.loop import total_steps, train_settings
-
-
-@dataclass(frozen=True)
-class ScanConfig:
-    lrs: tuple[float, ...]  # peak learning rates
-    warmups: tuple[int, ...]  # warm-up steps
-    tokens: int  # training tokens per combination
-    only: bool = False  # scan, then stop (no full run)
-
-    def __post_init__(self):
-        bad = [x for x in self.lrs if not x > 0]
-        if not self.lrs or bad:
-            raise ValueError(f"learning rates {list(self.lrs)}: name at least one, each > 0")
-        bad = [w for w in self.warmups if w < 0]
-        if not self.warmups or bad:
-            raise ValueError(f"warm-ups {list(self.warmups)}: name at least one, each >= 0 "
-                             "steps")
-        if self.tokens < 1:
-            raise ValueError(f"scan tokens {self.tokens}: must be >= 1")
-
-    @property
-    def combinations(self) -> list[tuple[float, int]]:
-        return [(lr, w) for lr in self.lrs for w in self.warmups]
 
 
 def run_name(method: str, lr: float, warmup: int) -> str:

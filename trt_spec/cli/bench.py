@@ -6,7 +6,7 @@ import click
 
 from trt_spec.cli.options import (DEFAULT_ENGINE, SPECULATION, backend_options, checked,
                                   comma_list, fail, methods_help, threads_option)
-from trt_spec.runtime.settings import defaults, field_options
+from trt_spec.runtime.options import defaults, from_options
 from trt_spec.tools.bench_config import BenchConfig
 
 BENCH = defaults(BenchConfig)
@@ -122,7 +122,7 @@ def bench(step_costs, overhead, json_out, plot_out, **options):
 
     progress = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:  # the other options are BenchConfig's fields, by name
-        config = BenchConfig(**field_options(BenchConfig, options))
+        config = from_options(BenchConfig, options)
         if step_costs and overhead:
             raise ValueError("--step-costs and --overhead are two different reports; give one")
         if overhead:

@@ -7,7 +7,8 @@ import click
 
 from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail, methods_help,
                                   runtime_config, speculation_options, threads_option)
-from trt_spec.runtime.settings import SERVE_MAX_BATCH, defaults, field_options
+from trt_spec.runtime.options import defaults, from_options
+from trt_spec.runtime.settings import SERVE_MAX_BATCH
 from trt_spec.serve.options import RayOptions, ServeOptions
 
 SERVE, RAY = defaults(ServeOptions), defaults(RayOptions)
@@ -110,7 +111,7 @@ def serve(engine, method, use_ray, engine_checksum, **options):
         runtime = runtime_config({**options, "method": method or default_method(engine)})
     except ValueError as e:
         fail(e)
-    serve_options = ServeOptions(engine, runtime, **field_options(ServeOptions, options))
+    serve_options = from_options(ServeOptions, options, engine=engine, runtime=runtime)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if not use_ray:
         try:
@@ -124,7 +125,7 @@ def serve(engine, method, use_ray, engine_checksum, **options):
         raise click.ClickException(f"--ray needs Ray Serve ({e}); install it with "
                                    "pip install 'trt-spec[ray]'") from None
     try:
-        ray_serve.serve_on_ray(serve_options, RayOptions(**field_options(RayOptions, options)),
+        ray_serve.serve_on_ray(serve_options, from_options(RayOptions, options),
                                engine_checksum, say)
     except (ValueError, ray_serve.DeploymentError) as e:
         fail(e)

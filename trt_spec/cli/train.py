@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from trt_spec.cli.options import checked, fail
+from trt_spec.runtime.options import defaults
+from trt_spec.train.configs import (DistillConfig, FeatureConfig, RegenConfig, RunConfig,
+                                    TrainConfig)
+
+# the defaults every option shows, from the config field it fills (train/configs.py)
+RUN, TRAIN, FEATURES = defaults(RunConfig), defaults(TrainConfig), defaults(FeatureConfig)
+REGEN, DISTILL = defaults(RegenConfig), defaults(DistillConfig)
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
@@ -76,65 +82,6 @@ def parse_warmups(text: str) -> tuple[int, ...]:
     return steps
 
 
-def run_config(methods: tuple[str, ...], model: str, out: str | Path,
-               data: str | Path | None = None, *, answers: str = "data",
-               max_conversations: int | None = None, samples: int = 2,
-               temperatures: tuple[float, float] = (0.6, 1.0), turns: int | None = None,
-               answers_dir: str | Path | None = None, answers_minutes: float | None = None,
-               heldout_conversations: int = 200, gen_slots: int = 64,
-               gen_dtype: str = "bfloat16", data_only: bool = False, bf16: bool = False,
-               fit_schedule: bool = False,
-               answer_tokens: int = 256,
-               answer_batch: int = 32, max_tokens: int = 200_000,
-               heldout_tokens: int = 20_000, max_len: int = 512, epochs: float = 1.0,
-               draft_vocab: int = 8192, num_modules: int = 3,
-               draft_layers: tuple[int, ...] = (0, 1), head_intermediate: int | None = None,
-               features_mode: str | None = None, batch_size: int = 8, lr: float = 8e-4,
-               ttt_steps: int = 3, top_k: int = 32, max_disk_gb: float = 10.0,
-               checkpoint_every: int = 200,
-               max_minutes: float | None = None, device: str = "cpu",
-               seed: int = 0, eval_every: int = 0, eval_sequences: int = 64,
-               lr_scan: tuple[float, ...] = (), warmup_scan: tuple[int, ...] = (),
-               scan_tokens: int | None = None, scan_only: bool = False):
-    """The RunConfig of `trt-spec train`'s options (features live on cuda, on disk on cpu,
-    unless `features_mode`). ValueError for options that do not go together."""
-    from trt_spec.train.pipeline import (DistillConfig, FeatureConfig, RegenConfig, RunConfig,
-                                         ScanConfig, TrainConfig)
-
-    scan = None
-    if lr_scan or warmup_scan:
-        if scan_tokens is None:
-            raise ValueError("--lr-scan / --warmup-scan: give --scan-tokens, the training "
-                             "tokens of each scan run")
-        scan = ScanConfig(tuple(lr_scan) or (lr,),
-                          tuple(warmup_scan) or (TrainConfig.warmup_steps,), scan_tokens,
-                          scan_only)
-    elif scan_tokens is not None or scan_only:
-        raise ValueError("--scan-tokens / --scan-only go with --lr-scan or --warmup-scan")
-    config = RunConfig(
-        tuple(methods), model, Path(out), Path(data) if data else None, max_tokens=max_tokens,
-        heldout_tokens=heldout_tokens, max_len=max_len, draft_vocab=draft_vocab,
-        num_modules=num_modules, draft_layers=tuple(draft_layers),
-        head_intermediate=head_intermediate, answers=answers,
-        max_conversations=max_conversations,
-        features_mode=features_mode or ("live" if device == "cuda" else "disk"),
-        device=device, max_minutes=max_minutes,
-        features=FeatureConfig(top_k=top_k, max_disk_bytes=int(max_disk_gb * 1e9)),
-        train=TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps,
-                          amp=bf16, fit_schedule=fit_schedule,
-                          checkpoint_every=checkpoint_every, seed=seed, eval_every=eval_every,
-                          eval_sequences=eval_sequences),
-        regen=RegenConfig(max_new_tokens=answer_tokens, batch_size=answer_batch, seed=seed),
-        distill=DistillConfig(samples=samples, t_min=temperatures[0], t_max=temperatures[1],
-                              turns=turns, max_new_tokens=answer_tokens, max_context=max_len,
-                              slots=gen_slots, dtype=gen_dtype, seed=seed)
-        if answers == "distill" else DistillConfig(),
-        answers_dir=Path(answers_dir) if answers_dir else None, answers_minutes=answers_minutes,
-        heldout_conversations=heldout_conversations, data_only=data_only,
-        scan=scan)
-    return config
-
-
 @click.command()
 @click.option("--method", "methods", required=True,
               callback=checked(parse_methods),
@@ -152,15 +99,17 @@ def run_config(methods: tuple[str, ...], model: str, out: str | Path,
               help="Run folder: answers, features, <method>-state.pt, metrics.json and each "
                    "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`, "
                    "`--draft-model OUT/draft`).")
-@click.option("--answers", type=click.Choice(["target", "data", "distill"]), default="data",
+@click.option("--answers", type=click.Choice(["target", "data", "distill"]), default=RUN["answers"],
               show_default=True,
               help="target: the target answers each training prompt itself (self-distillation "
                    "on its own text; cached in OUT/answers.jsonl); distill: it answers every "
                    "human turn, greedy and --samples sampled variants, on a batched generator "
                    "(resumable shards of token ids in --answers-dir); data: the file's answers.")
-@click.option("--samples", type=click.IntRange(min=0), default=2, show_default=True,
+@click.option("--samples", type=click.IntRange(min=0), default=DISTILL["samples"],
+              show_default=True,
               help="Sampled answers per prompt beside the greedy one (--answers distill).")
-@click.option("--temperatures", metavar="MIN,MAX", default="0.6,1.0", show_default=True,
+@click.option("--temperatures", metavar="MIN,MAX", show_default=True,
+              default=f"{DISTILL['t_min']},{DISTILL['t_max']}",
               callback=checked(lambda t: parse_range(t)),
               help="Temperature range of the sampled answers, one drawn per trajectory "
                    "(--answers distill).")
@@ -178,13 +127,15 @@ def run_config(methods: tuple[str, ...], model: str, out: str | Path,
               help="With --max-minutes: time the first steps and shorten each drafter's "
                    "schedule (warm-up, cosine) to end at the time limit, instead of stopping "
                    "it mid-way.")
-@click.option("--heldout-conversations", type=click.IntRange(min=1), default=200,
+@click.option("--heldout-conversations", type=click.IntRange(min=1),
+              default=RUN["heldout_conversations"],
               show_default=True,
               help="Held-out conversations answered, greedy (--answers distill).")
-@click.option("--gen-slots", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--gen-slots", type=click.IntRange(min=1), default=DISTILL["slots"],
+              show_default=True,
               help="Sequences the answer generator decodes together (--answers distill).")
 @click.option("--gen-dtype", type=click.Choice(["bfloat16", "float32", "float16"]),
-              default="bfloat16", show_default=True,
+              default=DISTILL["dtype"], show_default=True,
               help="The answer generator's precision; the training targets are computed "
                    "afterwards in fp32 (--answers distill).")
 @click.option("--bf16", is_flag=True,
@@ -196,23 +147,30 @@ def run_config(methods: tuple[str, ...], model: str, out: str | Path,
                    "in pieces.")
 @click.option("--max-conversations", type=click.IntRange(min=1), default=None,
               help="Prompts to answer with --answers target (the first N training ones).")
-@click.option("--answer-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--answer-tokens", type=click.IntRange(min=1), default=REGEN["max_new_tokens"],
+              show_default=True,
               help="Longest answer generated per prompt (--answers target).")
-@click.option("--answer-batch", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--answer-batch", type=click.IntRange(min=1), default=REGEN["batch_size"],
+              show_default=True,
               help="Prompts answered together (--answers target).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=200_000, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(min=1), default=RUN["max_tokens"],
+              show_default=True,
               help="Training tokens (whole conversations, in file order).")
-@click.option("--heldout-tokens", type=click.IntRange(min=0), default=20_000, show_default=True,
+@click.option("--heldout-tokens", type=click.IntRange(min=0), default=RUN["heldout_tokens"],
+              show_default=True,
               help="Held-out tokens for the evaluation after training (0: none).")
-@click.option("--max-len", type=click.IntRange(min=2), default=512, show_default=True,
+@click.option("--max-len", type=click.IntRange(min=2), default=RUN["max_len"], show_default=True,
               help="Tokens kept per conversation (the rest is cut).")
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=TRAIN["epochs"],
               show_default=True, help="Passes over the training data (may be fractional).")
-@click.option("--draft-vocab", type=click.IntRange(min=1), default=8192, show_default=True,
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=RUN["draft_vocab"],
+              show_default=True,
               help="Eagle3's draft vocabulary: the most frequent target tokens of the data.")
-@click.option("--num-modules", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--num-modules", type=click.IntRange(min=1), default=RUN["num_modules"],
+              show_default=True,
               help="MTP modules to train (--method mtp).")
-@click.option("--draft-layers", default="0,1", show_default=True,
+@click.option("--draft-layers", default=",".join(map(str, RUN["draft_layers"])),
+              show_default=True,
               callback=checked(parse_layers),
               help="The vanilla draft's layers start as copies of these target layers "
                    "(--method draft).")
@@ -222,35 +180,43 @@ def run_config(methods: tuple[str, ...], model: str, out: str | Path,
 @click.option("--features", "features_mode", type=click.Choice(["disk", "live"]), default=None,
               help="disk: cache the target's features in OUT/features (fp16, resumable); live: "
                    "run the target on each batch [default: live on cuda, disk on cpu].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1), default=TRAIN["batch_size"],
+              show_default=True,
               help="Sequences per training step.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=8e-4,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=TRAIN["lr"],
               show_default=True, help="AdamW peak learning rate (cosine schedule).")
-@click.option("--ttt-steps", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--ttt-steps", type=click.IntRange(min=1), default=TRAIN["ttt_steps"],
+              show_default=True,
               help="Training-time-test unroll (eagle3, eagle): draft steps trained per position.")
-@click.option("--top-k", type=click.IntRange(1, 1024), default=32, show_default=True,
+@click.option("--top-k", type=click.IntRange(1, 1024), default=FEATURES["top_k"],
+              show_default=True,
               help="Target probabilities kept per token (the soft labels).")
-@click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True), default=10.0,
+@click.option("--max-disk-gb", type=click.FloatRange(min=0, min_open=True),
+              default=FEATURES["max_disk_bytes"] / 1e9,
               show_default=True, help="Stop extraction before the features pass this size.")
-@click.option("--checkpoint-every", type=click.IntRange(min=1), default=200, show_default=True,
+@click.option("--checkpoint-every", type=click.IntRange(min=1),
+              default=TRAIN["checkpoint_every"], show_default=True,
               help="Training steps between saved training states.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop each method after N training steps (--resume goes on later).")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop each method's training after this long, saving it (--resume goes on).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=RUN["device"],
+              show_default=True,
               help="Where the target answers, features are taken and the drafters train.")
 @click.option("--resume", is_flag=True,
               help="Continue the training states in --out (answers and features always resume).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=int, default=TRAIN["seed"], show_default=True,
               help="Random seed of the training and of the target's sampled answers.")
-@click.option("--eval-every", metavar="TOKENS", default="0", show_default=True,
+@click.option("--eval-every", metavar="TOKENS", default=str(TRAIN["eval_every"]),
+              show_default=True,
               callback=checked(parse_tokens),
               help="Learning curve: every TOKENS training tokens (50000, 50k, 2M; 0: off) "
                    "evaluate on the held-out data and append held-out accuracy by draft step "
                    "and an estimated tau to OUT/<method>-curve.jsonl "
                    "(scripts/plot_curve.py plots it).")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=TRAIN["eval_sequences"],
+              show_default=True,
               help="Held-out conversations each --eval-every evaluation reads (the first N).")
 @click.option("--lr-scan", metavar="LRS", default=None, callback=checked(parse_lrs),
               help="Peak learning rates to scan (3e-4,1e-3,3e-3): a --scan-tokens run per "
@@ -263,36 +229,15 @@ def run_config(methods: tuple[str, ...], model: str, out: str | Path,
               help="Training tokens of each scan run (200k); its schedule is the full run's "
                    "shape (warm-up, cosine) over that length.")
 @click.option("--scan-only", is_flag=True, help="Scan, print the table, and stop.")
-def train(methods, model, data, out, answers, samples, temperatures, turns, answers_dir,
-          answers_minutes, fit_schedule, heldout_conversations, gen_slots, gen_dtype, bf16,
-          data_only,
-          max_conversations, answer_tokens, answer_batch,
-          max_tokens, heldout_tokens, max_len, epochs, draft_vocab, num_modules, draft_layers,
-          head_intermediate, features_mode, batch_size, lr, ttt_steps, top_k, max_disk_gb,
-          checkpoint_every, max_steps, max_minutes, device, resume, seed, eval_every,
-          eval_sequences, lr_scan, warmup_scan, scan_tokens, scan_only):
+def train(max_steps, resume, **options):
     """Train drafters for a target by self-distillation: the target's features and top-k
     probabilities over chat conversations (optionally its own answers to their prompts), then
     each drafter on them. Every stage resumes: run the same command again with --resume."""
     from trt_spec.train.features import DiskBudgetExceeded
     from trt_spec.train.pipeline import train_drafters
 
-    try:
-        config = run_config(
-            methods, model, out, data, answers=answers, max_conversations=max_conversations,
-            samples=samples, temperatures=temperatures, turns=turns, answers_dir=answers_dir,
-            answers_minutes=answers_minutes, heldout_conversations=heldout_conversations,
-            gen_slots=gen_slots, gen_dtype=gen_dtype, data_only=data_only, bf16=bf16,
-            fit_schedule=fit_schedule,
-            answer_tokens=answer_tokens, answer_batch=answer_batch, max_tokens=max_tokens,
-            heldout_tokens=heldout_tokens, max_len=max_len, epochs=epochs,
-            draft_vocab=draft_vocab, num_modules=num_modules, draft_layers=draft_layers,
-            head_intermediate=head_intermediate, features_mode=features_mode,
-            batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, top_k=top_k,
-            max_disk_gb=max_disk_gb, checkpoint_every=checkpoint_every,
-            max_minutes=max_minutes, device=device, seed=seed,
-            eval_every=eval_every, eval_sequences=eval_sequences, lr_scan=lr_scan or (),
-            warmup_scan=warmup_scan or (), scan_tokens=scan_tokens, scan_only=scan_only)
+    try:  # the other options are fields of RunConfig and its configs (train/configs.py)
+        config = RunConfig.from_options(options)
         summary = train_drafters(config, resume, max_steps,
                                  log=lambda line: click.echo(line, err=True))
     except DiskBudgetExceeded as e:
