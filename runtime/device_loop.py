@@ -66,6 +66,8 @@ def unsupported(gen, streams: list[Stream]) -> str | None:
         return "auto k plans on the host"
     if any(s.params.logprobs is not None for s in streams):
         return "logprobs need the target's logits on the host"
+    if any(s.guide is not None for s in streams):
+        return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
     spec = gen.speculation
     if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"

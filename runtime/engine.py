@@ -23,6 +23,7 @@ many methods and draft lengths its streams use.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -53,7 +54,9 @@ def lookup_key(method: str) -> str:
 def position_key(method: str) -> str:
     """The calibration of a drafter that plans k before drafting (MTP), by position."""
     return f"{method}/position"
-ProposerSource = Callable[[str], "Proposer | None"]  # method -> its proposer (None: none)
+ProposerSource = Callable[[str], "Proposer | None"]
+# one worker for the grammar's masks, made while the target's forward runs (engine.decode)
+MASKER = ThreadPoolExecutor(1, thread_name_prefix="trt-spec-masks")  # method -> its proposer (None: none)
 
 
 class Engine:
@@ -163,7 +166,11 @@ class Engine:
             if s.prefill_pos < len(s.prompt_ids):
                 continue  # more chunks to come
             s.stats.record(0, 0)
-            append(s, [next_token(logits[-1], s.params, s.rng)], self.stops, logits[-1:])
+            row = logits[-1:]
+            if s.guide is not None:  # the first token under the grammar too
+                row = row.copy()
+                s.guide.apply(row, s.guide.masks([]))
+            append(s, [next_token(row[0], s.params, s.rng)], self.stops, logits[-1:])
             if s.finished:
                 self.release(s)
 
@@ -300,17 +307,22 @@ class Engine:
         drafting = sum(1 for s in streams if s.num_draft_tokens and self.proposer(s) is not None)
         ks = self.policy.plan(streams, lambda s, k: self.expected_gain(s, k, len(streams),
                                                                        drafting))
+        forced = self.forced_drafts(streams, ks)  # grammar-forced tokens: no drafter runs
         drafts, confidences = self.propose(streams, ks)
         self.cut_to_width(streams, drafts, confidences)
+        self.hold_to_grammar(streams, drafts, confidences, forced)
         t1 = time.perf_counter()
+        # the grammar's masks depend only on the drafts: made while the target runs
+        masks = (MASKER.submit(self.masks, streams, drafts)
+                 if any(s.guide is not None for s in streams) else None)
         scores = self.scorer.score(streams, drafts.tokens, self.reads(streams))
         t2 = time.perf_counter()
         rows = 1 + max(len(d) for d in drafts.tokens)  # the step's widest request
         self.draft_length.costs.observe_step(len(streams), rows, t2 - t1)
+        raw = self.mask(streams, masks.result(), scores.logits, m) if masks else {}
         # streams that drafted: verified; the others take the target's next token as plain
         # decoding does (the same draw from the same distribution as verifying no drafts)
-        spec = [i for i, s in enumerate(streams)
-                if self.proposer(s) is not None and len(drafts.tokens[i])]
+        spec = [i for i in range(len(streams)) if len(drafts.tokens[i])]
         result = verify_batch([drafts.tokens[i] for i in spec], [drafts.probs[i] for i in spec],
                               [scores.logits[i] for i in spec],
                               [streams[i].params for i in spec], [streams[i].rng for i in spec])
@@ -326,7 +338,7 @@ class Engine:
                     self.draft_length.calib(key).observe(conf, emitted[-1][0])
             else:  # method none: the target's next token, as plain decoding samples it
                 emitted.append((0, [next_token(scores.logits[i][-1], s.params, s.rng)]))
-        self.commit(streams, drafts, emitted, scores, rows, m)
+        self.commit(streams, drafts, emitted, scores, rows, m, set(forced), raw)
         t3 = time.perf_counter()
         self.draft_length.costs.observe_overhead(len(streams), t3 - t2)
         n = len(streams)
@@ -336,11 +348,84 @@ class Engine:
             s.stats.sample_s += (t3 - t2) / n
         m.propose_s, m.score_s, m.sample_s = t1 - t0, t2 - t1, t3 - t2
 
+    def forced_drafts(self, streams: list[Stream], ks: list[int]) -> dict[int, np.ndarray]:
+        """Per stream under a grammar that allows exactly one continuation from here: those
+        tokens (at most SpeculationConfig.forced_tokens), drafted for free; its own drafter
+        sits this step out (ks[i] = 0)."""
+        limit = self.policy.config.forced_tokens
+        forced = {}
+        for i, s in enumerate(streams):
+            if s.guide is not None and limit:
+                room = min(limit, self.policy.room(s))
+                tokens = s.guide.forced(room)
+                tokens = tokens[:s.guide.valid(tokens)]  # as the mask allows them
+                if tokens:
+                    forced[i] = np.asarray(tokens, dtype=np.int64)
+                    ks[i] = 0
+        return forced
+
+    def hold_to_grammar(self, streams: list[Stream], drafts: Drafts, confidences,
+                        forced: dict[int, np.ndarray]) -> None:
+        """Forced tokens become their streams' drafts; a drafter's drafts are cut where the
+        grammar stops allowing them. A sampled draft with a distribution keeps its first
+        disallowed token: verification rejects it for certain and samples that position from
+        the residual max(0, p - q), which keeps the output distribution exact (cutting it would
+        sample from p instead)."""
+        for i, s in enumerate(streams):
+            if s.guide is None:
+                continue
+            if i in forced:
+                drafts.tokens[i], drafts.probs[i], confidences[i] = forced[i], None, None
+                s.stats.drafted_by["grammar"] = s.stats.drafted_by.get("grammar", 0) + 1
+                continue
+            tokens = drafts.tokens[i]
+            n = s.guide.valid(tokens)
+            if n == len(tokens):
+                continue
+            if drafts.probs[i] is not None and not s.params.greedy:
+                n += 1
+            drafts.tokens[i] = tokens[:n]
+            if drafts.probs[i] is not None:
+                drafts.probs[i] = drafts.probs[i][:n]
+            if confidences[i]:
+                confidences[i] = (confidences[i][0], confidences[i][1][:n])
+            if n == 0:  # nothing left to verify: a plain step, not counted as drafted
+                by = (drafts.sources[i] if drafts.sources else None) or s.method
+                s.stats.drafted_by[by] -= 1
+
+    @staticmethod
+    def masks(streams: list[Stream], drafts: Drafts) -> dict[int, np.ndarray]:
+        """Per guided stream, its grammar's bitmasks for the rows it verifies: before each
+        allowed draft and after the last (all of its drafts, or all but a kept rejected one).
+        llguidance drops the GIL, so this runs beside the target's forward."""
+        out = {}
+        for i, s in enumerate(streams):
+            if s.guide is not None:
+                tokens = drafts.tokens[i]
+                out[i] = s.guide.masks(tokens[:s.guide.valid(tokens)])
+        return out
+
+    def mask(self, streams: list[Stream], masks: dict[int, np.ndarray],
+             logits: list[np.ndarray], m: StepMetrics) -> dict[int, np.ndarray]:
+        """Masks, in place, each guided stream's rows of logits by its bitmasks. Returns the
+        logits as they were for the streams that report logprobs."""
+        raw = {}
+        for i, bits in masks.items():
+            guide = streams[i].guide
+            before = guide.mask_s
+            if streams[i].params.logprobs is not None:
+                raw[i] = logits[i].copy()
+            guide.apply(logits[i], bits)
+            m.mask_s += guide.mask_s - before
+        return raw
+
     def commit(self, streams: list[Stream], drafts: Drafts, emitted, scores, rows: int,
-               m: StepMetrics) -> None:
+               m: StepMetrics, free: set[int] = frozenset(), raw: dict | None = None) -> None:
         """Appends the emitted tokens, rewinds both caches to what was accepted, records, and
         hands each proposer the target's rows for the accepted positions. rows: the widest
-        request of the step (what its cost is measured by)."""
+        request of the step (what its cost is measured by). free: streams whose drafts the
+        grammar forced (their acceptance says nothing of their method's). raw: logits before
+        the grammar's masks, where logprobs report them."""
         costs = self.draft_length.costs
         # what the step cost every stream (each waits for all of it), in plain steps, from the
         # measured means (smoother than this one step's time)
@@ -350,19 +435,21 @@ class Engine:
         for i, (s, (accepted, tokens)) in enumerate(zip(streams, emitted)):
             proposed = len(drafts.tokens[i])
             s.stats.record(proposed, accepted)
-            if proposed:
+            if proposed and i not in free:  # (forced drafts say nothing of the method's)
                 self.acceptance(s).observe(proposed, accepted)
                 by = drafts.keys[i] if drafts.keys else None
                 if by is not None:  # a proposer that picks among sources (hybrid, auto)
                     self.draft_length.acceptance(source_key(s.method, by),
                                                  s.params.temperature > 0).observe(proposed,
                                                                                    accepted)
-            self.policy.observe(s, proposed, accepted, step_cost)
+            if i not in free:
+                self.policy.observe(s, proposed, accepted, step_cost)
             m.speculating_streams += proposed > 0
             m.proposed_tokens += proposed
             m.accepted_tokens += accepted
             count_positions(m.accepted_per_position, accepted)
-            m.emitted_tokens += append(s, tokens, self.stops, scores.logits[i])
+            logits = raw[i] if raw and i in raw else scores.logits[i]
+            m.emitted_tokens += append(s, tokens, self.stops, logits)
             if s.finished:
                 self.release(s)
                 continue

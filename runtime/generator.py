@@ -19,6 +19,7 @@ from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
+from trt_spec.runtime.grammar import Grammars
 from trt_spec.runtime.stream import RequestMetrics, StopChecker, Stream
 from trt_spec.runtime.tokenizer import Tokenizer
 
@@ -119,6 +120,7 @@ class Generator:
         self._proposers: dict[str, Proposer | None] = {PLAIN: None}
         self._suffix_cache = None
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
+        self._grammars = None
         self.engine = Engine(self.target, self.cache, self.stops,
                              SpeculationPolicy(config.speculation, self.cache.max_len),
                              self.proposer, self._prefix_cache(config),
@@ -234,7 +236,16 @@ class Generator:
         """A Stream for a request; None takes the configured method and k. num_draft_tokens:
         k, or "auto" / "auto:K" (adaptive)."""
         method, k, adaptive = self.resolve(method, num_draft_tokens)
-        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive)
+        guide = self.grammars.guide(params) if params.structure is not None else None
+        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
+
+    @property
+    def grammars(self) -> Grammars:
+        """This engine's structured outputs (runtime/grammar.py), made on first use."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.config.vocab_size,
+                                      sorted(self.stops.eos_ids))
+        return self._grammars
 
     def resolve(self, method: str | None, num_draft_tokens: int | str | None
                 ) -> tuple[str, int, bool]:

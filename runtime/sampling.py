@@ -30,6 +30,13 @@ class SamplingParams:
     # None: no logprobs; n >= 0: each emitted token's log-probability under the target and
     # its n most likely alternatives (vLLM's meaning; OpenAI's top_logprobs)
     logprobs: int | None = None
+    # structured output (runtime/grammar.py), at most one: the output is held to a JSON schema
+    # (a dict or its JSON text; kept as JSON text), a regular expression, a grammar
+    # in llguidance's Lark dialect, or one of a list of strings
+    json_schema: str | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: tuple[str, ...] | None = None
 
     def __post_init__(self):
         """Every field checked, types included (runtime/validation.py: the server's checks
@@ -55,6 +62,18 @@ class SamplingParams:
         set_(self, "logprobs", None if self.logprobs is None else
              v.integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
                        " (None: none; 0: the chosen token's only)"))
+        set_(self, "json_schema", v.json_schema(self.json_schema))
+        set_(self, "regex", v.text("regex", self.regex))
+        set_(self, "grammar", v.text("grammar", self.grammar))
+        set_(self, "choice", v.choice(self.choice))
+        v.one_structure({k: getattr(self, k) for k in v.STRUCTURES})
+
+    @property
+    def structure(self) -> tuple[str, str | tuple[str, ...]] | None:
+        """(kind, value) of the structured output asked for (kind: json_schema, regex, grammar
+        or choice), or None."""
+        return next(((k, getattr(self, k)) for k in v.STRUCTURES
+                     if getattr(self, k) is not None), None)
 
     @property
     def greedy(self) -> bool:

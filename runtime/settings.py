@@ -91,6 +91,9 @@ class SpeculationConfig:
     window: int = 32  # speculative steps in the acceptance and the gain windows
     cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
     max_cooldown: int = 256  # a probe that fails again, up to this
+    # structured outputs: the most tokens a grammar forces (allows one way only) drafted in a
+    # step, for free, whatever the method (0: none)
+    forced_tokens: int = 8
 
     def __post_init__(self):
         if isinstance(self.num_draft_tokens, (str, DraftTokens)):
@@ -106,6 +109,10 @@ class SpeculationConfig:
                              "no limit)")
         if not 0 <= self.min_acceptance <= 1:
             raise ValueError(f"min_acceptance={self.min_acceptance}: must be in [0, 1]")
+        if not isinstance(self.forced_tokens, int) or not 0 <= self.forced_tokens <= \
+                MAX_DRAFT_TOKENS:
+            raise ValueError(f"forced_tokens={self.forced_tokens!r}: must be an integer in "
+                             f"0..{MAX_DRAFT_TOKENS} (0: none)")
         if self.window < 1 or self.cooldown < 0 or self.max_cooldown < self.cooldown:
             raise ValueError(f"window={self.window}, cooldown={self.cooldown}, max_cooldown="
                              f"{self.max_cooldown}: need window >= 1, 0 <= cooldown <= "

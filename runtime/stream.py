@@ -47,6 +47,9 @@ class RequestMetrics:
     score_s: float
     sample_s: float
     drafted_by: dict[str, int]  # steps that drafted, by proposer (hybrid: lookup or head)
+    # structured outputs: seconds computing and applying the grammar's masks, and masks made
+    mask_s: float = 0.0
+    masks: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -99,6 +102,7 @@ class Stream:
     # per output token, when params.logprobs is set: its log-probability under the target
     logprobs: list[TokenLogprob] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
+    guide: object = None  # runtime/grammar.py Guide: the structure the output is held to
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -136,7 +140,9 @@ class Stream:
             proposed_per_position=tuple(st.proposed_per_position),
             accepted_per_position=tuple(st.accepted_per_position),
             propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s,
-            drafted_by=dict(st.drafted_by))
+            drafted_by=dict(st.drafted_by),
+            mask_s=self.guide.mask_s if self.guide is not None else 0.0,
+            masks=self.guide.masks_made if self.guide is not None else 0)
 
 
 def count_positions(counts: list[int], n: int) -> None:
@@ -166,6 +172,7 @@ class StepMetrics:
     propose_s: float = 0.0
     score_s: float = 0.0
     sample_s: float = 0.0
+    mask_s: float = 0.0  # structured outputs: the grammar's masks (inside sample_s)
     total_s: float = 0.0
 
 
@@ -181,6 +188,8 @@ class StopChecker:
         token = s.output_ids[-1]
         p = s.params
         if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            s.finish_reason = "stop"
+        elif s.guide is not None and s.guide.done:  # the structure is complete
             s.finish_reason = "stop"
         elif p.stop:
             s.text = self.tokenizer.decode(s.output_ids)
@@ -205,6 +214,11 @@ def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
     logprobs: a token accepted from a draft is scored by the target's row that verified it)."""
     for n, token in enumerate(tokens, 1):
         s.output_ids.append(int(token))
+        if s.guide is not None and not s.guide.consume(token):
+            s.finish_reason = "error"  # a grammar no token can go on with
+            s.text = stops.tokenizer.decode(s.output_ids)
+            s.stats.t_finished = time.perf_counter()
+            return n
         if s.params.logprobs is not None:
             s.logprobs.append(token_logprob(logits[n - 1], int(token), s.params.logprobs))
         if s.stats.t_first_token is None:

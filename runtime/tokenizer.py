@@ -45,6 +45,10 @@ class Tokenizer:
         self._template = None
         self._max_token_bytes: int | None = None
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
+        return self._tok.to_str()
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a byte-level BPE token may hold part of a
         character), special tokens included: OpenAI's logprobs `bytes`."""

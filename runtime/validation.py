@@ -12,6 +12,10 @@ from numbers import Real
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_SEED = 2**64 - 1
+# a structured output's schema, regex, grammar or choices, as text: past this it is refused
+# (compiling is bounded too: runtime/grammar.py)
+MAX_STRUCTURE_BYTES = 64 * 1024
+STRUCTURES = ("json_schema", "regex", "grammar", "choice")
 
 
 class FieldError(ValueError):
@@ -105,3 +109,59 @@ def chat(messages, field: str = "messages") -> list[dict]:
             message["name"] = name
         out.append(message)
     return out
+
+
+def _bounded(field: str, text: str) -> str:
+    size = len(text.encode())
+    if size > MAX_STRUCTURE_BYTES:
+        raise FieldError(field, f"{field} is {size} bytes; at most {MAX_STRUCTURE_BYTES} are "
+                                "accepted")
+    return text
+
+
+def json_schema(value) -> str | None:
+    """A JSON schema (a dict, True, or its JSON text) -> its JSON text, or None. Key order is
+    kept: an object's properties are written in the order the schema lists them."""
+    import json
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise FieldError("json_schema", f"json_schema={_show(value)}: not JSON ({e})") \
+                from None
+    if not (isinstance(value, dict) or value is True):
+        raise FieldError("json_schema", f"json_schema={_show(value)}: expected a JSON schema "
+                                        "(an object)")
+    return _bounded("json_schema", json.dumps(value))
+
+
+def text(field: str, value) -> str | None:
+    """A non-empty string (a regex, a grammar), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise FieldError(field, f"{field}={_show(value)}: expected a non-empty string")
+    return _bounded(field, value)
+
+
+def choice(value) -> tuple[str, ...] | None:
+    """A non-empty list of non-empty strings, or None."""
+    if value is None:
+        return None
+    items = strings("choice", value, "a list of strings")
+    if not items or not all(items):
+        raise FieldError("choice", f"choice={_show(value)}: expected a non-empty list of "
+                                   "non-empty strings")
+    _bounded("choice", "".join(items))
+    return items
+
+
+def one_structure(given: dict) -> None:
+    """At most one of STRUCTURES is set."""
+    set_ = [k for k, v in given.items() if v is not None]
+    if len(set_) > 1:
+        raise FieldError(set_[1], f"{' and '.join(set_)} are given; a request holds its output "
+                                  "to one of json_schema, regex, grammar or choice")

@@ -68,6 +68,9 @@ class _Request(BaseModel):
     top_k: int | None = None  # default 0 (off)
     ignore_eos: bool | None = None
     speculative: Speculative | None = None
+    # OpenAI's structured outputs: {"type": "text" | "json_object" | "json_schema", ...};
+    # checked by hand (response_format below), on completions too
+    response_format: Any = None
 
 
 class CompletionRequest(_Request):
@@ -222,7 +225,30 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
-            logprobs=logprobs_asked(req))
+            logprobs=logprobs_asked(req), json_schema=response_format(req.response_format))
     except validation.FieldError as e:
-        param = field if e.field == "logprobs" else e.field
+        param = (field if e.field == "logprobs" else
+                 "response_format" if e.field in validation.STRUCTURES else e.field)
         raise RequestError(str(e).replace("logprobs=", f"{param}=", 1), param) from None
+
+
+def response_format(value) -> dict | None:
+    """OpenAI's response_format -> the JSON schema the output is held to, or None (text).
+    {"type": "json_object"}: any JSON object; {"type": "json_schema", "json_schema": {"name",
+    "schema", "strict", "description"}}: that schema."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RequestError("response_format json_schema: expected {\"json_schema\": "
+                               "{\"name\": ..., \"schema\": {...}}}", "response_format")
+        return spec["schema"]
+    raise RequestError(f"response_format={json.dumps(value)[:80]}: expected "
+                       "{\"type\": \"text\" | \"json_object\" | \"json_schema\"}",
+                       "response_format")

@@ -200,6 +200,11 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
             param = "max_tokens" if str(e).startswith("max_tokens") else \
                 "messages" if kind.chat else "prompt"
             raise RequestError(str(e), param) from None
+        if params.structure is not None:  # compiled (and cached) off the event loop
+            try:
+                await asyncio.to_thread(scheduler.gen.grammars.guide, params)
+            except ValueError as e:
+                raise RequestError(str(e), "response_format") from None
         try:
             job = scheduler.submit(ids, params, method, k, on_output,
                                    f"{kind.id_prefix}-{uuid.uuid4().hex[:24]}")

@@ -116,6 +116,26 @@ def smollm2_engine(smollm2_hf_dir, tmp_path_factory):
     return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-fp32", "fp32")
 
 
+def export_smollm2_spec(tmp_path_factory, precision: str):
+    """SmolLM2 with the drafters shipped for it (a 2-layer vanilla draft, 3 MTP modules, Eagle,
+    Eagle3), exported as `trt-spec export` does by default, at `precision`."""
+    from trt_spec.export.checkpoint import shipped_drafters
+    from trt_spec.export.pipeline import export_engine
+
+    shipped = shipped_drafters("smollm2-135m")
+    assert set(shipped) == {"eagle3", "mtp", "eagle", "draft"}, shipped
+    return export_engine("smollm2-135m",
+                         tmp_path_factory.mktemp("engines") / f"smollm2-spec-{precision}",
+                         precision, draft_model=str(shipped["draft"]),
+                         heads={k: shipped[k] for k in ("mtp", "eagle", "eagle3")})
+
+
+@pytest.fixture(scope="session")
+def smollm2_int4_spec_engine(tmp_path_factory):
+    """SmolLM2 int4 with its shipped drafters (shared by the modules that need it)."""
+    return export_smollm2_spec(tmp_path_factory, "int4")
+
+
 def export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, name: str, **export_kwargs):
     """The tiny target exported fp32 with random MTP (3 modules, own format), Eagle (own
     format) and Eagle3 (published EAGLE3 layout, layers (1, 2, 3)) heads, plus export_kwargs."""

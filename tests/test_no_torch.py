@@ -12,4 +12,7 @@ def test_runtime_works_without_torch(tiny_engine):
         gen = Generator({str(tiny_engine)!r})
         out = gen.generate_ids([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0]
         assert len(out.output_ids) == 4
+        # structured outputs: llguidance is a base dependency and needs no torch either
+        held = gen.generate_ids([[5, 6, 7]], SamplingParams(max_tokens=8, regex="(ab|xy)c"))[0]
+        assert held.finish_reason == "stop" and len(held.output_ids) <= 3, held.output_ids
     """)

@@ -95,6 +95,14 @@ def cases():
     yield "top-k 3", p_logits, rng.standard_normal(V), p1_logits, SamplingParams(temperature=0.7, top_k=3)
     yield "top-p 0.8", p_logits, rng.standard_normal(V), p1_logits, SamplingParams(temperature=1.3, top_p=0.8)
     yield "deterministic drafter", p_logits, None, p1_logits, SamplingParams(temperature=1.0)
+    # structured outputs: the target's rows masked by a grammar (-inf where it forbids), the
+    # drafter's not, so drafts the grammar forbids reach verification (the engine keeps the
+    # first of them): rejected for certain, that position drawn from the residual
+    masked_p = np.where(np.isin(np.arange(V), [0, 2, 5]), -np.inf, p_logits)
+    masked_p1 = np.where((np.arange(V)[None, :] + np.arange(V)[:, None]) % 3 == 0, -np.inf,
+                         p1_logits)
+    yield "grammar mask", masked_p, rng.standard_normal(V), masked_p1, SamplingParams(temperature=1.0)
+    yield "grammar mask, top-p", masked_p, rng.standard_normal(V), masked_p1, SamplingParams(temperature=0.8, top_p=0.9)
 
 
 @pytest.mark.parametrize("name, p_logits, q_logits, p1_logits, params", list(cases()),

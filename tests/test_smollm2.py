@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.conftest import export_smollm2_spec
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -74,14 +76,9 @@ def smollm2_spec_engine(tmp_path_factory, request):
     and int4. With exact decoding (runtime/backends/ort.py `_padded`) the graph's arithmetic
     for a token does not depend on how many tokens its step holds, so plain and speculative
     greedy must agree exactly on int4 too (they agreed on 10% of answers before)."""
-    from trt_spec.export.checkpoint import shipped_drafters
-    from trt_spec.export.pipeline import export_engine
-
-    shipped = shipped_drafters("smollm2-135m")
-    assert set(shipped) == {"eagle3", "mtp", "eagle", "draft"}, shipped
-    return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-spec",
-                         request.param, draft_model=str(shipped["draft"]),
-                         heads={k: shipped[k] for k in ("mtp", "eagle", "eagle3")})
+    if request.param == "int4":  # shared with the other modules that need it
+        return request.getfixturevalue("smollm2_int4_spec_engine")
+    return export_smollm2_spec(tmp_path_factory, request.param)
 
 
 def test_shipped_drafters_are_small_and_described():

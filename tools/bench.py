@@ -38,7 +38,18 @@ def default_prompts_path() -> Path:
 
 
 def load_prompts(path: str | Path | None) -> list:
-    """FILE.jsonl: one object per line, {"prompt": "..."} or {"messages": [...]}."""
+    """FILE.jsonl: one object per line, {"prompt": "..."} or {"messages": [...]} (and maybe a
+    "json_schema": load_schemas)."""
+    return [p for p, _ in read_prompts(path)]
+
+
+def load_schemas(path: str | Path | None) -> list[dict | None]:
+    """Per prompt of FILE.jsonl, the JSON schema its line gives its answer ("json_schema"), or
+    None."""
+    return [schema for _, schema in read_prompts(path)]
+
+
+def read_prompts(path: str | Path | None) -> list[tuple]:
     path = Path(path) if path else default_prompts_path()
     if not path.is_file():
         raise ValueError(f"--prompts {str(path)!r}: no such file")
@@ -50,10 +61,13 @@ def load_prompts(path: str | Path | None) -> list:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not JSON ({e})") from e
+        schema = obj.get("json_schema") if isinstance(obj, dict) else None
+        if schema is not None and not isinstance(schema, dict):
+            raise ValueError(f"{path}:{n}: json_schema must be a JSON object")
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-            prompts.append(obj["prompt"])
+            prompts.append((obj["prompt"], schema))
         elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-            prompts.append(obj["messages"])
+            prompts.append((obj["messages"], schema))
         else:
             raise ValueError(f'{path}:{n}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
     if not prompts:
@@ -194,6 +208,10 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,
         "score_us_per_step": 1e6 * sum(r["score_s"] for r in runs) / steps,
         "sample_us_per_step": 1e6 * sum(r["sample_s"] for r in runs) / steps,
+        # structured outputs: the grammar's masks (inside sample), per step and per mask
+        "mask_us_per_step": 1e6 * sum(r.get("mask_s", 0.0) for r in runs) / steps,
+        "mask_us_per_mask": (1e6 * sum(r.get("mask_s", 0.0) for r in runs)
+                             / max(1, sum(r.get("masks", 0) for r in runs))),
         "peak_rss_mb": peak_rss_mb(),
     }
 
@@ -238,6 +256,9 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     temperature, seed, batch, peers = config.temperature, config.seed, config.batch, config.peers
     threads, exact_decode, stop_at_eos = config.threads, config.exact_decode, config.stop_at_eos
     prompts = load_prompts(config.prompts_file)[:config.num_prompts]
+    schemas = load_schemas(config.prompts_file)[:config.num_prompts]
+    if any(schemas) and batch != 1:
+        raise ValueError(f"--batch {batch}: prompts with a json_schema each run at batch 1")
     if peers and batch != 1:
         raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
     methods = list(dict.fromkeys(methods))
@@ -251,7 +272,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
                             backend=config.backend, device=config.device,
                             exact_decode=exact_decode, prefix_cache=False,
-                            fallback=config.fallback)
+                            fallback=config.fallback, forced_tokens=config.forced_tokens)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
@@ -305,6 +326,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                 "proposed_pp": list(m.proposed_per_position),
                 "accepted_pp": list(m.accepted_per_position), "ttft_s": m.time_to_first_token_s,
                 "propose_s": m.propose_s, "score_s": m.score_s, "sample_s": m.sample_s,
+                "mask_s": m.mask_s, "masks": m.masks, "finish_reason": s.finish_reason,
                 "output_ids": s.output_ids})
 
     def run_peer(p: PeerConfig, name: str, ids: list[int]) -> None:
@@ -347,7 +369,9 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                     gen = gens[c.engine]
                     ids = ([gen.encode(p) for p in group] if group is not None
                            else [synthetic_prompt(gen, key)])
-                    run(c, name, ids)
+                    schema = schemas[key] if group is not None else None
+                    run(c, name, ids, dataclasses.replace(params, json_schema=schema)
+                        if schema is not None else None)
                 for p in list(active):  # then every peer, on the same ids (batch 1)
                     run_peer(p, name, ref.encode(group[0]) if group is not None
                              else synthetic_prompt(ref, key))

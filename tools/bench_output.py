@@ -44,6 +44,13 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
                     f"{acc}")
     rows.append(f"peak RSS {peak_rss_mb():.0f} MB (whole process; a peer in its own process: "
                 "its own)")
+    masked = [r for r in results if r.get("mask_us_per_step")]
+    if masked:  # structured outputs (prompts with a json_schema)
+        rows.append("grammar masks per decode step (made beside the target's forward, then "
+                    "applied): " + ", ".join(
+                        f"{method_label(r)} {r['mask_us_per_step']:.0f} us "
+                        f"({100 * r['mask_us_per_step'] / r['score_us_per_step']:.1f}% of "
+                        "scoring)" for r in masked if r.get("score_us_per_step")))
     for name, engine in dict.fromkeys((r["method"], r["engine"]) for r in results
                                       if r.get("peer")):
         rows.append(f"peer {name}: {engine}")

@@ -50,7 +50,8 @@ def parse_peers(text: str) -> list[str]:
               help="Engine folder; repeat to compare (runs are interleaved) "
                    f"[default: {DEFAULT_ENGINE}].")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
-              help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line '
+              help='JSONL prompts: {"prompt": ...} or {"messages": [...]} per line, and '
+                   'optionally "json_schema": {...}, the structure its answer is held to '
                    "[default: the shipped runtime/data/prompts.jsonl]. The shipped "
                    "runtime/data/sharegpt-heldout.jsonl holds 40 prompts no drafter trained on.")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None,
@@ -109,6 +110,10 @@ def parse_peers(text: str) -> list[str]:
                    "kernels: faster by about c(2)/c(1), but speculative greedy output may then "
                    "differ from plain greedy at near-ties (default: exact; see "
                    "docs/speculative-decoding.md).")
+@click.option("--forced-tokens", type=click.IntRange(min=0), default=BENCH["forced_tokens"],
+              show_default=True,
+              help="Prompts whose lines carry a json_schema: the most grammar-forced tokens "
+                   "drafted per step, for free (0: none, to measure what they add).")
 @click.option("--spec-fallback/--no-spec-fallback", default=BENCH["fallback"],
               show_default=True,
               help="The policy's gain rules: a step drafts fewer tokens than k, or none, where "

@@ -49,7 +49,10 @@ def sampling_params(options: dict) -> SamplingParams:
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(SamplingParams)}
-    return SamplingParams(**{k: v for k, v in options.items() if k in names})
+    given = {k: v for k, v in options.items() if k in names}
+    if given.get("choice") == ():  # no --choice
+        given["choice"] = None
+    return SamplingParams(**given)
 
 
 def comma_list(text: str) -> list[str]:
@@ -84,9 +87,28 @@ def sampling_options(f):
                      show_default=True, help="Nucleus sampling mass (1 = off)."),
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--json-schema", "json_schema", metavar="FILE", default=None,
+                     callback=checked(read_text),
+                     help="Hold the output to this JSON schema (a .json file)."),
+        click.option("--regex", default=None,
+                     help="Hold the output to this regular expression."),
+        click.option("--grammar", metavar="FILE", default=None, callback=checked(read_text),
+                     help="Hold the output to this grammar (llguidance's Lark dialect)."),
+        click.option("--choice", multiple=True,
+                     help="Hold the output to one of these strings (repeatable)."),
     ]):
         f = opt(f)
     return f
+
+
+def read_text(path: str) -> str:
+    """A file's text, or ValueError quoting the path."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"{path!r}: {e.strerror or e}") from None
 
 
 class DraftTokensType(click.ParamType):
@@ -123,6 +145,11 @@ def speculation_options(f):
                      show_default=True,
                      help="Turn speculation off for a stream whose rolling acceptance rate "
                           "falls below this (0: never)."),
+        click.option("--forced-tokens", type=click.IntRange(0, MAX_DRAFT_TOKENS),
+                     default=SPECULATION.forced_tokens, show_default=True,
+                     help="Structured outputs: the most tokens the grammar forces (allows one "
+                          "way only) drafted per step, for free, whatever the method (0: "
+                          "none)."),
         click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
                      show_default=True,
                      help="The policy's gain rules, from measured costs and acceptance: a "

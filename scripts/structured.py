@@ -1,0 +1,97 @@
+"""Structured outputs over a set of JSON schemas (default tests/data/schemas.jsonl): for each
+method, whether every answer parses and validates, whether greedy output equals plain
+decoding's under the same grammar, and decode tokens/s with grammar-forced drafting on and
+off, interleaved in one process (plain decoding without forced drafts is the baseline).
+
+    python scripts/structured.py --engine engines/smollm2-135m --methods none,ngram,hybrid,eagle3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", default="engines/smollm2-135m")
+    ap.add_argument("--schemas", default=str(ROOT / "tests/data/schemas.jsonl"))
+    ap.add_argument("--methods", default="none,ngram,hybrid,eagle3,mtp")
+    ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--forced-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args(argv)
+
+    import jsonschema
+
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.sampling import SamplingParams
+
+    cases = [json.loads(line) for line in Path(args.schemas).read_text().splitlines() if line]
+    gens = {f: Generator(args.engine, forced_tokens=f, threads=args.threads, max_len=2048,
+                         prefix_cache=False) for f in (0, args.forced_tokens)}
+    methods = args.methods.split(",")
+    configs = [("none", 0)] + [(m, args.forced_tokens) for m in methods]
+    rows = {c: {"tokens": 0, "seconds": 0.0, "forwards": 0, "valid": 0, "same": 0, "n": 0,
+                "mask_s": 0.0, "masks": 0, "score_s": 0.0, "steps": 0} for c in configs}
+    for rep in range(args.repeats):
+        for case in cases:
+            base = None
+            for method, forced in configs:  # interleaved per schema
+                gen = gens[forced]
+                params = SamplingParams(max_tokens=args.max_tokens,
+                                        json_schema=case["json_schema"])
+                ids = gen.encode(case["messages"])
+                t0 = time.perf_counter()
+                s = gen.generate_ids([ids], params, method,
+                                     None if method == "none" else args.num_draft_tokens)[0]
+                m, r = s.metrics(), rows[method, forced]
+                r["seconds"] += m.decode_s
+                r["tokens"] += max(m.completion_tokens - 1, 0)
+                r["forwards"] += m.target_forwards
+                r["steps"] += max(m.target_forwards - 1, 1)
+                r["mask_s"] += m.mask_s
+                r["masks"] += m.masks
+                r["score_s"] += m.score_s
+                r["n"] += 1
+                try:
+                    jsonschema.validate(json.loads(s.text), case["json_schema"])
+                    r["valid"] += s.finish_reason == "stop"
+                except (ValueError, jsonschema.ValidationError):
+                    pass
+                base = s.output_ids if base is None else base
+                r["same"] += s.output_ids == base
+                print(f"pass {rep + 1} {case['name']:16s} {method:7s} forced {forced}: "
+                      f"{m.completion_tokens} tokens, {time.perf_counter() - t0:.2f} s",
+                      file=sys.stderr)
+    plain = rows["none", 0]
+    plain_rate = plain["tokens"] / plain["seconds"]
+    print(f"{len(cases)} schemas x {args.repeats}, max_tokens {args.max_tokens}, greedy\n")
+    print("| method | forced tokens | valid | = plain | tok/s | x plain | tau | mask us/step "
+          "| mask % of score |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    table = {}
+    for (method, forced), r in rows.items():
+        rate = r["tokens"] / r["seconds"]
+        table[f"{method}/{forced}"] = dict(r, tokens_per_s=rate, x_plain=rate / plain_rate)
+        print(f"| {method} | {forced} | {r['valid']}/{r['n']} | {r['same']}/{r['n']} | "
+              f"{rate:.1f} | {rate / plain_rate:.2f} | "
+              f"{(r['tokens'] + r['n']) / r['forwards']:.2f} | "
+              f"{1e6 * r['mask_s'] / r['steps']:.0f} | "
+              f"{100 * r['mask_s'] / r['score_s']:.1f}% |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(table, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
