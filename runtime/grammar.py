@@ -161,18 +161,21 @@ class Grammars:
         structure = params.structure
         if structure is None:
             return None
-        return Guide(self.compile(*structure), self.vocab_size)
+        return Guide(self.compile(*structure), self.vocab_size, self.eos_ids)
 
 
-def first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+def first_line(message: str, limit: int = 300) -> str:
+    """llguidance's message on one line, at most `limit` characters."""
+    text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+    return (text[:limit - 3] + "...") if len(text) > limit else (text or "unknown error")
 
 
 class Guide:
     """One stream's grammar state (an llguidance matcher) and the time its masks took."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int]):
         self.matcher = matcher
+        self.eos_ids = eos_ids
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.mask_s = 0.0  # seconds spent computing and applying masks
@@ -205,6 +208,12 @@ class Guide:
                                      f"{self.matcher.get_error()}")
         if len(drafts):
             self.matcher.rollback(len(drafts))
+        for row in np.flatnonzero(~out.any(axis=1)):
+            # nothing allowed (a dead end, or the matcher past a limit): EOS, which the
+            # grammar then refuses, so the stream ends with finish_reason "error"
+            for eos in self.eos_ids:
+                out[row, eos // 32] |= np.int32(1 << (eos % 32)) if eos % 32 < 31 else \
+                    np.int32(-2**31)
         self.mask_s += time.perf_counter() - t0
         self.masks_made += len(drafts) + 1
         return out
@@ -223,4 +232,4 @@ class Guide:
     def consume(self, token: int) -> bool:
         """An emitted token (chosen under this guide's masks). False where the grammar cannot
         go on (a dead end: no token spells what it needs next)."""
-        return self.matcher.consume_token(int(token))
+        return self.matcher.consume_token(int(token)) and not self.matcher.is_error()

@@ -8,6 +8,7 @@ a dead end after the letter w, which no real tokenizer has)."""
 
 import re
 
+import numpy as np
 import pytest
 
 from trt_spec.runtime.generator import Generator
@@ -111,3 +112,23 @@ def test_the_device_loop_refuses_a_grammar_with_its_reason(tiny_engine):
                     device_loop=True)
     with pytest.raises(ValueError, match="structured outputs .* mask on the host"):
         gen.generate_ids([[5, 6]], SamplingParams(max_tokens=4, regex="ab"))
+
+
+def test_a_row_with_nothing_allowed_allows_eos_which_ends_the_stream_in_error(tiny_engine):
+    """Where the grammar allows nothing (a dead end, or the matcher past one of its limits),
+    the row allows EOS only, which the grammar then refuses: append ends the stream with
+    finish_reason "error" instead of sampling from a row of -inf."""
+    gen = Generator(tiny_engine)
+    guide = gen.grammars.guide(SamplingParams(regex="ab"))
+    z = gen.tokenizer.encode("z", add_special_tokens=False)[0]
+    assert not guide.consume(z)  # the matcher is now in its error state
+    bits = guide.masks([])
+    eos = sorted(gen.stops.eos_ids)
+    allowed = [t for t in range(gen.config.vocab_size) if bits[0, t // 32] >> (t % 32) & 1]
+    assert allowed == eos
+    s = gen.stream([5, 6], SamplingParams(regex="ab"))
+    s.guide = guide
+    from trt_spec.runtime.stream import append
+
+    append(s, [eos[0]], gen.stops, np.zeros((1, gen.config.vocab_size), np.float32))
+    assert s.finish_reason == "error"
