@@ -36,7 +36,7 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None
-    choice: tuple[str, ...] | None = None
+    choice: tuple[str, ...] = ()  # (): none
 
     def __post_init__(self):
         """Every field checked, types included (runtime/validation.py: the server's checks
@@ -72,8 +72,7 @@ class SamplingParams:
     def structure(self) -> tuple[str, str | tuple[str, ...]] | None:
         """(kind, value) of the structured output asked for (kind: json_schema, regex, grammar
         or choice), or None."""
-        return next(((k, getattr(self, k)) for k in v.STRUCTURES
-                     if getattr(self, k) is not None), None)
+        return next(((k, getattr(self, k)) for k in v.STRUCTURES if getattr(self, k)), None)
 
     @property
     def greedy(self) -> bool:

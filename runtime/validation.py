@@ -147,21 +147,21 @@ def text(field: str, value) -> str | None:
     return _bounded(field, value)
 
 
-def choice(value) -> tuple[str, ...] | None:
-    """A non-empty list of non-empty strings, or None."""
+def choice(value) -> tuple[str, ...]:
+    """A list of non-empty strings (() or None: no choice) -> a tuple."""
     if value is None:
-        return None
+        return ()
     items = strings("choice", value, "a list of strings")
-    if not items or not all(items):
-        raise FieldError("choice", f"choice={_show(value)}: expected a non-empty list of "
-                                   "non-empty strings")
+    if not all(items):
+        raise FieldError("choice", f"choice={_show(value)}: expected a list of non-empty "
+                                   "strings")
     _bounded("choice", "".join(items))
     return items
 
 
 def one_structure(given: dict) -> None:
     """At most one of STRUCTURES is set."""
-    set_ = [k for k, v in given.items() if v is not None]
+    set_ = [k for k, v in given.items() if v]
     if len(set_) > 1:
         raise FieldError(set_[1], f"{' and '.join(set_)} are given; a request holds its output "
                                   "to one of json_schema, regex, grammar or choice")

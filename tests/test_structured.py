@@ -91,7 +91,7 @@ def test_sampled_output_holds_to_the_grammar_on_every_method(tiny_heads_engine):
     ("grammar", "start: nowhere", "grammar does not compile"),
     ("json_schema", {"type": "nonsense"}, "json_schema does not compile"),
     ("json_schema", "{not json", "json_schema='{not json': not JSON"),
-    ("choice", [], "non-empty list"),
+    ("choice", ["yes", ""], "non-empty strings"),
 ])
 def test_a_bad_structure_is_refused_with_its_reason(tiny_engine, field, value, reason):
     gen = Generator(tiny_engine)

@@ -49,10 +49,7 @@ def sampling_params(options: dict) -> SamplingParams:
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(SamplingParams)}
-    given = {k: v for k, v in options.items() if k in names}
-    if given.get("choice") == ():  # no --choice
-        given["choice"] = None
-    return SamplingParams(**given)
+    return SamplingParams(**{k: v for k, v in options.items() if k in names})
 
 
 def comma_list(text: str) -> list[str]:
