@@ -48,6 +48,11 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions; chat: the re
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
 
 
+# a structure (response_format) that takes longer to compile is refused (its thread finishes
+# on its own; llguidance's parser limits bound it too)
+COMPILE_TIMEOUT_S = 10.0
+
+
 @dataclass
 class Kind:
     """What differs between the two endpoints' responses."""
@@ -202,9 +207,13 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
             raise RequestError(str(e), param) from None
         if params.structure is not None:  # compiled (and cached) off the event loop
             try:
-                await asyncio.to_thread(scheduler.gen.grammars.guide, params)
+                await asyncio.wait_for(asyncio.to_thread(scheduler.gen.grammars.guide, params),
+                                       COMPILE_TIMEOUT_S)
             except ValueError as e:
                 raise RequestError(str(e), "response_format") from None
+            except asyncio.TimeoutError:
+                raise RequestError(f"response_format took more than {COMPILE_TIMEOUT_S:g} s to "
+                                   "compile; simplify the schema", "response_format") from None
         try:
             job = scheduler.submit(ids, params, method, k, on_output,
                                    f"{kind.id_prefix}-{uuid.uuid4().hex[:24]}")
