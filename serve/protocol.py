@@ -71,6 +71,11 @@ class _Request(BaseModel):
     # OpenAI's structured outputs: {"type": "text" | "json_object" | "json_schema", ...};
     # checked by hand (response_format below), on completions too
     response_format: Any = None
+    # vLLM's names for the other structures (SamplingParams checks them), one per request
+    guided_json: Any = None  # a JSON schema (an object or its JSON text)
+    guided_regex: Any = None
+    guided_grammar: Any = None  # llguidance's Lark dialect
+    guided_choice: Any = None  # a list of strings
 
 
 class CompletionRequest(_Request):
@@ -225,11 +230,34 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
-            logprobs=logprobs_asked(req), json_schema=response_format(req.response_format))
+            logprobs=logprobs_asked(req), **structure(req))
     except validation.FieldError as e:
         param = (field if e.field == "logprobs" else
-                 "response_format" if e.field in validation.STRUCTURES else e.field)
+                 structure_param(req) if e.field in validation.STRUCTURES else e.field)
         raise RequestError(str(e).replace("logprobs=", f"{param}=", 1), param) from None
+
+
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex",
+          "guided_grammar": "grammar", "guided_choice": "choice"}
+
+
+def structure(req: _Request) -> dict:
+    """SamplingParams' structure fields from response_format or vLLM's guided_* fields; two
+    structures in one request are a 400."""
+    given = {name: getattr(req, name) for name in GUIDED if getattr(req, name) is not None}
+    schema = response_format(req.response_format)
+    if schema is not None:
+        given["response_format"] = schema
+    if len(given) > 1:
+        raise RequestError(f"{' and '.join(given)} are given; a request holds its output to "
+                           "one structure", list(given)[1])
+    return {GUIDED.get(name, "json_schema"): value for name, value in given.items()}
+
+
+def structure_param(req: _Request) -> str:
+    """The request field that asked for the structure (what a 400 about it names)."""
+    return next((name for name in GUIDED if getattr(req, name) is not None),
+                "response_format")
 
 
 def response_format(value) -> dict | None:

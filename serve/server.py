@@ -37,7 +37,7 @@ from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.options import ServeOptions
 from trt_spec.serve.protocol import (ChatRequest, CompletionRequest, RequestError,
                                        chat_messages, completion_prompt, parse_body,
-                                       sampling_params)
+                                       sampling_params, structure_param)
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
 from trt_spec.runtime.scheduler import Output, QueueFull, Scheduler
@@ -210,10 +210,11 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
                 await asyncio.wait_for(asyncio.to_thread(scheduler.gen.grammars.guide, params),
                                        COMPILE_TIMEOUT_S)
             except ValueError as e:
-                raise RequestError(str(e), "response_format") from None
+                raise RequestError(str(e), structure_param(req)) from None
             except asyncio.TimeoutError:
-                raise RequestError(f"response_format took more than {COMPILE_TIMEOUT_S:g} s to "
-                                   "compile; simplify the schema", "response_format") from None
+                raise RequestError(f"{structure_param(req)} took more than "
+                                   f"{COMPILE_TIMEOUT_S:g} s to compile; simplify it",
+                                   structure_param(req)) from None
         try:
             job = scheduler.submit(ids, params, method, k, on_output,
                                    f"{kind.id_prefix}-{uuid.uuid4().hex[:24]}")

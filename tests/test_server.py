@@ -4,6 +4,7 @@ metrics, and every kind of bad input (4xx, then the server still serves)."""
 
 import asyncio
 import json
+import re
 
 import httpx
 import openai
@@ -311,3 +312,23 @@ def test_a_chats_next_turn_reads_only_its_new_tokens(server, client, tiny_spec_e
         assert off.metric("trt_spec:prefix_cache_queries_total") == 0
     finally:
         assert off.stop() == 0
+
+
+def test_vllm_guided_fields_hold_the_output(server, client):
+    """regex, choice and grammar over HTTP (vLLM's guided_* names; response_format carries JSON
+    schemas): the tiny model's words concatenated are in the language; a bad one, or two at
+    once, is a 400 naming the field."""
+    for extra, language in [({"guided_regex": "(ab|xy)c(d|fg)+e"}, "(ab|xy)c(d|fg)+e"),
+                            ({"guided_choice": ["rst", "uv"]}, "rst|uv"),
+                            ({"guided_grammar": 'start: "p" ("a" | "b" "q")'}, "p(a|bq)")]:
+        out = client.completions.create(model="tiny", prompt="a b c", max_tokens=24,
+                                        temperature=0, extra_body=extra)
+        choice = out.choices[0]
+        assert choice.finish_reason == "stop", extra
+        assert re.fullmatch(language, choice.text.replace(" ", "")), (extra, choice.text)
+    for extra, param in [({"guided_regex": "("}, "guided_regex"),
+                         ({"guided_choice": [1, 2]}, "guided_choice"),
+                         ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice")]:
+        r = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "a", "max_tokens": 4, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
