@@ -8,8 +8,8 @@ import click
 
 from trt_spec.cli.options import checked, fail
 from trt_spec.runtime.options import defaults
-from trt_spec.train.configs import (DistillConfig, FeatureConfig, RegenConfig, RunConfig,
-                                    TrainConfig)
+from trt_spec.train.configs import (ANSWERS, FEATURES as FEATURE_MODES, DistillConfig,
+                                    FeatureConfig, RegenConfig, RunConfig, TrainConfig)
 
 # the defaults every option shows, from the config field it fills (train/configs.py)
 RUN, TRAIN, FEATURES = defaults(RunConfig), defaults(TrainConfig), defaults(FeatureConfig)
@@ -99,7 +99,7 @@ def parse_warmups(text: str) -> tuple[int, ...]:
               help="Run folder: answers, features, <method>-state.pt, metrics.json and each "
                    "trained drafter <method>/ (for `trt-spec export --<method> OUT/<method>`, "
                    "`--draft-model OUT/draft`).")
-@click.option("--answers", type=click.Choice(["target", "data", "distill"]), default=RUN["answers"],
+@click.option("--answers", type=click.Choice(ANSWERS), default=RUN["answers"],
               show_default=True,
               help="target: the target answers each training prompt itself (self-distillation "
                    "on its own text; cached in OUT/answers.jsonl); distill: it answers every "
@@ -177,7 +177,7 @@ def parse_warmups(text: str) -> tuple[int, ...]:
 @click.option("--head-intermediate", type=click.IntRange(min=1), default=None,
               help="MLP width of the trained heads' layer (eagle3, mtp, eagle) "
                    "[default: the target's].")
-@click.option("--features", "features_mode", type=click.Choice(["disk", "live"]), default=None,
+@click.option("--features", "features_mode", type=click.Choice(FEATURE_MODES), default=None,
               help="disk: cache the target's features in OUT/features (fp16, resumable); live: "
                    "run the target on each batch [default: live on cuda, disk on cpu].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=TRAIN["batch_size"],
