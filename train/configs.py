@@ -14,7 +14,8 @@ from trt_spec.runtime.options import from_options, option
 
 METHODS = TRAIN_NAMES  # runtime/methods.py ("draft": the vanilla method's draft model)
 ANSWERS = ("target", "data", "distill")
-FEATURES = ("disk", "live")
+FEATURES = ("disk", "live", "engine")  # engine: train/engine_target.py
+GENERATORS = ("torch", "engine")  # what answers (--gen-backend): train/engine_target.py
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class DistillConfig:
     slots: int = option(64, "gen_slots")  # sequences decoded together
     dtype: str = option("bfloat16", "gen_dtype")  # the generator's (train/batch_generate.py)
     seed: int = 0
+    # "torch": the export modules in `dtype`; "engine": the engine folder's ONNX Runtime graphs
+    backend: str = option("torch", "gen_backend")
 
     def __post_init__(self):
         if self.samples < 0:
@@ -111,6 +114,9 @@ class DistillConfig:
                              f"{self.max_new_tokens}")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: expected bfloat16, float32 or float16")
+        if self.backend not in GENERATORS:
+            raise ValueError(f"generator {self.backend!r}: expected one of "
+                             f"{', '.join(GENERATORS)}")
 
 
 @dataclass(frozen=True)
@@ -163,13 +169,19 @@ class RunConfig:
     heldout_conversations: int = 200  # held-out prompts answered (answers="distill")
     data_only: bool = False  # stop after the answers (a CPU recipe run across sessions)
     scan: ScanConfig | None = None  # lr / warm-up chosen from short runs first
+    # an engine folder (`trt-spec export`) whose target graph answers (--gen-backend engine)
+    # and gives the features (--features engine): the int4 engine users run
+    engine: Path | None = None
+    # drafters to fine-tune instead of starting fresh: FOLDER/<method>/ (drafters/smollm2-135m
+    # or a run's OUT); eagle3 keeps its draft vocabulary
+    init_from: Path | None = None
 
     def __post_init__(self):
         if isinstance(self.methods, str):
             object.__setattr__(self, "methods", (self.methods,))
         object.__setattr__(self, "methods", tuple(self.methods))
         object.__setattr__(self, "draft_layers", tuple(self.draft_layers))
-        for name in ("out", "data", "answers_dir"):
+        for name in ("out", "data", "answers_dir", "engine", "init_from"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         if self.features_mode is None:
@@ -189,6 +201,12 @@ class RunConfig:
         if self.features_mode not in FEATURES:
             raise ValueError(f"features {self.features_mode!r}: expected one of "
                              f"{', '.join(FEATURES)}")
+        uses = [what for what, on in (("--features engine", self.features_mode == "engine"), (
+            "--gen-backend engine", self.answers == "distill" and self.distill.backend == "engine"))
+                if on]
+        if uses and self.engine is None:
+            raise ValueError(f"{' and '.join(uses)} need --engine FOLDER, an engine folder of "
+                             "this model (`trt-spec export`, e.g. engines/smollm2-135m)")
         if self.data_only and self.answers != "distill":
             raise ValueError(f"--data-only stops after --answers distill's answers; with "
                              f"--answers {self.answers} there is no such stage")

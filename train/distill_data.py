@@ -229,11 +229,12 @@ def check_manifest(out: Path, settings: dict) -> None:
 def distill(target, tokenizer, conversations: list[Conversation], out: Path,
             stop_ids: list[int], config: DistillConfig = DistillConfig(), device: str = "cpu",
             model_id: str = "", max_seconds: float | None = None,
-            progress: Callable[[DistillProgress], None] | None = None) -> int:
+            progress: Callable[[DistillProgress], None] | None = None, engine=None) -> int:
     """Writes the shards of `conversations` not yet in `out` (see the module docstring);
     past max_seconds no shard is opened and the open ones are finished. Returns the shards
     on disk. Sampled answers depend on the order shards finish in, so a redone shard is the
-    same text only where greedy."""
+    same text only where greedy. config.backend "engine": `engine` (train/engine_target.py's
+    EngineTarget) answers instead of `target`; its identity is part of the settings."""
     import torch
 
     from trt_spec.train.batch_generate import BatchedGenerator, GenStats
@@ -243,14 +244,26 @@ def distill(target, tokenizer, conversations: list[Conversation], out: Path,
         raise ValueError("no end-of-turn token: cannot tell where an answer ends")
     settings = dict(asdict(config), model=model_id)
     settings.pop("slots")  # how fast, not what: a rerun may change it
+    if config.backend == "torch":
+        settings.pop("backend")  # folders made before the engine generator stay readable
+    else:
+        if engine is None:
+            raise ValueError("--gen-backend engine: no engine folder given (--engine)")
+        settings.pop("dtype")  # the engine's graphs fix the precision
+        settings["engine"] = engine.identity
     check_manifest(out, settings)
     size = config.shard_conversations
     shards = (len(conversations) + size - 1) // size
     todo = [i for i in range(shards) if not (out / SHARD.format(i)).exists()]
     if not todo:
         return shards
-    generator = BatchedGenerator(target, config.slots, config.max_context, device,
-                                 getattr(torch, config.dtype), config.seed)
+    if config.backend == "engine":
+        from trt_spec.train.engine_target import EngineGenerator
+
+        generator = EngineGenerator(engine, config.slots, config.max_context, config.seed)
+    else:
+        generator = BatchedGenerator(target, config.slots, config.max_context, device,
+                                     getattr(torch, config.dtype), config.seed)
     generator.generator.manual_seed(config.seed * 1_000_003 + todo[0])
     stats, start, written = GenStats(), time.perf_counter(), []
 

@@ -66,15 +66,31 @@ def draft_loss(draft: TargetModel, batch: Batch, chain: int = 0) -> tuple[torch.
     return loss, metrics
 
 
+def fine_tuned_draft(folder, target: TargetModel) -> tuple[TargetModel, tuple[int, ...]]:
+    """A saved draft to train further (--init-from), and the target layers it started from."""
+    import json
+
+    draft = load_draft(folder, target).float().train()
+    for name, p in draft.named_parameters():
+        p.requires_grad_(name not in SHARED)
+    meta = json.loads((Path(folder) / "drafter.json").read_text())
+    return draft, tuple(meta.get("source_layers", ()))
+
+
 def train_draft(store, target: TargetModel, out, config, layers: tuple[int, ...],
-                run: RunControl = RunControl(), heldout=None) -> dict:
+                run: RunControl = RunControl(), heldout=None, init=None) -> dict:
     """As train_eagle3: state `out/draft-state.pt`, the draft `out/draft/`, the learning curve
-    `out/draft-curve.jsonl`."""
+    `out/draft-curve.jsonl`. init: a saved draft to start from (its layers), else copies of
+    the target's `layers`."""
     from trt_spec.train.loop import train_loop
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    draft = init_draft(target, layers).to(run.device)
+    if init is not None:
+        draft, layers = fine_tuned_draft(init, target)
+        draft = draft.to(run.device)
+    else:
+        draft = init_draft(target, layers).to(run.device)
     extra = {"kind": "draft", "plan": store.manifest["plan"], "shards": store.shards,
              "layers": list(layers)}
     curve = make_curve(config, heldout, lambda batch: draft_loss(draft, batch, CHAIN),

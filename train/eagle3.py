@@ -130,13 +130,31 @@ def to_device(drafter: Drafter, device: str) -> Drafter:
 # --- the run ----------------------------------------------------------------------------
 
 
+def fine_tuned_eagle3(folder, target: TargetModel, feature_layers: tuple[int, ...]) -> Drafter:
+    """A saved head to train further (--init-from): its draft vocabulary stays; the
+    embedding (the target's) stays frozen, every other weight trains."""
+    from trt_spec.export.drafter_checkpoint import load_drafter
+
+    drafter = load_drafter(folder, "eagle3", target)
+    if tuple(drafter.feature_layers) != tuple(feature_layers):
+        raise ValueError(f"{folder}: the head reads layers {list(drafter.feature_layers)}, the "
+                         f"features are taken at {list(feature_layers)}")
+    for m in drafter.modules + [drafter.fc]:
+        m.float().train()
+        for name, p in m.named_parameters():
+            p.requires_grad_(not name.startswith("embed_tokens"))
+    return drafter
+
+
 def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vocab_size: int,
                  run: RunControl = RunControl(), intermediate_size: int | None = None,
-                 heldout=None) -> dict:
+                 heldout=None, init=None) -> dict:
     """Trains a head on `store` as `run` says (train/loop.py RunControl); the training state is `out/eagle3-state.pt` (every
     config.checkpoint_every steps), the head `out/eagle3/` (save_drafter) when this run stops,
     the learning curve on `heldout` `out/eagle3-curve.jsonl` (config.eval_every > 0).
-    Returns the loop's metrics plus the draft vocabulary's coverage of the training tokens."""
+    init: a saved head's folder to start from (its draft vocabulary and MLP width), else a
+    fresh one. Returns the loop's metrics plus the draft vocabulary's coverage of the
+    training tokens."""
     from pathlib import Path
 
     from trt_spec.export.drafter_checkpoint import save_drafter
@@ -149,12 +167,20 @@ def train_eagle3(store: FeatureStore, target: TargetModel, out, config, draft_vo
         raise ValueError(f"features were taken at layers {store.feature_layers}, the target "
                          f"reads {target.config.eagle3_layers}")
     counts = token_counts(store, vocab)
-    d2t, t2d = draft_vocab(counts, draft_vocab_size)
-    drafter = to_device(init_eagle3(target, d2t, config.seed, store.feature_layers,
-                                    intermediate_size), device)
+    if init is not None:
+        drafter = to_device(fine_tuned_eagle3(init, target, store.feature_layers), device)
+        d2t = drafter.d2t.cpu()
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[torch.arange(len(d2t)) + d2t] = True
+        draft_vocab_size = len(d2t)
+    else:
+        d2t, t2d = draft_vocab(counts, draft_vocab_size)
+        drafter = to_device(init_eagle3(target, d2t, config.seed, store.feature_layers,
+                                        intermediate_size), device)
     t2d_index = target_to_draft(d2t, vocab).to(device)
     extra = {"kind": "eagle3", "plan": store.manifest["plan"], "shards": store.shards,
-             "draft_vocab": draft_vocab_size, "intermediate_size": drafter.config.intermediate_size}
+             "draft_vocab": draft_vocab_size, "intermediate_size": drafter.config.intermediate_size,
+             "init": str(init) if init is not None else None}
     curve = make_curve(config, heldout, lambda batch: eagle3_loss(
         drafter, batch, t2d_index, max(config.ttt_steps, CHAIN), config.step_decay, chain=True),
         out / "eagle3-curve.jsonl")

@@ -90,23 +90,39 @@ def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float,
     return total, metrics
 
 
+def fine_tuned_mtp(folder, target: TargetModel, kind: str) -> Drafter:
+    """Saved modules to train further (--init-from): the target's embedding (and an untied
+    head) stay frozen, every other weight trains."""
+    from trt_spec.export.drafter_checkpoint import load_drafter
+
+    drafter = load_drafter(folder, kind, target)
+    for m in drafter.modules:
+        m.float().train()
+        for name, p in m.named_parameters():
+            p.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
+    return drafter
+
+
 def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str = "mtp",
               num_modules: int = 3, run: RunControl = RunControl(),
-              intermediate_size: int | None = None, heldout=None) -> dict:
+              intermediate_size: int | None = None, heldout=None, init=None) -> dict:
     """As train_eagle3: state `out/<kind>-state.pt`, the drafter `out/<kind>/`, the learning
-    curve `out/<kind>-curve.jsonl`."""
+    curve `out/<kind>-curve.jsonl`. init: saved modules to start from (their number and
+    width), else fresh ones."""
     from trt_spec.export.drafter_checkpoint import save_drafter
     from trt_spec.train.loop import train_loop
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    drafter = init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind,
-                       intermediate_size)
+    drafter = (fine_tuned_mtp(init, target, kind) if init is not None else
+               init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind,
+                        intermediate_size))
     for m in drafter.modules:
         m.to(run.device)
     extra = {"kind": kind, "plan": store.manifest["plan"], "shards": store.shards,
              "modules": len(drafter.modules),
-             "intermediate_size": drafter.config.intermediate_size}
+             "intermediate_size": drafter.config.intermediate_size,
+             "init": str(init) if init is not None else None}
     curve = make_curve(config, heldout, lambda batch: mtp_loss(
         drafter, batch, max(config.ttt_steps, CHAIN), config.step_decay, chain=True),
         out / f"{kind}-curve.jsonl")

@@ -85,6 +85,12 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
             raise ValueError(f"--draft-layers {list(config.draft_layers)}: each must be in "
                              f"0..{target.config.num_layers - 1}")
     tokenizer = load_tokenizer(hf_dir)
+    engine = None
+    if config.engine is not None:
+        from trt_spec.train.engine_target import EngineTarget
+
+        engine = EngineTarget(config.engine)
+        engine.check_model(target.config)
     data = Path(config.data) if config.data else fetch_sharegpt()
     if not data.is_file():
         raise FileNotFoundError(f"--data {str(data)!r} is not a file")
@@ -108,7 +114,7 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
     if config.answers == "distill":
         train_convs, heldout_convs = distill_stage(config, target, tokenizer, train_convs,
                                                    heldout_convs, str(hf_dir), data,
-                                                   on_stage, on_progress)
+                                                   on_stage, on_progress, engine)
         if config.data_only:
             return {}
     train_ex = tokenize_all(tokenizer, train_convs, config.max_len, config.max_tokens)
@@ -130,6 +136,13 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
         store = LiveFeatures(target, train_ex, config.features.top_k, config.device, model_id)
         heldout = (LiveFeatures(target, heldout_ex, config.features.top_k, config.device,
                                 model_id) if heldout_ex else None)
+    elif config.features_mode == "engine":
+        from trt_spec.train.engine_target import EngineFeatures
+
+        layers = tuple(target.config.eagle3_layers)
+        store = EngineFeatures(engine, train_ex, config.features.top_k, layers)
+        heldout = (EngineFeatures(engine, heldout_ex, config.features.top_k, layers)
+                   if heldout_ex else None)
     else:
         result = extract(target, train_ex, out / "features", config.features, model_id,
                          on_progress and (lambda p: on_progress("features", p)))
@@ -183,7 +196,7 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
 
 
 def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_convs,
-                  model_id: str, data: Path, on_stage, on_progress):
+                  model_id: str, data: Path, on_stage, on_progress, engine=None):
     """--answers distill: the shards of the training conversations (the first
     --max-conversations) and of the held-out ones (greedy only), then both as the target's
     conversations. With answers_minutes, generation stops after the shard that passes it
@@ -206,10 +219,11 @@ def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_con
     model_id = distill_data.model_identity(Path(model_id), data)
     distill_data.distill(target, tokenizer, held, folder / "heldout", stop_ids,
                          replace(config.distill, samples=0), config.device, model_id,
-                         progress=on_progress and (lambda p: on_progress("distill held-out", p)))
+                         progress=on_progress and (lambda p: on_progress("distill held-out", p)),
+                         engine=engine)
     done = distill_data.distill(
         target, tokenizer, todo, folder, stop_ids, config.distill, config.device, model_id,
-        seconds, on_progress and (lambda p: on_progress("distill", p)))
+        seconds, on_progress and (lambda p: on_progress("distill", p)), engine)
     train_out = distill_data.conversations(folder, todo, tokenizer)
     heldout_out = distill_data.conversations(folder / "heldout", held, tokenizer)
     if on_stage:
@@ -234,14 +248,26 @@ def train_method(config: RunConfig, method: str, store, target, resume, on_step,
 
     run = RunControl(config.device, resume, on_step, max_steps,
                      config.max_minutes * 60 if config.max_minutes else None)
+    init = init_folder(config, method)
     if method == "eagle3":
         return train_eagle3(store, target, config.out, config.train, config.draft_vocab, run,
-                            config.head_intermediate, heldout)
+                            config.head_intermediate, heldout, init)
     if method == "draft":
         return train_draft(store, target, config.out, config.train, config.draft_layers, run,
-                           heldout)
+                           heldout, init)
     return train_mtp(store, target, config.out, config.train, method, config.num_modules, run,
-                     config.head_intermediate, heldout)
+                     config.head_intermediate, heldout, init)
+
+
+def init_folder(config: RunConfig, method: str) -> Path | None:
+    """--init-from FOLDER: the drafter FOLDER/<method>/ to fine-tune (None without it)."""
+    if config.init_from is None:
+        return None
+    folder = Path(config.init_from) / method
+    if not (folder / "drafter.json").is_file():
+        raise FileNotFoundError(f"--init-from {str(config.init_from)!r}: no {method} drafter "
+                                f"there ({folder}/drafter.json is missing)")
+    return folder
 
 
 def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> dict:

@@ -8,8 +8,9 @@ import click
 
 from trt_spec.cli.options import checked, fail
 from trt_spec.runtime.options import defaults
-from trt_spec.train.configs import (ANSWERS, FEATURES as FEATURE_MODES, DistillConfig,
-                                    FeatureConfig, RegenConfig, RunConfig, TrainConfig)
+from trt_spec.train.configs import (ANSWERS, FEATURES as FEATURE_MODES, GENERATORS,
+                                    DistillConfig, FeatureConfig, RegenConfig, RunConfig,
+                                    TrainConfig)
 
 # the defaults every option shows, from the config field it fills (train/configs.py)
 RUN, TRAIN, FEATURES = defaults(RunConfig), defaults(TrainConfig), defaults(FeatureConfig)
@@ -138,6 +139,18 @@ def parse_warmups(text: str) -> tuple[int, ...]:
               default=DISTILL["dtype"], show_default=True,
               help="The answer generator's precision; the training targets are computed "
                    "afterwards in fp32 (--answers distill).")
+@click.option("--gen-backend", type=click.Choice(GENERATORS), default=DISTILL["backend"],
+              show_default=True,
+              help="What answers (--answers distill): torch runs the model in --gen-dtype; "
+                   "engine runs --engine's ONNX Runtime graphs (the int4 engine users run). "
+                   "docs/training.md measures both on this CPU.")
+@click.option("--engine", type=click.Path(file_okay=False), default=None,
+              help="An engine folder of this model (trt-spec export) for --gen-backend engine "
+                   "and --features engine.")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Fine-tune these drafters instead of starting fresh: FOLDER/<method>/ for "
+                   "each method (drafters/smollm2-135m, or an earlier run's --out); eagle3 "
+                   "keeps its draft vocabulary, mtp its number of modules.")
 @click.option("--bf16", is_flag=True,
               help="Train the drafters under bf16 autocast (fp32 weights and optimizer; the "
                    "target's features and probabilities stay fp32): ~2x on a CPU with "
@@ -179,7 +192,9 @@ def parse_warmups(text: str) -> tuple[int, ...]:
                    "[default: the target's].")
 @click.option("--features", "features_mode", type=click.Choice(FEATURE_MODES), default=None,
               help="disk: cache the target's features in OUT/features (fp16, resumable); live: "
-                   "run the target on each batch [default: live on cuda, disk on cpu].")
+                   "run the target on each batch; engine: run --engine's target graph on each "
+                   "batch (the features a head reads from that engine) [default: live on "
+                   "cuda, disk on cpu].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=TRAIN["batch_size"],
               show_default=True,
               help="Sequences per training step.")
