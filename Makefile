@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: setup export export-fp32 export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -69,6 +69,25 @@ train-distilled: setup  ## CPU recipe, training: all four drafters on DISTILL's 
 		--out $(DISTILLED_OUT) $(DISTILL_OPTS) --answers-minutes 0 --bf16 --epochs 3 \
 		--max-tokens 1000000000 --heldout-tokens 40000 --eval-every 500k --eval-sequences 32 \
 		--batch-size 16 --lr 1e-3 --ttt-steps 5 --head-intermediate 768 --resume
+
+# Fine-tuning the shipped drafters on this CPU: the shards in DISTILL, the features from the
+# int4 engine users run (what a head reads when it drafts for it), the shipped heads as the
+# start, an lr scan first (eagle3; mtp takes its rate). Each method's training stops (and
+# saves) after FINETUNE_MIN minutes; stop it at any moment and run it again to go on from
+# the last saved state. The drafters land in FINETUNE_OUT/<method>/ with their learning
+# curves; scripts/ship_drafters.py packs them once they beat the shipped ones.
+FINETUNE_OUT ?= runs/smollm2-135m-finetune
+FINETUNE_MIN ?= 30
+FINETUNE_OPTS := $(DISTILL_OPTS) --answers-minutes 0 --features engine --engine $(ENGINE) \
+	--init-from drafters/smollm2-135m --bf16 --max-tokens 1000000000 --heldout-tokens 12000 \
+	--eval-every 40k --eval-sequences 16 --batch-size 8 --ttt-steps 5 --fit-schedule \
+	--max-minutes $(FINETUNE_MIN) --resume
+finetune-drafters: export  ## CPU: fine-tune the shipped eagle3 and mtp on int4-engine features -> FINETUNE_OUT (resumes)
+	$(BIN)/trt-spec train --method eagle3 --model smollm2-135m --out $(FINETUNE_OUT) \
+		$(FINETUNE_OPTS) --lr-scan 1e-4,3e-4,1e-3 --scan-tokens 12k
+	$(BIN)/trt-spec train --method mtp --model smollm2-135m --out $(FINETUNE_OUT) \
+		$(FINETUNE_OPTS) --lr $$($(BIN)/python -c "import json; \
+		print(json.load(open('$(FINETUNE_OUT)/metrics.json'))['eagle3']['lr'])")
 
 test: setup  ## the whole test suite, real-model tests included
 	$(BIN)/python -m pytest -q -ra

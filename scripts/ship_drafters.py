@@ -47,7 +47,8 @@ def card(kind: str, meta: dict, metrics: dict, reports: list, args) -> str:
              describe(kind, meta) + ".", "",
              "## Training", "",
              f"- Data: {args.trained_on}",
-             f"- Tokens: {m['train_tokens']:,} training tokens (prompt + answer, ≤ 512 per "
+             *([f"- Started from: {args.started_from}"] if args.started_from else []),
+             f"- Tokens: {m['train_tokens']:,} training tokens (prompt + answer, ≤ {args.max_len} per "
              f"conversation); seen ≈ {seen:,.0f} ({m['step']} of {m['total_steps']} steps of "
              f"{args.batch_size} sequences; the run's time limit stopped it before its "
              "cosine schedule ended)" if not m["done"] else
@@ -99,13 +100,21 @@ def main() -> None:
     ap.add_argument("--machine", required=True)
     ap.add_argument("--command", required=True)
     ap.add_argument("--bench-command", action="append", required=True)
+    ap.add_argument("--methods", default=",".join(METHOD),
+                    help="the run's drafters to ship (comma-separated; the others stay)")
+    ap.add_argument("--max-len", type=int, default=512, help="training tokens per conversation")
+    ap.add_argument("--started-from", default=None,
+                    help="what a fine-tuned drafter started from (--init-from), for its card")
     args = ap.parse_args()
+    unknown = [k for k in args.methods.split(",") if k not in METHOD]
+    if unknown:
+        ap.error(f"--methods {args.methods!r}: expected some of {', '.join(METHOD)}")
     out = args.out or Path(__file__).resolve().parents[1] / "drafters" / args.model
     metrics = json.loads((args.run / "metrics.json").read_text())
     if len(args.bench) != len(args.bench_command):
         ap.error("give one --bench-command per --bench")
     reports = [(json.loads(b.read_text()), c) for b, c in zip(args.bench, args.bench_command)]
-    for kind in METHOD:
+    for kind in args.methods.split(","):
         src = args.run / kind
         dst = out / kind
         if dst.exists():

@@ -227,3 +227,46 @@ def test_cli_init_from_names_the_missing_drafter(cli_args, tmp_path):
                                                   "--init-from", str(tmp_path / "empty")])
     assert result.exit_code != 0
     assert "no mtp drafter there" in result.output, result.output
+
+
+def test_a_signal_stops_training_after_the_step_with_its_state_saved(target, engine_store,
+                                                                     tmp_path):
+    # SIGTERM (as `kill` or a job system sends it) in the middle of step 2: the step finishes,
+    # its state is saved, the run stops with Stopped; --resume then finishes it, and the
+    # result is the uninterrupted run's
+    import os
+    import signal
+
+    from trt_spec.train.loop import Stopped, train_loop
+
+    config = TrainConfig(epochs=2, batch_size=4, lr=3e-3, warmup_steps=1, ttt_steps=2,
+                         checkpoint_every=1000)
+
+    def run(out, resume=False, signal_at=None):
+        from trt_spec.train.eagle3 import draft_vocab, eagle3_loss, init_eagle3, target_to_draft
+
+        d2t, _ = draft_vocab(np.ones(target.config.vocab_size), 48)
+        drafter = init_eagle3(target, d2t)
+        index = target_to_draft(d2t, target.config.vocab_size)
+        calls = []
+
+        def loss(batch):
+            calls.append(1)
+            if len(calls) == signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return eagle3_loss(drafter, batch, index, 2, 0.8)
+
+        metrics = train_loop(engine_store, {"fc": drafter.fc, "step": drafter.modules[0]}, loss,
+                             config, out / "state.pt", {}, RunControl(resume=resume))
+        return metrics, drafter
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped, match="stopped at step 2 of"):
+        run(tmp_path, signal_at=2)
+    assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 2
+    resumed, a = run(tmp_path, resume=True)
+    (tmp_path / "whole").mkdir()
+    whole, b = run(tmp_path / "whole")
+    assert resumed["done"] and resumed["step"] == whole["step"]
+    assert same_weights(a.modules[0], b.modules[0])
+    assert signal.getsignal(signal.SIGTERM) == before  # the handlers are put back

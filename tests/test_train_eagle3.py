@@ -134,7 +134,22 @@ def test_bf16_autocast_trains_like_fp32(target, store, trained, tmp_path):
     assert abs(np.mean(bf16[-4:]) - np.mean(fp32[-4:])) < 0.1 * np.mean(fp32[-4:])
 
 
-def test_fit_schedule_ends_the_cosine_at_the_time_limit(target, store, tmp_path):
+class StepClock:
+    """time.perf_counter for train/loop.py that advances 10 ms a call: the loop's steps take
+    the same time however loaded the machine is (the fitted length is then the same too)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def test_fit_schedule_ends_the_cosine_at_the_time_limit(target, store, tmp_path, monkeypatch):
+    from trt_spec.train import loop
+
+    monkeypatch.setattr(loop, "time", StepClock())
     config = dataclasses.replace(CONFIG, epochs=200, fit_schedule=True)
     logs = []
     metrics = train_eagle3(store, target, tmp_path, config, 48,

@@ -97,7 +97,8 @@ class EngineGenerator(BatchedGenerator):
 
     def extend(self, slot: int, tokens: list[int], offset: int) -> torch.Tensor:
         self.cache.lengths[slot] = offset
-        return torch.from_numpy(self._step([SlotTokens(slot, list(tokens), [len(tokens) - 1])])[0][0])
+        logits = self._step([SlotTokens(slot, list(tokens), [len(tokens) - 1])])
+        return torch.from_numpy(logits[0][0])
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor,
                span: int | None = None) -> torch.Tensor:

@@ -9,8 +9,11 @@ tokens seen and training seconds are part of the saved state, so the curve resum
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,6 +133,33 @@ def save_state(path: Path, step: int, modules: dict[str, torch.nn.Module],
     os.replace(tmp, path)
 
 
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a training run after its state was saved (--resume goes on)."""
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """While the loop runs, Ctrl-C and SIGTERM ask it to stop after the step in progress (its
+    state is then saved) instead of killing it mid-step: yields a list that is non-empty once
+    asked. A second signal stops at once. Outside the main thread (no handlers): never asked."""
+    asked: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield asked
+        return
+
+    def ask(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+
+    before = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 @dataclass(frozen=True)
 class StepLog:
     step: int
@@ -204,48 +234,55 @@ def train_loop(store: FeatureStore, modules: dict[str, torch.nn.Module],
     start, tokens, metrics, losses = time.perf_counter(), 0, {}, []
     stop = total if max_steps is None else min(total, step + max_steps)
     first = step
-    while step < stop:
-        t0 = time.perf_counter()
-        batch = read_batch(store, batch_indices(len(store), step, config), device)
-        lr = config.lr * lr_factor(step, total, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast(device, config.amp):
-            loss, metrics = loss_fn(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        optimizer.step()
-        step += 1
-        n = int(batch.lengths.sum())
-        tokens += n
-        tokens_seen += n
-        seconds += time.perf_counter() - t0
-        losses.append(metrics["loss"])
-        heldout = None
-        # the record before the state: a crash between them re-evaluates, never skips one
-        if curve is not None and (curve.due(tokens_seen - n, tokens_seen) or step == total):
-            heldout, losses = record(lr, losses), []
-        elapsed = time.perf_counter() - start
-        if (config.fit_schedule and max_seconds is not None and (fitting or not fitted)
-                and step - first >= FIT_AFTER and (step - first) % FIT_AFTER == 0
-                and step < total):
-            # the cosine ends when the time does, rather than being cut off mid-way: fitted
-            # after FIT_AFTER steps, then shortened again every FIT_AFTER steps from the pace
-            # so far when the steps slow down (a shared machine), never lengthened
-            pace = max(elapsed / (step - first), (elapsed - fit_at) / FIT_AFTER)
-            total = min(total, step + max(1, int((max_seconds - elapsed) / pace)))
-            stop, fitted, fitting, fit_at = min(stop, total), True, True, elapsed
-        # fitted here, the schedule may overrun by a few slow steps; past half the time again
-        # it stops anyway
-        limit = None if max_seconds is None else max_seconds * (1.5 if fitting else 1.0)
-        if limit is not None and elapsed > limit:
-            stop = step
-        if step % config.checkpoint_every == 0 or step == stop:
-            save_state(state_path, step, modules, optimizer, extra, tokens_seen, seconds, total)
-        if log is not None:
-            log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start),
-                        heldout))
+    with stop_requests() as asked:
+        while step < stop:
+            t0 = time.perf_counter()
+            batch = read_batch(store, batch_indices(len(store), step, config), device)
+            lr = config.lr * lr_factor(step, total, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with autocast(device, config.amp):
+                loss, metrics = loss_fn(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            optimizer.step()
+            step += 1
+            n = int(batch.lengths.sum())
+            tokens += n
+            tokens_seen += n
+            seconds += time.perf_counter() - t0
+            losses.append(metrics["loss"])
+            heldout = None
+            # the record before the state: a crash between them re-evaluates, never skips one
+            if curve is not None and (curve.due(tokens_seen - n, tokens_seen) or step == total):
+                heldout, losses = record(lr, losses), []
+            elapsed = time.perf_counter() - start
+            if (config.fit_schedule and max_seconds is not None and (fitting or not fitted)
+                    and step - first >= FIT_AFTER and (step - first) % FIT_AFTER == 0
+                    and step < total):
+                # the cosine ends when the time does, rather than being cut off mid-way: fitted
+                # after FIT_AFTER steps, then shortened again every FIT_AFTER steps from the pace
+                # so far when the steps slow down (a shared machine), never lengthened
+                pace = max(elapsed / (step - first), (elapsed - fit_at) / FIT_AFTER)
+                total = min(total, step + max(1, int((max_seconds - elapsed) / pace)))
+                stop, fitted, fitting, fit_at = min(stop, total), True, True, elapsed
+            # fitted here, the schedule may overrun by a few slow steps; past half the time again
+            # it stops anyway
+            limit = None if max_seconds is None else max_seconds * (1.5 if fitting else 1.0)
+            if limit is not None and elapsed > limit:
+                stop = step
+            if asked:  # Ctrl-C or SIGTERM during the step: save it, then stop
+                stop = step
+            if step % config.checkpoint_every == 0 or step == stop:
+                save_state(state_path, step, modules, optimizer, extra, tokens_seen, seconds,
+                           total)
+            if log is not None:
+                log(StepLog(step, total, lr, metrics, tokens / (time.perf_counter() - start),
+                            heldout))
+        if asked:
+            raise Stopped(f"stopped at step {step} of {total}; the state is saved in "
+                          f"{state_path} (--resume goes on)")
     return {"step": step, "total_steps": total, "done": step >= total, **metrics,
             "tokens_seen": tokens_seen,
             "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9)}

@@ -249,12 +249,16 @@ def train(max_steps, resume, **options):
     probabilities over chat conversations (optionally its own answers to their prompts), then
     each drafter on them. Every stage resumes: run the same command again with --resume."""
     from trt_spec.train.features import DiskBudgetExceeded
+    from trt_spec.train.loop import Stopped
     from trt_spec.train.pipeline import train_drafters
 
     try:  # the other options are fields of RunConfig and its configs (train/configs.py)
         config = RunConfig.from_options(options)
         summary = train_drafters(config, resume, max_steps,
                                  log=lambda line: click.echo(line, err=True))
+    except Stopped as e:
+        click.echo(f"trt-spec train: {e}", err=True)
+        raise SystemExit(130) from None
     except DiskBudgetExceeded as e:
         raise click.ClickException(f"{e}; the finished shards are kept, rerun to go on") from e
     except (ValueError, FileNotFoundError, KeyError) as e:
