@@ -29,7 +29,7 @@ from trt_spec.runtime.manifest import Manifest, load_manifest
 from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.train.batch_generate import BatchedGenerator
 from trt_spec.train.data import Example
-from trt_spec.train.live import LiveFeatures
+from trt_spec.train.live import LiveFeatures, plan
 from trt_spec.train.loop import Batch
 
 
@@ -132,11 +132,7 @@ class EngineFeatures(LiveFeatures):
         self.layers = tuple(feature_layers)
         longest = max(len(ex.input_ids) for ex in examples)
         self.cache = engine.cache(1, max(2, longest))
-        h = hashlib.sha256(f"engine {engine.identity} {top_k}".encode())
-        for ex in examples:
-            h.update(ex.id.encode())
-            h.update(ex.input_ids.tobytes())
-        self.manifest = {"plan": h.hexdigest()}
+        self.manifest = {"plan": plan(f"engine {engine.identity} {top_k}", examples)}
         self.shards: list[str] = []
 
     @property

@@ -20,6 +20,16 @@ from trt_spec.train.forward import causal_forward
 from trt_spec.train.loop import Batch
 
 
+def plan(source: str, examples: list[Example]) -> str:
+    """What a store computed on the fly trains on (the trainer checks it on resume): where its
+    features come from and its examples' ids and tokens, hashed."""
+    h = hashlib.sha256(source.encode())
+    for ex in examples:
+        h.update(ex.id.encode())
+        h.update(ex.input_ids.tobytes())
+    return h.hexdigest()
+
+
 class LiveFeatures:
     def __init__(self, target: TargetModel, examples: list[Example], top_k: int, device: str,
                  model_id: str = ""):
@@ -29,11 +39,7 @@ class LiveFeatures:
         self.examples = examples
         self.top_k = top_k
         self.device = device
-        h = hashlib.sha256(f"live {model_id} {top_k}".encode())
-        for ex in examples:
-            h.update(ex.id.encode())
-            h.update(ex.input_ids.tobytes())
-        self.manifest = {"plan": h.hexdigest()}
+        self.manifest = {"plan": plan(f"live {model_id} {top_k}", examples)}
         self.shards: list[str] = []
 
     @property
