@@ -30,7 +30,8 @@ def test_parse_peers():
     assert parse_peers("") == []
     with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
                                          "transformers-assisted, onnxruntime-genai, "
-                                         "onnxruntime-genai-ngram, llama.cpp"):
+                                         "onnxruntime-genai-ngram, onnxruntime-genai-draft, "
+                                         "llama.cpp"):
         parse_peers("transformers,vllm")
 
 
@@ -164,6 +165,49 @@ def test_bench_with_fake_peers(fake_peers, tiny_engine, tmp_path):
             {"echo": statistics.median(x / 100.0 for x in runs),
              "echo2": statistics.median(x / 50.0 for x in runs)})
     assert "ours / peer" in result.stdout and "echo2" in result.stdout
+
+
+def test_a_sweeping_peer_runs_once_per_k(fake_peers, monkeypatch, tiny_engine, tmp_path):
+    """A peer that sweeps k (SWEEPS_K) gets a row per integer --num-draft-tokens ('auto' is
+    its own adaptive k, not a row), each loaded with its k and named by it."""
+    echo = peer_registry.PEERS["echo"]
+    loaded = []
+
+    class Sweep(echo):
+        name, SWEEPS_K = "sweep", True
+
+        def load(self, ctx):
+            loaded.append(ctx.num_draft_tokens)
+            self.num_draft_tokens = ctx.num_draft_tokens
+            self.gen = __import__("trt_spec.runtime.generator", fromlist=["Generator"]).Generator(
+                str(tiny_engine))
+
+    monkeypatch.setitem(peer_registry.PEERS, "sweep", Sweep)
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--engine", str(tiny_engine), "--prompts", str(write_prompts(tmp_path, 2)),
+        "--methods", "ngram", "--num-draft-tokens", "2,1,auto", "--max-new-tokens", str(N),
+        "--repeats", "1", "--peers", "sweep,echo", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert loaded == [1, 2]
+    rows = {r["method"]: r for r in json.loads(out.read_text())["results"] if r.get("peer")}
+    assert set(rows) == {"sweep k=1", "sweep k=2", "echo"}
+    assert rows["sweep k=1"]["num_draft_tokens"] == 1 and rows["sweep k=2"]["num_draft_tokens"] == 2
+    assert rows["echo"]["num_draft_tokens"] is None
+
+
+def test_peer_ks():
+    from trt_spec.tools.bench import peer_ks
+
+    class Plain:
+        pass
+
+    class Sweeping:
+        SWEEPS_K = True
+
+    assert peer_ks(Plain, [1, 2, "auto"]) == [None]
+    assert peer_ks(Sweeping, [4, 1, "auto", 4]) == [1, 4]
+    assert peer_ks(Sweeping, ["auto"]) == [4]
 
 
 def test_bench_plot(fake_peers, tiny_engine, tmp_path):
@@ -314,6 +358,44 @@ def test_ortgenai_ngram_peer_on_tiny(tiny_hf_dir, tmp_path):
         want = plain.generate(prompt, N, 0.0, 0)["output_ids"]
         assert r["same_as_own_plain"] == (r["output_ids"] == want)
         assert "same_as_own_plain" not in peer.generate(prompt, N, 0.7, 1)
+    finally:
+        peer.close()
+
+
+def test_ortgenai_draft_peer_on_tiny(tiny_hf_dir, tiny_draft, tmp_path):
+    """Its draft-model speculation with our draft: the draft built by its builder, a model
+    folder naming it under model.draft, N tokens at k, its statistics, and whether its
+    output equals its own plain output (greedy)."""
+    from trt_spec.tools.peers.ortgenai import OrtGenaiDraftPeer
+
+    peer = OrtGenaiDraftPeer()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    with pytest.raises(ValueError, match="no vanilla draft"):
+        peer.load(tiny_ctx(tiny_hf_dir, tmp_path, None))
+    peer.load(tiny_ctx(tiny_hf_dir, tmp_path, tiny_draft, k=2))
+    try:
+        folder = tmp_path / "cache" / "ortgenai-int4-draft"
+        config = json.loads((folder / "genai_config.json").read_text())["model"]
+        assert config["draft"]["filename"] == "draft/model.onnx"
+        assert config["draft"]["num_hidden_layers"] == 2
+        assert (folder / "draft" / "model.onnx").is_file()
+        assert peer.speculative_options() == {"max_draft_tokens": 2}
+        prompt = [1, 5, 9, 40, 7]
+        r = peer.generate(prompt, N, 0.0, 0)
+        assert r["completion_tokens"] == N == len(r["output_ids"])
+        assert 1 <= r["target_forwards"] <= N and 0 <= r["acceptance_rate"] <= 1
+        plain = peer_registry.PEERS["onnxruntime-genai"]()
+        plain.load(tiny_ctx(tiny_hf_dir, tmp_path))
+        assert r["same_as_own_plain"] == (r["output_ids"] == plain.generate(prompt, N, 0.0, 0)[
+            "output_ids"])
+        # a second load finds the draft built (same draft: not rebuilt)
+        built = (tmp_path / "cache" / "ortgenai-draft-int4" / "model.onnx").stat().st_mtime_ns
+        again = OrtGenaiDraftPeer()
+        again.load(tiny_ctx(tiny_hf_dir, tmp_path, tiny_draft, k=2))
+        again.close()
+        assert (tmp_path / "cache" / "ortgenai-draft-int4" / "model.onnx").stat().st_mtime_ns == built
     finally:
         peer.close()
 

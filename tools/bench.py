@@ -12,14 +12,13 @@ cannot be installed or loaded, or fails while running, is reported under skipped
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -146,25 +145,40 @@ def pairwise_ratio(runs: list[dict], baseline: list[dict]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def load_peers(names: list[str], ctx, skipped: dict, progress) -> list[PeerConfig]:
-    """Each named peer that is available and loads; the others go to `skipped` with why."""
+def peer_ks(cls, ks: list) -> list[int | None]:
+    """The draft lengths a peer runs at: a peer that sweeps k (`SWEEPS_K`) runs once per
+    integer k of --num-draft-tokens (its own adaptive k stands in for auto; k 4 if none is
+    an integer), every other peer once at the context's k."""
+    if not getattr(cls, "SWEEPS_K", False):
+        return [None]
+    return sorted({k for k in ks if isinstance(k, int)}) or [4]
+
+
+def load_peers(names: list[str], ctx, skipped: dict, progress, ks: list | None = None,
+               ) -> list[PeerConfig]:
+    """Each named peer that is available and loads (a sweeping one once per k, named
+    'NAME k=K' when there are several); the others go to `skipped` with why."""
     loaded = []
     for name in names:
-        peer = peer_registry.PEERS[name]()
-        ok, reason = peer.available()
-        if not ok:
-            skipped[name] = reason
-            progress(f"peer {name}: skipped ({reason})")
-            continue
-        progress(f"peer {name}: loading (building its model once if needed) ...")
-        try:
-            peer.load(ctx)
-        except Exception as e:  # reported as skipped, with the reason; bench goes on
-            peer.close()
-            skipped[name] = f"load failed: {type(e).__name__}: {e}"
-            progress(f"peer {name}: skipped ({skipped[name]})")
-            continue
-        loaded.append(PeerConfig(name, peer))
+        cls = peer_registry.PEERS[name]
+        sweep = peer_ks(cls, list(ks or []))
+        for k in sweep:
+            label = name if len(sweep) == 1 else f"{name} k={k}"
+            peer = cls()
+            ok, reason = peer.available()
+            if not ok:
+                skipped[name] = reason
+                progress(f"peer {name}: skipped ({reason})")
+                break
+            progress(f"peer {label}: loading (building its model once if needed) ...")
+            try:
+                peer.load(ctx if k is None else replace(ctx, num_draft_tokens=k))
+            except Exception as e:  # reported as skipped, with the reason; bench goes on
+                peer.close()
+                skipped[name] = f"load failed: {type(e).__name__}: {e}"
+                progress(f"peer {name}: skipped ({skipped[name]})")
+                break
+            loaded.append(PeerConfig(label, peer))
     return loaded
 
 
@@ -299,7 +313,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                                             k_max(ks[0]) if ks else 4,
                                             ref.manifest.folder)
                 if peers else None)
-    active = load_peers(list(peers), peer_ctx, skipped, progress) if peers else []
+    active = load_peers(list(peers), peer_ctx, skipped, progress, ks) if peers else []
 
     def run(c: Config, name: str, prompts_ids: list[list[int]], sampling=None) -> None:
         gen = gens[c.engine]
@@ -350,7 +364,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     # warm-up, not recorded: one-time work per batch size (the engine's cost probe,
     # runtime/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
     # whose prompts are admitted over several steps decodes at the smaller sizes first
-    warm = dataclasses.replace(params, max_tokens=min(params.max_tokens, 6))
+    warm = replace(params, max_tokens=min(params.max_tokens, 6))
     for c in configs:
         for size in range(1, batch + 1) if batch > 1 else [1]:
             run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]] * size,
@@ -370,7 +384,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                     ids = ([gen.encode(p) for p in group] if group is not None
                            else [synthetic_prompt(gen, key)])
                     schema = schemas[key] if group is not None else None
-                    run(c, name, ids, dataclasses.replace(params, json_schema=schema)
+                    run(c, name, ids, replace(params, json_schema=schema)
                         if schema is not None else None)
                 for p in list(active):  # then every peer, on the same ids (batch 1)
                     run_peer(p, name, ref.encode(group[0]) if group is not None

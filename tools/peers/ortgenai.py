@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,10 +63,7 @@ class OrtGenaiPeer:
 
         folder = build_model(hf_dir(ctx), ctx.cache / "ortgenai-int4",
                              ctx.cache / "ortgenai-int4.log")
-        config = og.Config(str(folder))
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": ctx.threads, "inter_op_num_threads": 1}}}}))
-        self.model = og.Model(config)
+        self.model = self._open(folder, ctx.threads)
         # plain temperature sampling is top-k over the whole vocabulary (top_k 0 is not "off")
         self.vocab_size = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
         self.folder = folder
@@ -106,20 +104,30 @@ class OrtGenaiPeer:
                 "target_forwards": len(output_ids), "ttft_s": stamps[0] - t0 if stamps else None,
                 "output_ids": output_ids}
 
+    @staticmethod
+    def _open(folder: Path, threads: int):
+        """og.Model on `folder`, every session (target and draft) at `threads` intra-op."""
+        import onnxruntime_genai as og
+
+        sessions = {"session_options": {"intra_op_num_threads": threads,
+                                        "inter_op_num_threads": 1}}
+        sections = json.loads((folder / "genai_config.json").read_text())["model"]
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {k: sessions for k in ("decoder", "draft")
+                                             if k in sections}}))
+        return og.Model(config)
+
     def close(self) -> None:
         self.model = None
 
 
-class OrtGenaiNgramPeer(OrtGenaiPeer):
-    """onnxruntime-genai's own n-gram speculation in its C++ loop (0.18:
-    `GeneratorParams.set_speculative_options`): 3-gram lookup drafting at most k tokens, with
-    its adaptive k and cooldown on (of the settings tried on this model, the fastest). Greedy
-    runs also decode plainly once per prompt, so the row says whether its speculative output
-    equals its own plain output (its multi-row kernels round differently, and it has no exact
-    mode); τ and acceptance come from its own statistics (`get_speculative_stats`)."""
-
-    name = "onnxruntime-genai-ngram"
-    NGRAM = 3
+class OrtGenaiSpeculativePeer(OrtGenaiPeer):
+    """onnxruntime-genai speculating in its own C++ loop (0.18:
+    `GeneratorParams.set_speculative_options`), k = bench's first --num-draft-tokens, its
+    adaptive k and cooldown on. Greedy runs also decode plainly once per prompt (with the
+    same target), so the row says whether its speculative output equals its own plain
+    output (its multi-row kernels round differently, and it has no exact mode); τ and
+    acceptance come from its own statistics (`get_speculative_stats`)."""
 
     def __init__(self):
         super().__init__()
@@ -133,14 +141,18 @@ class OrtGenaiNgramPeer(OrtGenaiPeer):
                                "decoding (0.18 or later)")
         super().load(ctx)
         self.num_draft_tokens = ctx.num_draft_tokens
-        self.engine += f", n-gram {self.NGRAM}, adaptive k, cooldown"
+
+    def speculative_options(self) -> dict:
+        return {"max_draft_tokens": self.num_draft_tokens, "min_adaptive_k": 1,
+                "cooldown": True}
+
+    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        return super().generate(prompt_ids, max_new_tokens, 0.0, seed)["output_ids"]
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int) -> dict:
         output_ids, stamps, t0, generator = self.decode(
-            prompt_ids, max_new_tokens, temperature, seed,
-            {"ngram_size": self.NGRAM, "max_draft_tokens": self.num_draft_tokens,
-             "min_adaptive_k": 1, "cooldown": True})
+            prompt_ids, max_new_tokens, temperature, seed, self.speculative_options())
         stats = generator.get_speculative_stats()
         result = {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
                   "target_forwards": int(stats.get("target_forward_passes") or 0) or None,
@@ -149,11 +161,116 @@ class OrtGenaiNgramPeer(OrtGenaiPeer):
         if temperature == 0:
             key, t1 = tuple(prompt_ids), time.perf_counter()
             if key not in self._plain:
-                self._plain[key] = super().generate(prompt_ids, max_new_tokens, 0.0,
-                                                    seed)["output_ids"]
+                self._plain[key] = self.plain_output(prompt_ids, max_new_tokens, seed)
             result["same_as_own_plain"] = self._plain[key] == output_ids
             result["untimed_s"] = time.perf_counter() - t1  # not part of its decoding
         return result
+
+
+class OrtGenaiNgramPeer(OrtGenaiSpeculativePeer):
+    """Its n-gram speculation: 3-gram lookup drafting at most k tokens (of the settings tried
+    on this model, adaptive k with cooldown was the fastest)."""
+
+    name = "onnxruntime-genai-ngram"
+    NGRAM = 3
+
+    def load(self, ctx: PeerContext) -> None:
+        super().load(ctx)
+        self.engine += f", n-gram {self.NGRAM}, adaptive k, cooldown"
+
+    def speculative_options(self) -> dict:
+        return {"ngram_size": self.NGRAM, **super().speculative_options()}
+
+
+class OrtGenaiDraftPeer(OrtGenaiSpeculativePeer):
+    """Its draft-model speculation with our shipped vanilla draft, written in the form its
+    loader takes: the draft as a Hugging Face folder through its own builder (int4, as the
+    target), and a model folder whose genai_config.json names it under model.draft. The
+    plain runs it is compared with load the target alone."""
+
+    name = "onnxruntime-genai-draft"
+    SWEEPS_K = True  # bench runs it once per integer --num-draft-tokens
+
+    def __init__(self):
+        super().__init__()
+        self.plain_model = None
+
+    def load(self, ctx: PeerContext) -> None:
+        import onnxruntime_genai as og
+
+        from trt_spec.export.hf_draft import draft_to_hf
+        from trt_spec.tools.peers.hf import hf_dir
+
+        if not ctx.draft:
+            raise ValueError("the engine has no vanilla draft")
+        if not hasattr(og.GeneratorParams, "set_speculative_options"):
+            raise RuntimeError(f"onnxruntime-genai {og.__version__} has no speculative "
+                               "decoding (0.18 or later)")
+        source = hf_dir(ctx)
+        target = build_model(source, ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
+        draft_hf = draft_to_hf(source, ctx.draft, ctx.cache / "hf-draft")
+        draft = build_draft(source, draft_hf, ctx.cache / "ortgenai-draft-int4",
+                            ctx.cache / "ortgenai-draft-int4.log")
+        folder = speculative_folder(target, draft, ctx.cache / "ortgenai-int4-draft")
+        self.model, self.plain_model = self._open(folder, ctx.threads), self._open(target, ctx.threads)
+        self.vocab_size = json.loads((target / "genai_config.json").read_text())["model"]["vocab_size"]
+        self.folder, self.num_draft_tokens = folder, ctx.num_draft_tokens
+        self.engine = (f"onnxruntime-genai {og.__version__}, {target}, draft {draft} "
+                       f"(our vanilla draft), k = {self.num_draft_tokens}")
+
+    def speculative_options(self) -> dict:
+        # a constant k: its adaptive k (min_adaptive_k 1) re-anchors the target after most
+        # rejections with this draft, nearly doubling its forwards (79 for 41 rounds, 64
+        # tokens, measured on a held-out prompt)
+        return {"max_draft_tokens": self.num_draft_tokens}
+
+    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        model, self.model = self.model, self.plain_model
+        try:
+            return super().plain_output(prompt_ids, max_new_tokens, seed)
+        finally:
+            self.model = model
+
+    def close(self) -> None:
+        super().close()
+        self.plain_model = None
+
+
+def build_draft(source_hf: Path, draft_hf: Path, out: Path, log: Path) -> Path:
+    """The draft's HF folder through the builder into `out`. The draft folder has no
+    tokenizer, which the builder writes out: the target's tokenizer files are linked beside
+    it in a staging folder. Rebuilt when the draft changed (its source stamp)."""
+    stamp = (draft_hf / "trt_spec_source.json").read_text()
+    done = out / "trt_spec_source.json"
+    if done.is_file() and done.read_text() == stamp and (out / "genai_config.json").is_file():
+        return out
+    with tempfile.TemporaryDirectory() as stage:
+        for f in draft_hf.iterdir():
+            (Path(stage) / f.name).symlink_to(f.resolve())
+        for f in source_hf.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+                (Path(stage) / f.name).symlink_to(f.resolve())
+        if out.exists():
+            shutil.rmtree(out)
+        build_model(Path(stage), out, log)
+    done.write_text(stamp)
+    return out
+
+
+def speculative_folder(target: Path, draft: Path, out: Path) -> Path:
+    """A model folder onnxruntime-genai loads as target + draft: the target's files linked,
+    the draft's folder linked as draft/, and genai_config.json = the target's with the
+    draft's decoder section under model.draft (its filename relative to this folder)."""
+    config = json.loads((target / "genai_config.json").read_text())
+    decoder = json.loads((draft / "genai_config.json").read_text())["model"]["decoder"]
+    config["model"]["draft"] = {**decoder, "filename": f"draft/{decoder['filename']}"}
+    with atomic_folder(out) as tmp:
+        for f in target.iterdir():
+            if f.name != "genai_config.json":
+                (tmp / f.name).symlink_to(f.resolve())
+        (tmp / "draft").symlink_to(draft.resolve(), target_is_directory=True)
+        (tmp / "genai_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return out
 
 
 class GraphScorer:

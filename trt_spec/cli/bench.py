@@ -91,7 +91,9 @@ def parse_peers(text: str) -> list[str]:
               help="Also time other runtimes on the same model and prompt ids, interleaved with "
                    "ours (batch 1): comma-separated transformers, transformers-assisted, "
                    "onnxruntime-genai, onnxruntime-genai-ngram (its own n-gram speculation at the "
-                   "first k), llama.cpp. One that cannot run is listed as skipped.")
+                   "first k), onnxruntime-genai-draft (its draft-model speculation with our "
+                   "vanilla draft, at the first k), llama.cpp. One that cannot run is listed as "
+                   "skipped.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
                    "(needs matplotlib: pip install -e '.[bench]').")
