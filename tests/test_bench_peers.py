@@ -31,7 +31,7 @@ def test_parse_peers():
     with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
                                          "transformers-assisted, onnxruntime-genai, "
                                          "onnxruntime-genai-ngram, onnxruntime-genai-draft, "
-                                         "llama.cpp"):
+                                         "llama.cpp, llama.cpp-draft, llama.cpp-ngram"):
         parse_peers("transformers,vllm")
 
 

@@ -108,13 +108,14 @@ def decode_rate(stamps: list[float]) -> float | None:
 
 def _registry() -> dict:
     from trt_spec.tools.peers.hf import AssistedPeer, TransformersPeer
-    from trt_spec.tools.peers.llamacpp import LlamaCppPeer
+    from trt_spec.tools.peers.llamacpp import LlamaCppDraftPeer, LlamaCppNgramPeer, LlamaCppPeer
     from trt_spec.tools.peers.ortgenai import OrtGenaiDraftPeer, OrtGenaiNgramPeer, OrtGenaiPeer
 
     return {"transformers": TransformersPeer, "transformers-assisted": AssistedPeer,
             "onnxruntime-genai": OrtGenaiPeer, "onnxruntime-genai-ngram": OrtGenaiNgramPeer,
             "onnxruntime-genai-draft": OrtGenaiDraftPeer,
-            "llama.cpp": LlamaCppPeer}
+            "llama.cpp": LlamaCppPeer, "llama.cpp-draft": LlamaCppDraftPeer,
+            "llama.cpp-ngram": LlamaCppNgramPeer}
 
 
 PEERS: dict[str, type] = _registry()  # name -> class; tests may register a fake

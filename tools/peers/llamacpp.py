@@ -5,7 +5,9 @@ The server: $LLAMA_SERVER, else `llama-server` on PATH, else the one PyPI `llama
 built. It runs with `-ub 1`: a natively built b11434 dies with SIGILL on any multi-token
 micro-batch on AMX machines (GCC 12 drops the tile-config stores; llama.cpp PR #26954);
 one-token decoding, which is what the bench times, runs as before. It is killed on close()
-and at exit.
+and at exit. The speculating peers (llama.cpp-draft, llama.cpp-ngram) verify several tokens in
+one batch, so they run without -ub 1 and need a build without AMX (GGML_NATIVE=OFF with the
+AVX-512 options on; load says so where the binary dies on a multi-token batch).
 
 Timings are the server's own: decode tok/s = timings.predicted_per_second (predicted_n /
 predicted_ms: within 1/n of our (n - 1) / time after the first token), ttft = timings.prompt_ms
@@ -68,15 +70,18 @@ class LlamaServer:
     """A llama-server child process; a context manager, and killed at interpreter exit."""
 
     def __init__(self, binary: Path, gguf: Path, threads: int, context: int = 2048,
-                 timeout_s: float = 120.0):
+                 timeout_s: float = 120.0, extra_args: list[str] | None = None,
+                 one_token_batches: bool = True):
+        """`one_token_batches`: -ub 1 (see the module's note); a speculating server needs
+        multi-token batches to verify its drafts in one forward, so it runs without."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log",
                                                delete=False)
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
-             "-c", str(context), "-np", "1", "-ub", "1", "--host", "127.0.0.1",
-             "--port", str(self.port)],
+             "-c", str(context), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port)]
+            + (["-ub", "1"] if one_token_batches else []) + list(extra_args or []),
             stdout=self.log, stderr=subprocess.STDOUT)
         atexit.register(self.close)
         try:
@@ -151,6 +156,9 @@ class LlamaCppPeer:
     def __init__(self):
         self.engine = "llama.cpp"
         self.server: LlamaServer | None = None
+        self._plain: dict[tuple[int, ...], list[int]] = {}  # a speculating peer's plain output
+        self.plain_server: LlamaServer | None = None  # started for those, when first needed
+        self._plain_args: tuple = ()
 
     def available(self) -> tuple[bool, str]:
         binary = server_binary()
@@ -161,15 +169,39 @@ class LlamaCppPeer:
             return False, f"llama-server {str(binary)!r} does not exist"
         return True, ""
 
+    def server_args(self, ctx: PeerContext, gguf: Path) -> tuple[list[str], bool]:
+        """(extra llama-server arguments, one-token batches): the plain peer adds none."""
+        return [], True
+
     def load(self, ctx: PeerContext) -> None:
         gguf = gguf_file(ctx.model)
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF {str(gguf)!r} does not exist")
-        self.server = LlamaServer(server_binary(), gguf, ctx.threads)
+        extra, one_token = self.server_args(ctx, gguf)
+        self._plain_args = (gguf, ctx.threads)
+        self.server = LlamaServer(server_binary(), gguf, ctx.threads, extra_args=extra,
+                                  one_token_batches=one_token)
         quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else ""
         self.precision = f"{quant} GGUF".strip()
         props = self.server_props()
         self.engine = f"llama.cpp llama-server {props}, {gguf}".replace(" , ", ", ")
+        if extra:
+            self.engine += f", {' '.join(extra)}"
+        if not one_token:  # an AMX build dies here on its first multi-token batch
+            self.check_multi_token()
+
+    def check_multi_token(self) -> None:
+        """A two-token prompt, so that a build that cannot run multi-token batches (the AMX
+        one built by GCC 12) fails at load with the reason, not mid-bench."""
+        try:
+            self.server.post("/completion", {"prompt": [1, 2, 3, 4], "n_predict": 2,
+                                             "cache_prompt": False})
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}. Speculation verifies several tokens in one batch; a "
+                               "natively built llama.cpp on an AMX CPU dies on those (GCC 12 "
+                               "drops AMX tile-config stores): build it with "
+                               "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON "
+                               "-DGGML_AVX512_VNNI=ON' (AMX off)") from e
 
     def server_props(self) -> str:
         try:
@@ -192,11 +224,72 @@ class LlamaCppPeer:
         t = out["timings"]
         output_ids = [int(x) for x in out.get("tokens", [])]
         assert t["predicted_n"] == len(output_ids), (t["predicted_n"], len(output_ids))
-        return {"tokens_per_s": t["predicted_per_second"], "completion_tokens": len(output_ids),
-                "target_forwards": None, "ttft_s": t["prompt_ms"] / 1000,
-                "output_ids": output_ids, "peak_rss_mb": self.server.peak_rss_mb()}
+        result = {"tokens_per_s": t["predicted_per_second"],
+                  "completion_tokens": len(output_ids), "target_forwards": None,
+                  "ttft_s": t["prompt_ms"] / 1000, "output_ids": output_ids,
+                  "peak_rss_mb": self.server.peak_rss_mb()}
+        if self.num_draft_tokens is not None:  # its own statistics, where it gives them
+            drafted, accepted = t.get("draft_n"), t.get("draft_n_accepted")
+            if drafted is not None and accepted is not None:
+                result["acceptance_rate"] = accepted / drafted if drafted else None
+            if temperature == 0:
+                result.update(self.compare_with_plain(prompt_ids, max_new_tokens, output_ids))
+        return result
+
+    def compare_with_plain(self, prompt_ids: list[int], max_new_tokens: int,
+                           output_ids: list[int]) -> dict:
+        """Whether a speculating server's greedy output equals its own plain output: the
+        plain one decoded once per prompt, untimed, by a second server on the same binary
+        and GGUF without speculation (this build takes no per-request speculation
+        settings), as the plain llama.cpp peer runs it."""
+        key, t1 = tuple(prompt_ids), time.perf_counter()
+        if key not in self._plain:
+            if self.plain_server is None:
+                self.plain_server = LlamaServer(server_binary(), *self._plain_args)
+            body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0,
+                    "top_k": 1, "ignore_eos": True, "cache_prompt": False,
+                    "return_tokens": True}
+            self._plain[key] = [int(x) for x in
+                                self.plain_server.post("/completion", body)["tokens"]]
+        return {"same_as_own_plain": self._plain[key] == output_ids,
+                "untimed_s": time.perf_counter() - t1}
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+        for server in (self.server, self.plain_server):
+            if server is not None:
+                server.close()
+        self.server = self.plain_server = None
+
+
+class LlamaCppDraftPeer(LlamaCppPeer):
+    """llama-server drafting with our shipped vanilla draft (`--spec-type draft-simple -md`),
+    the draft written as a GGUF with the `gguf` package (export/gguf_draft.py: the target's
+    tokenizer and embedding, the draft's layers F16), at k = --spec-draft-n-max. Its
+    acceptance comes from its timings (draft_n, draft_n_accepted)."""
+
+    name = "llama.cpp-draft"
+    SWEEPS_K = True  # bench runs it once per integer --num-draft-tokens
+
+    def server_args(self, ctx: PeerContext, gguf: Path) -> tuple[list[str], bool]:
+        from trt_spec.export.gguf_draft import draft_to_gguf
+
+        if not ctx.draft:
+            raise ValueError("the engine has no vanilla draft")
+        draft = draft_to_gguf(gguf, ctx.draft, ctx.cache / "draft.gguf")
+        self.num_draft_tokens = ctx.num_draft_tokens
+        return (["--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
+                 str(ctx.num_draft_tokens), "-td", str(ctx.threads), "-tbd", str(ctx.threads)],
+                False)
+
+
+class LlamaCppNgramPeer(LlamaCppPeer):
+    """llama-server's n-gram lookup (`--spec-type ngram-simple`: the last tokens looked up
+    in the context so far, at most k drafted), at k = --spec-draft-n-max."""
+
+    name = "llama.cpp-ngram"
+    SWEEPS_K = True
+
+    def server_args(self, ctx: PeerContext, gguf: Path) -> tuple[list[str], bool]:
+        self.num_draft_tokens = ctx.num_draft_tokens
+        return ["--spec-type", "ngram-simple", "--spec-draft-n-max",
+                str(ctx.num_draft_tokens)], False

@@ -92,8 +92,10 @@ def parse_peers(text: str) -> list[str]:
                    "ours (batch 1): comma-separated transformers, transformers-assisted, "
                    "onnxruntime-genai, onnxruntime-genai-ngram (its own n-gram speculation at the "
                    "first k), onnxruntime-genai-draft (its draft-model speculation with our "
-                   "vanilla draft, at the first k), llama.cpp. One that cannot run is listed as "
-                   "skipped.")
+                   "vanilla draft), llama.cpp, llama.cpp-draft (its draft model: our vanilla "
+                   "draft as a GGUF), llama.cpp-ngram (its n-gram lookup). The draft-model and "
+                   "llama.cpp-ngram peers run once per integer --num-draft-tokens. One that "
+                   "cannot run is listed as skipped.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
                    "(needs matplotlib: pip install -e '.[bench]').")
