@@ -194,6 +194,7 @@ def test_a_sweeping_peer_runs_once_per_k(fake_peers, monkeypatch, tiny_engine, t
     assert set(rows) == {"sweep k=1", "sweep k=2", "echo"}
     assert rows["sweep k=1"]["num_draft_tokens"] == 1 and rows["sweep k=2"]["num_draft_tokens"] == 2
     assert rows["echo"]["num_draft_tokens"] is None
+    assert "sweep k=1 " in result.stdout and "sweep k=1 k=1" not in result.stdout
 
 
 def test_peer_ks():
@@ -398,6 +399,21 @@ def test_ortgenai_draft_peer_on_tiny(tiny_hf_dir, tiny_draft, tmp_path):
         assert (tmp_path / "cache" / "ortgenai-draft-int4" / "model.onnx").stat().st_mtime_ns == built
     finally:
         peer.close()
+
+
+def test_ortgenai_builder_failure_says_why(tmp_path):
+    """A model its builder cannot read: the error carries the builder's last line (bench
+    shows it as the skip reason), and nothing half-built is left."""
+    from trt_spec.tools.peers.ortgenai import build_model
+
+    ok, reason = peer_registry.PEERS["onnxruntime-genai"]().available()
+    if not ok:
+        pytest.skip(reason)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "no-such-model"}')
+    with pytest.raises(RuntimeError, match=r"builder failed \(exit \d+: \S.*\); see "):
+        build_model(tmp_path / "hf", tmp_path / "out", tmp_path / "build.log")
+    assert not (tmp_path / "out").exists()
 
 
 def test_ortgenai_graph_scorer_follows_its_generator(tiny_hf_dir, tmp_path):

@@ -14,7 +14,8 @@ def peak_rss_mb() -> float:
 def method_label(r: dict) -> str:
     """A result row's method, with its k where it drafts: "ngram k=4", "none"."""
     k = r["num_draft_tokens"]
-    return r["method"] if k is None else f"{r['method']} k={k}"
+    # a peer that sweeps k is already named by it ("llama.cpp-draft k=2")
+    return r["method"] if k is None or r["method"].endswith(f" k={k}") else f"{r['method']} k={k}"
 
 
 def table(results: list[dict], skipped_peers: dict | None = None) -> str:

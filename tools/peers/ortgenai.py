@@ -32,8 +32,9 @@ def build_model(hf_dir: Path, out: Path, log: Path) -> Path:
                  "-o", str(tmp), "-p", "int4", "-e", "cpu", "-c", cache],
                 stdout=f, stderr=subprocess.STDOUT)
         if done.returncode != 0:
-            raise RuntimeError(f"onnxruntime-genai builder failed (exit {done.returncode}); "
-                               f"see {log}")
+            lines = [x for x in Path(log).read_text(errors="replace").splitlines() if x.strip()]
+            raise RuntimeError(f"onnxruntime-genai builder failed (exit {done.returncode}: "
+                               f"{lines[-1].strip() if lines else 'no output'}); see {log}")
     return out
 
 
@@ -173,6 +174,7 @@ class OrtGenaiNgramPeer(OrtGenaiSpeculativePeer):
 
     name = "onnxruntime-genai-ngram"
     NGRAM = 3
+    SWEEPS_K = True  # bench runs it once per integer --num-draft-tokens
 
     def load(self, ctx: PeerContext) -> None:
         super().load(ctx)

@@ -90,12 +90,11 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--peers", default="", callback=checked(parse_peers),
               help="Also time other runtimes on the same model and prompt ids, interleaved with "
                    "ours (batch 1): comma-separated transformers, transformers-assisted, "
-                   "onnxruntime-genai, onnxruntime-genai-ngram (its own n-gram speculation at the "
-                   "first k), onnxruntime-genai-draft (its draft-model speculation with our "
-                   "vanilla draft), llama.cpp, llama.cpp-draft (its draft model: our vanilla "
-                   "draft as a GGUF), llama.cpp-ngram (its n-gram lookup). The draft-model and "
-                   "llama.cpp-ngram peers run once per integer --num-draft-tokens. One that "
-                   "cannot run is listed as skipped.")
+                   "onnxruntime-genai, onnxruntime-genai-ngram (its own n-gram speculation), "
+                   "onnxruntime-genai-draft (its draft-model speculation with our vanilla "
+                   "draft), llama.cpp, llama.cpp-draft (its draft model: our vanilla draft as a "
+                   "GGUF), llama.cpp-ngram (its n-gram lookup). The speculating peers run once "
+                   "per integer --num-draft-tokens. One that cannot run is listed as skipped.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
                    "(needs matplotlib: pip install -e '.[bench]').")
