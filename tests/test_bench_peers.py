@@ -198,7 +198,7 @@ def test_a_sweeping_peer_runs_once_per_k(fake_peers, monkeypatch, tiny_engine, t
 
 
 def test_peer_ks():
-    from trt_spec.tools.bench import peer_ks
+    from trt_spec.tools.peers import peer_ks
 
     class Plain:
         pass

@@ -145,15 +145,6 @@ def pairwise_ratio(runs: list[dict], baseline: list[dict]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def peer_ks(cls, ks: list) -> list[int | None]:
-    """The draft lengths a peer runs at: a peer that sweeps k (`SWEEPS_K`) runs once per
-    integer k of --num-draft-tokens (its own adaptive k stands in for auto; k 4 if none is
-    an integer), every other peer once at the context's k."""
-    if not getattr(cls, "SWEEPS_K", False):
-        return [None]
-    return sorted({k for k in ks if isinstance(k, int)}) or [4]
-
-
 def load_peers(names: list[str], ctx, skipped: dict, progress, ks: list | None = None,
                ) -> list[PeerConfig]:
     """Each named peer that is available and loads (a sweeping one once per k, named
@@ -161,7 +152,7 @@ def load_peers(names: list[str], ctx, skipped: dict, progress, ks: list | None =
     loaded = []
     for name in names:
         cls = peer_registry.PEERS[name]
-        sweep = peer_ks(cls, list(ks or []))
+        sweep = peer_registry.peer_ks(cls, list(ks or []))
         for k in sweep:
             label = name if len(sweep) == 1 else f"{name} k={k}"
             peer = cls()

@@ -99,6 +99,15 @@ def peer_context(manifest_data: dict, threads: int | None, num_draft_tokens: int
                        cache=cache)
 
 
+def peer_ks(cls, ks: list) -> list[int | None]:
+    """The draft lengths a peer runs at: a peer that sweeps k (`SWEEPS_K`) runs once per
+    integer k of --num-draft-tokens (its own adaptive k stands in for auto; k 4 if none is
+    an integer), every other peer once at the context's k."""
+    if not getattr(cls, "SWEEPS_K", False):
+        return [None]
+    return sorted({k for k in ks if isinstance(k, int)}) or [4]
+
+
 def decode_rate(stamps: list[float]) -> float | None:
     """stamps[i]: when token i came out. (n - 1) / (last - first), as our engine's metrics."""
     if len(stamps) < 2 or stamps[-1] <= stamps[0]:
