@@ -12,11 +12,12 @@ them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
+
+from trt_spec.runtime.files import source_stamp
 
 # our draft key (after "layers.N.") -> GGUF tensor name (after "blk.N.")
 LAYER_TENSORS = {"input_layernorm": "attn_norm.weight", "post_attention_layernorm":
@@ -73,12 +74,6 @@ def _field_value(field):
     vtype = field.types[0]
     sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
     return value, vtype, sub
-
-
-def source_stamp(target_gguf: Path, draft_dir: Path) -> dict:
-    digest = hashlib.sha256((Path(draft_dir) / "model.safetensors").read_bytes()).hexdigest()
-    return {"target": str(Path(target_gguf).resolve()), "draft": str(Path(draft_dir).resolve()),
-            "draft_sha256": digest}
 
 
 def draft_to_gguf(target_gguf: str | Path, draft_dir: str | Path, out: str | Path) -> Path:

@@ -7,7 +7,6 @@ split back into q/k/v and gate/up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_draft
 from trt_spec.export.model import TargetModel
-from trt_spec.runtime.files import atomic_folder
+from trt_spec.runtime.files import atomic_folder, source_stamp
 
 
 def hf_state_dict(draft: TargetModel) -> dict[str, torch.Tensor]:
@@ -47,13 +46,6 @@ def hf_state_dict(draft: TargetModel) -> dict[str, torch.Tensor]:
         out["lm_head.weight"] = state.pop("lm_head.weight")
     assert not state, f"unmapped draft keys: {sorted(state)}"
     return {k: v.contiguous().clone() for k, v in out.items()}
-
-
-def source_stamp(target_hf_dir: Path, draft_dir: Path) -> dict:
-    """What a converted folder was made from; a different stamp means rebuild."""
-    digest = hashlib.sha256((Path(draft_dir) / "model.safetensors").read_bytes()).hexdigest()
-    return {"target": str(Path(target_hf_dir).resolve()), "draft": str(Path(draft_dir).resolve()),
-            "draft_sha256": digest}
 
 
 def draft_to_hf(target_hf_dir: str | Path, draft_dir: str | Path, out: str | Path) -> Path:

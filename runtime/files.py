@@ -3,6 +3,7 @@ all. Torch-free: the runtime (bench's peers) uses it as well as the exporter."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -31,3 +32,11 @@ def atomic_folder(out: Path):
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def source_stamp(target: str | Path, draft_dir: str | Path) -> dict:
+    """What a form derived from a target and our draft checkpoint was made from (the target's
+    path, the draft's path and the sha256 of its weights); a different stamp means rebuild."""
+    digest = hashlib.sha256((Path(draft_dir) / "model.safetensors").read_bytes()).hexdigest()
+    return {"target": str(Path(target).resolve()), "draft": str(Path(draft_dir).resolve()),
+            "draft_sha256": digest}

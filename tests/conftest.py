@@ -171,3 +171,24 @@ def tiny_vocab_engine(tiny_hf_dir, tmp_path_factory):
     over the Eagle3 head's draft vocabulary (48 of 128 tokens; --draft-vocab eagle3)."""
     return export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, "tiny-vocab", draft_layers=2,
                                   draft_vocab="eagle3")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_hf_dir, tmp_path_factory):
+    """A 2-layer draft in our drafter format (layers 0 and 2 of the tiny target, every weight
+    and its own final norm perturbed), which the peers' tests convert to their forms."""
+    torch = pytest.importorskip("torch")
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.drafter_checkpoint import save_draft
+    from trt_spec.train.draft import init_draft
+
+    target, _ = load_target(tiny_hf_dir)
+    draft = init_draft(target, (0, 2))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if not name.startswith(("embed_tokens", "lm_head")):
+                p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path_factory.mktemp("draft") / "draft"
+    save_draft(draft, folder, (0, 2))
+    return folder

@@ -233,27 +233,6 @@ def test_plot_without_matplotlib(tiny_engine, tmp_path, monkeypatch):
 
 # --- the transformers peers on the tiny model -------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_draft(tiny_hf_dir, tmp_path_factory):
-    """A 2-layer draft in our format (layers 0 and 2 of the tiny target, every weight and its
-    own final norm perturbed)."""
-    torch = pytest.importorskip("torch")
-    from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.drafter_checkpoint import save_draft
-    from trt_spec.train.draft import init_draft
-
-    target, _ = load_target(tiny_hf_dir)
-    draft = init_draft(target, (0, 2))
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if not name.startswith(("embed_tokens", "lm_head")):
-                p.add_(torch.randn_like(p) * 0.05)
-    folder = tmp_path_factory.mktemp("draft") / "draft"
-    save_draft(draft, folder, (0, 2))
-    return folder
-
-
 def test_hf_draft_equals_our_draft(tiny_hf_dir, tiny_draft, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -47,24 +47,6 @@ def tiny_target_gguf(tiny_hf_dir, tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_draft(tiny_hf_dir, tmp_path_factory):
-    from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.drafter_checkpoint import save_draft
-    from trt_spec.train.draft import init_draft
-
-    target, _ = load_target(tiny_hf_dir)
-    draft = init_draft(target, (0, 1))
-    torch.manual_seed(5)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if not name.startswith(("embed_tokens", "lm_head")):
-                p.add_(torch.randn_like(p) * 0.05)
-    folder = tmp_path_factory.mktemp("draft") / "draft"
-    save_draft(draft, folder, (0, 1))
-    return folder
-
-
 def test_draft_gguf_holds_the_draft(tiny_target_gguf, tiny_draft, tmp_path):
     from safetensors.numpy import load_file
 

@@ -31,17 +31,9 @@ def build_ortgenai(ctx) -> str:
 
 
 def build_ortgenai_draft(ctx) -> str:
-    from trt_spec.export.hf_draft import draft_to_hf
-    from trt_spec.tools.peers.hf import hf_dir
-    from trt_spec.tools.peers.ortgenai import build_draft, build_model, speculative_folder
+    from trt_spec.tools.peers.ortgenai import draft_model_folders
 
-    if not ctx.draft:
-        raise ValueError("the engine has no vanilla draft")
-    source = hf_dir(ctx)
-    target = build_model(source, ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
-    draft = build_draft(source, draft_to_hf(source, ctx.draft, ctx.cache / "hf-draft"),
-                        ctx.cache / "ortgenai-draft-int4", ctx.cache / "ortgenai-draft-int4.log")
-    return str(speculative_folder(target, draft, ctx.cache / "ortgenai-int4-draft"))
+    return str(draft_model_folders(ctx)[2])
 
 
 def build_gguf_draft(ctx) -> str:

@@ -148,6 +148,21 @@ class LlamaServer:
         self.close()
 
 
+def completion_body(prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                    seed: int) -> dict:
+    """A /completion request for max_new_tokens tokens after prompt_ids, EOS ignored, no
+    prompt cache: greedy at temperature 0, else plain temperature sampling (as our
+    SamplingParams' defaults)."""
+    body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": temperature,
+            "seed": seed, "ignore_eos": True, "cache_prompt": False, "n_probs": 0,
+            "return_tokens": True, "stream": False}
+    if temperature == 0:
+        body["top_k"] = 1
+    else:
+        body.update(top_k=0, top_p=1.0, min_p=0.0)
+    return body
+
+
 class LlamaCppPeer:
     name = "llama.cpp"
     precision = "GGUF"
@@ -213,14 +228,8 @@ class LlamaCppPeer:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int) -> dict:
         assert self.server is not None, "load() first"
-        body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens,
-                "temperature": temperature, "seed": seed, "ignore_eos": True,
-                "cache_prompt": False, "n_probs": 0, "return_tokens": True, "stream": False}
-        if temperature == 0:
-            body["top_k"] = 1
-        else:  # plain temperature sampling, as our SamplingParams' defaults
-            body.update(top_k=0, top_p=1.0, min_p=0.0)
-        out = self.server.post("/completion", body)
+        out = self.server.post("/completion",
+                               completion_body(prompt_ids, max_new_tokens, temperature, seed))
         t = out["timings"]
         output_ids = [int(x) for x in out.get("tokens", [])]
         assert t["predicted_n"] == len(output_ids), (t["predicted_n"], len(output_ids))
@@ -246,9 +255,7 @@ class LlamaCppPeer:
         if key not in self._plain:
             if self.plain_server is None:
                 self.plain_server = LlamaServer(server_binary(), *self._plain_args)
-            body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0,
-                    "top_k": 1, "ignore_eos": True, "cache_prompt": False,
-                    "return_tokens": True}
+            body = completion_body(prompt_ids, max_new_tokens, 0.0, 0)
             self._plain[key] = [int(x) for x in
                                 self.plain_server.post("/completion", body)["tokens"]]
         return {"same_as_own_plain": self._plain[key] == output_ids,

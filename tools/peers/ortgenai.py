@@ -135,11 +135,7 @@ class OrtGenaiSpeculativePeer(OrtGenaiPeer):
         self._plain: dict[tuple[int, ...], list[int]] = {}  # its own greedy output, by prompt
 
     def load(self, ctx: PeerContext) -> None:
-        import onnxruntime_genai as og
-
-        if not hasattr(og.GeneratorParams, "set_speculative_options"):
-            raise RuntimeError(f"onnxruntime-genai {og.__version__} has no speculative "
-                               "decoding (0.18 or later)")
+        require_speculation()
         super().load(ctx)
         self.num_draft_tokens = ctx.num_draft_tokens
 
@@ -200,20 +196,8 @@ class OrtGenaiDraftPeer(OrtGenaiSpeculativePeer):
     def load(self, ctx: PeerContext) -> None:
         import onnxruntime_genai as og
 
-        from trt_spec.export.hf_draft import draft_to_hf
-        from trt_spec.tools.peers.hf import hf_dir
-
-        if not ctx.draft:
-            raise ValueError("the engine has no vanilla draft")
-        if not hasattr(og.GeneratorParams, "set_speculative_options"):
-            raise RuntimeError(f"onnxruntime-genai {og.__version__} has no speculative "
-                               "decoding (0.18 or later)")
-        source = hf_dir(ctx)
-        target = build_model(source, ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
-        draft_hf = draft_to_hf(source, ctx.draft, ctx.cache / "hf-draft")
-        draft = build_draft(source, draft_hf, ctx.cache / "ortgenai-draft-int4",
-                            ctx.cache / "ortgenai-draft-int4.log")
-        folder = speculative_folder(target, draft, ctx.cache / "ortgenai-int4-draft")
+        require_speculation()
+        target, draft, folder = draft_model_folders(ctx)
         self.model, self.plain_model = self._open(folder, ctx.threads), self._open(target, ctx.threads)
         self.vocab_size = json.loads((target / "genai_config.json").read_text())["model"]["vocab_size"]
         self.folder, self.num_draft_tokens = folder, ctx.num_draft_tokens
@@ -236,6 +220,29 @@ class OrtGenaiDraftPeer(OrtGenaiSpeculativePeer):
     def close(self) -> None:
         super().close()
         self.plain_model = None
+
+
+def require_speculation() -> None:
+    import onnxruntime_genai as og
+
+    if not hasattr(og.GeneratorParams, "set_speculative_options"):
+        raise RuntimeError(f"onnxruntime-genai {og.__version__} has no speculative "
+                           "decoding (0.18 or later)")
+
+
+def draft_model_folders(ctx: PeerContext) -> tuple[Path, Path, Path]:
+    """(the target's model, the draft's, the folder that loads both), each built once into
+    the peers' cache; ValueError where the engine has no vanilla draft."""
+    from trt_spec.export.hf_draft import draft_to_hf
+    from trt_spec.tools.peers.hf import hf_dir
+
+    if not ctx.draft:
+        raise ValueError("the engine has no vanilla draft")
+    source = hf_dir(ctx)
+    target = build_model(source, ctx.cache / "ortgenai-int4", ctx.cache / "ortgenai-int4.log")
+    draft = build_draft(source, draft_to_hf(source, ctx.draft, ctx.cache / "hf-draft"),
+                        ctx.cache / "ortgenai-draft-int4", ctx.cache / "ortgenai-draft-int4.log")
+    return target, draft, speculative_folder(target, draft, ctx.cache / "ortgenai-int4-draft")
 
 
 def build_draft(source_hf: Path, draft_hf: Path, out: Path, log: Path) -> Path:
