@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The drafters trained for SmolLM2 and shipped in drafters/smollm2-135m/ are exported with it.
-export: setup  ## export SmolLM2-135M-Instruct (int4) and its shipped drafters to engines/smollm2-135m
+# ... and its corpus table: the phrases ShareGPT's answers and the target's own share, which
+# the suffix lookups (suffix, hybrid, auto) draft from (trt-spec corpus; up to date: a no-op).
+export: setup  ## export SmolLM2-135M-Instruct (int4), its shipped drafters and its corpus table to engines/smollm2-135m
 	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
+	$(BIN)/trt-spec corpus --engine $(ENGINE) --distilled train/data/smollm2-135m
 
 export-fp32: setup  ## the fp32 reference engine (shipped drafters too), engines/smollm2-135m-fp32
 	$(BIN)/trt-spec export --model smollm2-135m --precision fp32 --out $(ENGINE)-fp32

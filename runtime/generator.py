@@ -119,6 +119,7 @@ class Generator:
         self.speculation = config.speculation
         self._proposers: dict[str, Proposer | None] = {PLAIN: None}
         self._suffix_cache = None
+        self._corpus = None
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self._grammars = None
         self.engine = Engine(self.target, self.cache, self.stops,
@@ -206,6 +207,21 @@ class Generator:
 
             self._suffix_cache = SuffixCache()
         return self._suffix_cache
+
+    def corpus(self):
+        """The folder's corpus table (runtime/runtime/corpus.py), loaded once; None where it
+        has none or the settings turn it off."""
+        entry = self.manifest.data.get("corpus")
+        if not entry or not self.speculation.corpus:
+            return None
+        if self._corpus is None:
+            from trt_spec.runtime.corpus import CorpusTable
+
+            try:
+                self._corpus = CorpusTable.load(self.manifest.path(entry["file"]))
+            except (OSError, ValueError, KeyError) as e:
+                raise EngineFolderError(f"{self.manifest.folder}: corpus table: {e}") from e
+        return self._corpus
 
     def use_suffix_cache(self, cache) -> None:
         """From now on the suffix lookups read and fill `cache` (a bench: one per config)."""

@@ -37,6 +37,8 @@ class DrafterLoader(Protocol):
 
     def suffix_cache(self): ...
 
+    def corpus(self): ...
+
     def step_graph(self, name: str, config: ModelConfig) -> "StepGraph": ...
 
     def function(self, name: str) -> "Function": ...
@@ -172,7 +174,7 @@ def _suffix(loader, entry):
     from trt_spec.runtime.proposers.suffix import SuffixProposer
 
     c = loader.speculation
-    return SuffixProposer(c.ngram_min, c.ngram_max, loader.suffix_cache)
+    return SuffixProposer(c.ngram_min, c.ngram_max, loader.suffix_cache, loader.corpus)
 
 
 def _hybrid(loader, entry):

@@ -82,6 +82,9 @@ class SpeculationConfig:
     adaptive: bool = False
     ngram_min: int = 1  # n-gram lookup: the shortest match it continues
     ngram_max: int = 4  # ... and the longest it tries first
+    # suffix lookups (suffix, hybrid, auto) also draft from the engine folder's corpus table
+    # of answers where it has one (`trt-spec corpus`)
+    corpus: bool = True
     spec_max_batch: int | None = None  # more streams decoding: no drafting (None: no limit)
     # a stream's acceptance below this: plain steps (0: never)
     min_acceptance: float = option(0.0, "spec_min_acceptance")
@@ -101,6 +104,8 @@ class SpeculationConfig:
             object.__setattr__(self, "num_draft_tokens", k)
             object.__setattr__(self, "adaptive", adaptive)
         check_num_draft_tokens(self.num_draft_tokens)
+        if not isinstance(self.corpus, bool):
+            raise ValueError(f"corpus={self.corpus!r}: expected True or False")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"ngram n range {self.ngram_min}..{self.ngram_max}: need "
                              "1 <= ngram_min <= ngram_max")

@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # torch-free modules that say what an engine folder is: export writes them, the runtime reads
 # (and how a config's fields are named as options: every command builds its configs with it)
-CONTRACT = {"config", "files", "graph_io", "manifest", "methods", "options", "tokenizer"}
+CONTRACT = {"config", "corpus", "files", "graph_io", "manifest", "methods", "options",
+            "tokenizer"}
 # the torch-cuda backend: it runs the export modules, so it lives beside them, and is a
 # runtime backend, so it reads the runtime's backend contract
 TORCH_BACKEND = ROOT / "export/torch_backend.py"

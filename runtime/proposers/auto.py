@@ -53,12 +53,13 @@ class AutoProposer(Proposer):
         self.skipped: dict[int, int] = {}  # stream id -> its steps where nothing paid
         self.shortened: dict[int, int] = {}  # ... and its steps drafting less than it could
 
-    def lookup_key(self, n: int) -> str:
+    def lookup_key(self, n: int | str) -> str:
         """A lookup's acceptance is measured by the length of the n-gram it matched: a run
-        found by the last 4 tokens is accepted far more often than one found by the last 1."""
+        found by the last 4 tokens is accepted far more often than one found by the last 1
+        (a corpus chain's by the share of its first token: suffix.corpus_key)."""
         return f"{self.lookup.name}/{n}"
 
-    def choose(self, s, found: np.ndarray, k: int, gate, drafting: int, n: int = 1
+    def choose(self, s, found: np.ndarray, k: int, gate, drafting: int, n: int | str = 1
                ) -> tuple[str | None, int]:
         """(source, drafts) for one stream: ("suffix", j), (head name, j) or (None, 0).
         found: the lookup's draft, continuing an n-gram of n tokens."""

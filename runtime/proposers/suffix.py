@@ -1,9 +1,12 @@
 """Suffix lookup across requests (SuffixDecoding-style): n-gram lookup over the stream's own
-tokens first, then over the recent outputs of earlier requests.
+tokens first, then over the recent outputs of earlier requests, then over the engine's
+corpus of answers where it has one.
 
     propose(stream, k):
         d = ngram_match(prompt + output)                    # as `ngram`
         if len(d) < k: d' = match in the cache of finished requests' tokens, take the longer
+        if d matched no more than one token: d'' = the corpus table's chain of its most
+            frequent continuations (runtime/corpus.py), taken where it drafts anything
     release(stream): its prompt + output join the cache (bounded: the oldest leave first)
 
 Templated or repeated workloads (the same questions asked again, documents rewritten) then
@@ -18,10 +21,19 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.proposers.base import Drafts
+from trt_spec.runtime.corpus import CorpusTable
 from trt_spec.runtime.proposers.ngram import NgramProposer, tail
 from trt_spec.runtime.proposers.ngram_index import NgramIndex
 
 CACHE_MAX_N = 8  # the longest n-gram the cache indexes (a proposer asking more gets this)
+CORPUS_MIN_PROB = 0.3  # a corpus chain stops at a continuation with a smaller share
+# corpus drafts are keyed by their first token's share (their acceptance is measured so):
+CORPUS_BINS = (0.5, 0.7, 0.9)
+
+
+def corpus_key(share: float) -> str:
+    """"c0" .. "c3": the share bin of a corpus draft's first token."""
+    return f"c{sum(share >= b for b in CORPUS_BINS)}"
 
 
 class SuffixCache:
@@ -61,12 +73,15 @@ class SuffixProposer(NgramProposer):
     name = "suffix"
 
     def __init__(self, min_n: int = 1, max_n: int = 4,
-                 cache: Callable[[], SuffixCache] | None = None):
+                 cache: Callable[[], SuffixCache] | None = None,
+                 corpus: Callable[[], CorpusTable | None] | None = None):
         """cache: returns the cache to use (the engine's, shared by its suffix lookups; a
-        bench gives each configuration its own); default: a private one."""
+        bench gives each configuration its own); default: a private one. corpus: returns
+        the engine's corpus table, or None (none)."""
         super().__init__(min_n, max_n)
         own = SuffixCache()
         self._cache = cache or (lambda: own)
+        self._corpus = corpus or (lambda: None)
 
     @property
     def cache(self) -> SuffixCache:
@@ -75,13 +90,23 @@ class SuffixProposer(NgramProposer):
     def draft(self, s, k: int) -> np.ndarray:
         return self.draft_n(s, k)[0]
 
-    def draft_n(self, s, k: int) -> tuple[np.ndarray, int]:
-        """(the draft, the length of the n-gram it continues; 0: no match)."""
+    def draft_n(self, s, k: int) -> tuple[np.ndarray, int | str]:
+        """(the draft, what found it: the length of the n-gram it continues, 0: no match;
+        a corpus chain: corpus_key of its first share)."""
         own, n = self.lookup_n(s, k)
-        if len(own) >= k or not len(self.cache):
-            return np.asarray(own, dtype=np.int64), n
-        other, m = self.cache.match_n(tail(s, self.max_n), k, max(self.min_n, 2), self.max_n)
-        return (other, m) if len(other) > len(own) else (np.asarray(own, dtype=np.int64), n)
+        found = np.asarray(own, dtype=np.int64)
+        if len(own) < k and len(self.cache):
+            other, m = self.cache.match_n(tail(s, self.max_n), k, max(self.min_n, 2),
+                                          self.max_n)
+            if len(other) > len(own):
+                found, n = other, m
+        corpus = self._corpus()
+        if corpus is not None and k > 0 and (n < 2 or len(found) < 2):
+            # a match of one token (or none) says little; the corpus's phrases say more
+            chain, shares = corpus.chain(tail(s, corpus.max_n), k, 2, CORPUS_MIN_PROB)
+            if len(chain):
+                return chain, corpus_key(shares[0])
+        return found, n
 
     def propose(self, streams, ks, gate=None):
         return Drafts([self.draft(s, k) if k > 0 else np.zeros(0, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""`trt-spec`: export, build, generate, bench, fidelity, bundle, verify, doctor, serve, train.
+"""`trt-spec`: export, corpus, build, generate, bench, fidelity, bundle, verify, doctor, serve, train.
 The same option names on every command (options.py).
 
 One module per command. A command parses and validates its options, calls one function of
@@ -12,6 +12,7 @@ import click
 from trt_spec.cli.bench import bench
 from trt_spec.cli.build import build
 from trt_spec.cli.bundle import bundle, verify
+from trt_spec.cli.corpus import corpus
 from trt_spec.cli.doctor import doctor
 from trt_spec.cli.export import export
 from trt_spec.cli.fidelity import fidelity
@@ -29,5 +30,5 @@ def main():
     """trt-spec: exported speculative decoding on ONNX Runtime (and TensorRT)."""
 
 
-for command in (export, generate, bench, serve, fidelity, bundle, build, verify, doctor, train):
+for command in (export, corpus, generate, bench, serve, fidelity, bundle, build, verify, doctor, train):
     main.add_command(command)

@@ -135,6 +135,9 @@ def speculation_options(f):
                      show_default=True, help="ngram: shortest suffix to match."),
         click.option("--ngram-max", type=click.IntRange(min=1), default=SPECULATION.ngram_max,
                      show_default=True, help="ngram: longest suffix to match."),
+        click.option("--corpus/--no-corpus", default=SPECULATION.corpus, show_default=True,
+                     help="suffix, hybrid, auto: also draft the phrases answers share, from the "
+                          "engine folder's corpus table where it has one (trt-spec corpus)."),
         click.option("--spec-max-batch", type=click.IntRange(min=1), default=None,
                      help="Speculate only while at most this many streams decode."),
         click.option("--spec-min-acceptance", type=click.FloatRange(0, 1),

@@ -1,0 +1,213 @@
+"""The corpus table (runtime/runtime/corpus.py): built exactly as counting says, looked up
+by the same keys, chained, stored in an engine folder, and drafting for the suffix lookups
+without changing what greedy decoding writes."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter, defaultdict
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trt_spec.cli import main
+from trt_spec.export.corpus import CORPUS_FILE, add_corpus, distilled_answers, remove_corpus
+from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.manifest import load_manifest
+from trt_spec.runtime.corpus import (PROB_SCALE, CorpusTable, build_table,
+                                               context_keys, window_keys)
+from trt_spec.runtime.proposers.suffix import SuffixProposer, corpus_key
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.settings import SpeculationConfig
+
+GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
+
+
+def counted(seqs, max_n, min_total, min_prob):
+    """The reference: per (n, n-gram), the set of its most frequent successors and their share."""
+    out = {}
+    for n in range(1, max_n + 1):
+        follow = defaultdict(Counter)
+        for s in seqs:
+            for e in range(n - 1, len(s) - 1):
+                follow[tuple(s[e - n + 1:e + 1])][s[e + 1]] += 1
+        for gram, c in follow.items():
+            total, best = sum(c.values()), max(c.values())
+            if total >= min_total and best / total >= min_prob:
+                out[(n, gram)] = ({t for t, v in c.items() if v == best}, best / total)
+    return out
+
+
+@pytest.mark.parametrize("min_total,min_prob", [(1, 0.0), (2, 0.0), (3, 0.5)])
+def test_table_holds_what_counting_gives(min_total, min_prob):
+    rng = random.Random(min_total)
+    seqs = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(150)]
+    table = CorpusTable(build_table(seqs, 4, min_total, min_prob), 4)
+    ref = counted(seqs, 4, min_total, min_prob)
+    assert len(table) == len(ref) > 0
+    for (n, gram), (best, share) in ref.items():
+        key = np.uint64(context_keys(list(gram), 4)[n - 1])
+        i = int(np.searchsorted(table.keys, key))
+        assert table.keys[i] == key, (n, gram)
+        assert int(table.tokens[i]) in best
+        assert table.probs[i] == pytest.approx(share, abs=0.5001 / PROB_SCALE)  # uint8 rounding
+
+
+def test_window_keys_are_the_context_keys_of_each_window():
+    tokens = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], dtype=np.int64)
+    for n, keys in window_keys(tokens, 5):
+        for i, key in enumerate(keys):
+            window = tokens[i:i + n].tolist()
+            assert int(key) == context_keys(window, 5)[n - 1]
+    # different orders and different tokens never share a key here
+    all_keys = [k for n in range(1, 6) for k in context_keys([7, 8, 9, 10, 11][:n], 5)]
+    assert len(set(all_keys)) == len(all_keys)
+
+
+def test_no_ngram_spans_two_answers():
+    table = CorpusTable(build_table([[1, 2], [3, 4]] * 3, 3, 1, 0.0), 3)
+    assert table.next([2, 3], min_n=2) is None  # "2 3" only across the boundary
+    assert table.next([1], min_n=1)[:2] == (2, 1.0)
+    assert table.next([2], min_n=1) is None  # 2 ends its answer: nothing follows it
+
+
+def test_chain_follows_the_longest_order_and_stops_at_a_weak_share():
+    seqs = [[10, 11, 12, 13, 14]] * 4 + [[11, 12, 20]] * 2 + [[5, 12, 21], [6, 12, 22]]
+    table = CorpusTable(build_table(seqs, 4, 1, 0.0), 4)
+    tokens, shares = table.chain([10, 11, 12], 5, min_n=2, min_prob=0.3)
+    assert tokens.tolist() == [13, 14]  # "10 11 12" -> 13 (4 of 4), then 14; 14 ends them
+    assert shares == [1.0, 1.0]
+    # from "11 12" alone: 13 four times of six, then on
+    tokens, shares = table.chain([99, 11, 12], 5, min_n=2, min_prob=0.3)
+    assert tokens.tolist() == [13, 14] and shares[0] == pytest.approx(4 / 6, abs=0.01)
+    assert table.chain([99, 11, 12], 1)[0].tolist() == [13]  # k bounds it
+    # "x 12" after a token never seen before 12: the 1-gram "12" alone is below min_n
+    assert table.chain([77, 12], 3, min_n=2)[0].tolist() == []
+    # a share below min_prob stops the chain before that token
+    assert table.chain([99, 11, 12], 5, min_n=2, min_prob=0.7)[0].tolist() == []
+
+
+def test_save_load_roundtrip_and_refusals(tmp_path):
+    table = CorpusTable(build_table([[1, 2, 3, 1, 2, 4]] * 3, 3, 1, 0.0), 3)
+    table.save(tmp_path / "c.npz")
+    again = CorpusTable.load(tmp_path / "c.npz")
+    assert again.max_n == 3 and np.array_equal(again.keys, table.keys)
+    assert np.array_equal(again.tokens, table.tokens) and np.allclose(again.probs, table.probs)
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(ValueError, match="not a corpus table"):
+        CorpusTable.load(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="not sorted"):
+        CorpusTable({"keys": np.array([5, 1], np.uint64), "tokens": np.zeros(2),
+                     "probs": np.zeros(2)})
+    with pytest.raises(ValueError, match="max_n 0"):
+        build_table([[1, 2]], max_n=0)
+
+
+def stream(prompt, output, sid=0):
+    return SimpleNamespace(prompt_ids=list(prompt), output_ids=list(output), slot=0, id=sid,
+                           params=SamplingParams())
+
+
+def test_suffix_lookup_asks_the_corpus_where_its_own_match_is_short():
+    table = CorpusTable(build_table([[40, 41, 42, 43, 44]] * 3, 4, 1, 0.0), 4)
+    lookup = SuffixProposer(1, 4, corpus=lambda: table)
+    # nothing of its own matches: the corpus continues "41 42"
+    drafts, key = lookup.draft_n(stream([1, 2, 3, 41, 42], []), 3)
+    assert drafts.tolist() == [43, 44] and key == corpus_key(1.0) == "c3"
+    # its own 2-token match wins over the corpus
+    s = stream([7, 41, 42, 9, 9, 3, 41, 42], [], sid=1)
+    drafts, key = lookup.draft_n(s, 2)
+    assert drafts.tolist() == [9, 9] and key == 2
+    # a 1-token match of its own says less than the corpus's phrase
+    s = stream([42, 5, 5, 41, 42], [], sid=2)
+    assert lookup.draft_n(s, 2)[0].tolist() == [43, 44]
+    # no corpus: the lookup as before
+    assert SuffixProposer(1, 4).draft_n(stream([42, 5, 5, 41, 42], [], sid=3), 2)[1] == 1
+    assert [corpus_key(p) for p in (0.3, 0.5, 0.69, 0.7, 0.95)] == ["c0", "c1", "c1", "c2", "c3"]
+
+
+@pytest.fixture
+def corpus_engine(tiny_spec_engine, tmp_path):
+    """A copy of the tiny engine (with its vanilla draft) whose corpus table holds its own
+    greedy answers."""
+    folder = tmp_path / "tiny-corpus"
+    shutil.copytree(tiny_spec_engine, folder)
+    prompts = [[5, 17, 99, 3], [42, 8, 77, 61, 23]]
+    answers = [s.output_ids for s in Generator(folder, max_batch=2).generate_ids(prompts, GREEDY)]
+    add_corpus(folder, sequences=answers * 3, max_n=4, min_total=1, progress=lambda m: None)
+    return folder, prompts, answers
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid", "auto"])
+def test_corpus_drafts_and_greedy_output_stays_plain(corpus_engine, method):
+    folder, prompts, answers = corpus_engine
+    gen = Generator(folder, method=method, max_batch=1,
+                    speculation=SpeculationConfig(num_draft_tokens=4))
+    for prompt, answer in zip(prompts, answers):
+        (s,) = gen.generate_ids([prompt], GREEDY)
+        assert s.output_ids == answer
+        assert s.metrics().tau > 1.5  # its own answers, looked up: long runs accepted
+    off = Generator(folder, method=method, max_batch=1,
+                    speculation=SpeculationConfig(num_draft_tokens=4, corpus=False))
+    assert off.corpus() is None and gen.corpus() is not None
+    (s,) = off.generate_ids([prompts[0]], GREEDY)
+    assert s.output_ids == answers[0]
+
+
+def test_add_corpus_is_checksummed_and_removable(corpus_engine, tmp_path):
+    folder, _, _ = corpus_engine
+    manifest = load_manifest(folder)  # sha256 of every file, corpus.npz included
+    assert CORPUS_FILE in manifest.data["files"]
+    entry = manifest.data["corpus"]
+    assert entry["file"] == CORPUS_FILE and entry["entries"] > 0 and entry["answers"] == 6
+    said = []
+    add_corpus(folder, sequences=[[1, 2, 3]] * 3, max_n=4, min_total=1, progress=said.append)
+    assert load_manifest(folder).data["corpus"]["answers"] == 3  # other answers: rebuilt
+    add_corpus(folder, sequences=[[1, 2, 3]] * 3, max_n=4, min_total=1, progress=said.append)
+    assert "up to date" in said[-1]
+    (folder / CORPUS_FILE).write_bytes(b"corrupt")
+    with pytest.raises(ValueError, match="corpus.npz"):
+        load_manifest(folder)
+    add_corpus(folder, sequences=[[1, 2, 3]] * 3, max_n=4, min_total=1, progress=said.append)
+    assert "up to date" not in said[-1]  # a corrupt table is built again
+    load_manifest(folder)
+    graph = folder / "target.onnx"
+    saved = graph.read_bytes()
+    graph.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+    with pytest.raises(ValueError, match="target.onnx: checksum differs"):
+        add_corpus(folder, sequences=[[4, 5]] * 3, progress=said.append)  # not blessed
+    graph.write_bytes(saved)
+    remove_corpus(folder)
+    data = load_manifest(folder).data
+    assert "corpus" not in data and CORPUS_FILE not in data["files"]
+    assert not (folder / CORPUS_FILE).exists()
+    assert Generator(folder, method="suffix").corpus() is None
+
+
+def test_distilled_answers_read_shards_and_refuse_another_vocabulary(tmp_path):
+    np.savez(tmp_path / "shard-00000.npz", offsets=np.array([0, 3, 5]),
+             tokens=np.array([1, 2, 3, 4, 5], dtype=np.uint16))
+    assert distilled_answers(tmp_path, 10) == [[1, 2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="outside this engine's vocabulary"):
+        distilled_answers(tmp_path, 5)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no shard"):
+        distilled_answers(tmp_path / "empty", 10)
+
+
+def test_cli_corpus_refuses_nothing_to_index_and_removes(corpus_engine):
+    folder, _, _ = corpus_engine
+    runner = CliRunner()
+    r = runner.invoke(main, ["corpus", "--engine", str(folder), "--conversations", "0"])
+    assert r.exit_code == 1 and "no answers to build from" in r.output
+    r = runner.invoke(main, ["corpus", "--engine", str(folder), "--remove"])
+    assert r.exit_code == 0 and "removed" in r.output
+    assert "corpus" not in json.loads((folder / "manifest.json").read_text())
+    r = runner.invoke(main, ["corpus", "--help"])
+    assert r.exit_code == 0 and "--distilled" in r.output
+    r = runner.invoke(main, ["generate", "--help"])
+    assert "--no-corpus" in r.output
