@@ -211,3 +211,18 @@ def test_cli_corpus_refuses_nothing_to_index_and_removes(corpus_engine):
     assert r.exit_code == 0 and "--distilled" in r.output
     r = runner.invoke(main, ["generate", "--help"])
     assert "--no-corpus" in r.output
+
+
+def test_bundle_takes_the_table_with_a_lookup_method_only(corpus_engine, tmp_path):
+    from trt_spec.tools.bundle import bundle
+
+    folder, prompts, answers = corpus_engine
+    with_lookup = bundle(folder, tmp_path / "edge-suffix", methods=["suffix"])
+    data = load_manifest(with_lookup).data  # checksums of the copied table included
+    assert data["corpus"]["file"] == CORPUS_FILE and (with_lookup / CORPUS_FILE).is_file()
+    gen = Generator(with_lookup, method="suffix", max_batch=1)
+    (s,) = gen.generate_ids([prompts[0]], GREEDY)
+    assert s.output_ids == answers[0] and s.metrics().tau > 1.5
+    plain = bundle(folder, tmp_path / "edge-vanilla", methods=["vanilla"])
+    data = load_manifest(plain).data
+    assert "corpus" not in data and not (plain / CORPUS_FILE).exists()

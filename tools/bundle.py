@@ -19,6 +19,7 @@ from trt_spec.runtime.manifest import (MANIFEST, EngineFolderError, load_manifes
                                        rebase_source, write_manifest)
 
 REQUIREMENTS = "requirements.txt"
+LOOKUP_METHODS = {"suffix", "hybrid", "auto"}  # the methods that draft from a corpus table
 EXPECTED_PROMPT = "Name three colours."
 EXPECTED_TOKENS = 16
 
@@ -97,9 +98,12 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
+        # the corpus table goes along where a bundled method drafts from it
+        corpus = data.get("corpus") if set(methods) & LOOKUP_METHODS else None
         files = sorted({f for g in graphs.values() for f in g["files"]}
                        | {f for d in drafters.values() for f in d.get("files", ())}
-                       | set(data["tokenizer"]["files"]))
+                       | set(data["tokenizer"]["files"])
+                       | ({corpus["file"]} if corpus else set()))
         for f in files:
             progress(f"copying {f}")
             shutil.copy2(manifest.path(f), tmp / f)  # f: checked inside the folder
@@ -108,9 +112,12 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
             "# made: pip install --no-deps -r requirements.txt, then trt-spec itself (its wheel,\n"
             "# no extras) with --no-deps.\n"
             + "\n".join(runtime_requirements()) + "\n")
-        bundled = {**{k: v for k, v in data.items() if k not in ("files", "format_version")},
+        bundled = {**{k: v for k, v in data.items()
+                      if k not in ("files", "format_version", "corpus")},
                    "graphs": graphs, "drafters": drafters,
-                   "extra_files": [REQUIREMENTS]}
+                   "extra_files": [REQUIREMENTS] + ([corpus["file"]] if corpus else [])}
+        if corpus:
+            bundled["corpus"] = corpus
         if isinstance(data.get("source"), dict):  # its paths: relative to the bundle now
             bundled["source"] = rebase_source(data["source"], manifest.folder, out)
         write_manifest(tmp, bundled)
