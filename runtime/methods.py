@@ -174,7 +174,8 @@ def _suffix(loader, entry):
     from trt_spec.runtime.proposers.suffix import SuffixProposer
 
     c = loader.speculation
-    return SuffixProposer(c.ngram_min, c.ngram_max, loader.suffix_cache, loader.corpus)
+    return SuffixProposer(c.ngram_min, c.ngram_max, loader.suffix_cache, loader.corpus,
+                          measured=lambda: loader.speculation.fallback)
 
 
 def _hybrid(loader, entry):

@@ -226,3 +226,41 @@ def test_bundle_takes_the_table_with_a_lookup_method_only(corpus_engine, tmp_pat
     plain = bundle(folder, tmp_path / "edge-vanilla", methods=["vanilla"])
     data = load_manifest(plain).data
     assert "corpus" not in data and not (plain / CORPUS_FILE).exists()
+
+
+def test_suffix_verifies_what_pays_by_what_found_the_draft():
+    """Under the gain rules a fixed-k suffix draft is cut to the length its finder's measured
+    acceptance pays for (an own 2-gram match: as long as pays; a weak corpus bin: nothing, but probes);
+    without the rules, all of it. Acceptance is keyed by the finder (Drafts.keys)."""
+    from trt_spec.runtime.draft_length import DraftLength
+    from trt_spec.runtime.policy import PROBE_EVERY, SURE_LOSS_SPACING
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 12), (3, 15), (4, 19), (5, 24)):
+        rule.costs.record(1, t, ms / 1000)
+    for key, rates in (("2", [0.9, 0.8, 0.7, 0.6]), ("c3", [0.05, 0.0, 0.0, 0.0])):
+        acc = rule.acceptance(f"suffix:{key}", False)
+        acc.proposed, acc.accepted = [300.0] * 4, [300.0 * a for a in rates]
+    table = CorpusTable(build_table([[40, 41, 42, 43, 44, 45]] * 3, 4, 1, 0.0), 4)
+    own = stream([7, 41, 42, 9, 8, 7, 6, 3, 41, 42], [], sid=1)  # its own 2-gram: 9 8 7 6
+    corpus_only = stream([1, 2, 3, 41, 42], [], sid=2)  # the corpus: 43 44 45
+    for measured in (True, False):
+        lookup = SuffixProposer(1, 4, corpus=lambda: table, measured=lambda: measured)
+        d = lookup.propose([own, corpus_only], [4, 4], rule.gate("suffix", [False, False], 1))
+        # 2 drafts: (1 + 0.9 + 0.8) / 1.5 = 1.8 a cost unit, above 1, 3 and 4 drafts
+        assert d.tokens[0].tolist() == ([9, 8] if measured else [9, 8, 7, 6])
+        assert d.keys[0] == "2" and d.sources[0] == "suffix"
+        if measured:  # 1.05 / 1.2: a sure loss, not probed on the first step
+            assert len(d.tokens[1]) == 0 and d.keys[1] is None and d.sources[1] is None
+        else:
+            assert d.tokens[1].tolist() == [43, 44, 45] and d.keys[1] == "c3"
+    steps = PROBE_EVERY * SURE_LOSS_SPACING
+    lookup = SuffixProposer(1, 4, corpus=lambda: table, measured=lambda: True)
+    drafted = [len(lookup.propose([corpus_only], [4], rule.gate("suffix", [False], 1)).tokens[0])
+               for _ in range(steps)]
+    assert drafted[-1] == 1 and sum(drafted) == 1  # one probe, of the length that pays best
+    # an adaptive stream's lookup is cut by position in the engine instead: all of it here
+    d = lookup.propose([corpus_only], [4], rule.gate("suffix", [True], 1))
+    assert d.tokens[0].tolist() == [43, 44, 45]
+    lookup.release(corpus_only)
+    assert not lookup.skipped

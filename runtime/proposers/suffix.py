@@ -9,6 +9,11 @@ corpus of answers where it has one.
             frequent continuations (runtime/corpus.py), taken where it drafts anything
     release(stream): its prompt + output join the cache (bounded: the oldest leave first)
 
+Under the policy's gain rules a fixed k is the most a step drafts: each draft is cut to the
+length that pays best by the measured acceptance of what found it (the n-gram's length, or
+the corpus bin), and a stream drafts nothing where no length pays (probing now and then), as
+`auto` judges its lookup.
+
 Templated or repeated workloads (the same questions asked again, documents rewritten) then
 draft long runs for free; both lookups read n-gram indexes (ngram_index.py), so a step costs
 a few dict reads however much the cache holds.
@@ -20,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from trt_spec.runtime.proposers.base import Drafts
+from trt_spec.runtime.policy import probes
+from trt_spec.runtime.proposers.base import Drafts, source_key
 from trt_spec.runtime.corpus import CorpusTable
 from trt_spec.runtime.proposers.ngram import NgramProposer, tail
 from trt_spec.runtime.proposers.ngram_index import NgramIndex
@@ -71,17 +77,22 @@ class SuffixCache:
 
 class SuffixProposer(NgramProposer):
     name = "suffix"
+    gated = True  # the engine hands it the gate (its DraftLength, batch) to cut drafts by
 
     def __init__(self, min_n: int = 1, max_n: int = 4,
                  cache: Callable[[], SuffixCache] | None = None,
-                 corpus: Callable[[], CorpusTable | None] | None = None):
+                 corpus: Callable[[], CorpusTable | None] | None = None,
+                 measured: Callable[[], bool] = lambda: False):
         """cache: returns the cache to use (the engine's, shared by its suffix lookups; a
         bench gives each configuration its own); default: a private one. corpus: returns
-        the engine's corpus table, or None (none)."""
+        the engine's corpus table, or None (none). measured(): whether draft lengths may
+        follow measurements (the policy's gain rules are on)."""
         super().__init__(min_n, max_n)
         own = SuffixCache()
         self._cache = cache or (lambda: own)
         self._corpus = corpus or (lambda: None)
+        self.measured = measured
+        self.skipped: dict[int, int] = {}  # stream id -> its steps where no length paid
 
     @property
     def cache(self) -> SuffixCache:
@@ -108,10 +119,32 @@ class SuffixProposer(NgramProposer):
                 return chain, corpus_key(shares[0])
         return found, n
 
+    def length(self, s, i: int, key: str, n: int, gate, drafting: int) -> int:
+        """How many of n drafts found by `key` to verify: under the gain rules, a fixed-k
+        stream takes the best length by that key's measured acceptance (none where no length
+        pays, but for probes); else n."""
+        if (gate is None or not self.measured() or gate.adaptive[i]
+                or (s.params.temperature > 0 and s.params.seed is not None)):
+            return n
+        rule = gate.rule
+        acc = rule.acceptance(source_key(self.name, key), s.params.temperature > 0)
+        best, gain = acc.best(rule.costs, None, n, gate.batch, drafting)
+        if gain >= 1:
+            return best
+        self.skipped[s.id] = self.skipped.get(s.id, 0) + 1
+        return best if probes(self.skipped[s.id], gain) else 0
+
     def propose(self, streams, ks, gate=None):
-        return Drafts([self.draft(s, k) if k > 0 else np.zeros(0, dtype=np.int64)
-                       for s, k in zip(streams, ks)], [None] * len(streams))
+        found = [self.draft_n(s, k) if k > 0 else (np.zeros(0, dtype=np.int64), 0)
+                 for s, k in zip(streams, ks)]
+        drafting = sum(1 for k in ks if k > 0)
+        tokens = [d[:self.length(s, i, str(n), len(d), gate, drafting)] if len(d) else d
+                  for i, (s, (d, n)) in enumerate(zip(streams, found))]
+        sources = [self.name if len(t) else None for t in tokens]
+        keys = [str(n) if len(t) else None for t, (_, n) in zip(tokens, found)]
+        return Drafts(tokens, [None] * len(streams), sources, keys)
 
     def release(self, s) -> None:
         super().release(s)
+        self.skipped.pop(s.id, None)
         self.cache.add(s.prompt_ids + s.output_ids)
