@@ -259,8 +259,8 @@ def test_suffix_verifies_what_pays_by_what_found_the_draft():
     drafted = [len(lookup.propose([corpus_only], [4], rule.gate("suffix", [False], 1)).tokens[0])
                for _ in range(steps)]
     assert drafted[-1] == 1 and sum(drafted) == 1  # one probe, of the length that pays best
-    # an adaptive stream's lookup is cut by position in the engine instead: all of it here
-    d = lookup.propose([corpus_only], [4], rule.gate("suffix", [True], 1))
-    assert d.tokens[0].tolist() == [43, 44, 45]
+    # an adaptive stream (k = auto) is judged so too (the engine then cuts by position)
+    d = lookup.propose([own], [4], rule.gate("suffix", [True], 1))
+    assert d.tokens[0].tolist() == [9, 8]
     lookup.release(corpus_only)
     assert not lookup.skipped

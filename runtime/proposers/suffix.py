@@ -9,7 +9,7 @@ corpus of answers where it has one.
             frequent continuations (runtime/corpus.py), taken where it drafts anything
     release(stream): its prompt + output join the cache (bounded: the oldest leave first)
 
-Under the policy's gain rules a fixed k is the most a step drafts: each draft is cut to the
+Under the policy's gain rules k is the most a step drafts: each draft is cut to the
 length that pays best by the measured acceptance of what found it (the n-gram's length, or
 the corpus bin), and a stream drafts nothing where no length pays (probing now and then), as
 `auto` judges its lookup.
@@ -120,10 +120,11 @@ class SuffixProposer(NgramProposer):
         return found, n
 
     def length(self, s, i: int, key: str, n: int, gate, drafting: int) -> int:
-        """How many of n drafts found by `key` to verify: under the gain rules, a fixed-k
-        stream takes the best length by that key's measured acceptance (none where no length
-        pays, but for probes); else n."""
-        if (gate is None or not self.measured() or gate.adaptive[i]
+        """How many of n drafts found by `key` to verify: under the gain rules, the best
+        length by that key's measured acceptance (none where no length pays, but for
+        probes), at a fixed k and at k = auto alike (an adaptive stream's draft is then cut
+        by position too, in the engine); else n."""
+        if (gate is None or not self.measured()
                 or (s.params.temperature > 0 and s.params.seed is not None)):
             return n
         rule = gate.rule
