@@ -209,8 +209,9 @@ def test_cli_corpus_refuses_nothing_to_index_and_removes(corpus_engine):
     assert "corpus" not in json.loads((folder / "manifest.json").read_text())
     r = runner.invoke(main, ["corpus", "--help"])
     assert r.exit_code == 0 and "--distilled" in r.output
-    r = runner.invoke(main, ["generate", "--help"])
-    assert "--no-corpus" in r.output
+    for command in ("generate", "serve", "bench"):
+        r = runner.invoke(main, [command, "--help"])
+        assert "--no-corpus" in r.output, command
 
 
 def test_bundle_takes_the_table_with_a_lookup_method_only(corpus_engine, tmp_path):
@@ -264,3 +265,29 @@ def test_suffix_verifies_what_pays_by_what_found_the_draft():
     assert d.tokens[0].tolist() == [9, 8]
     lookup.release(corpus_only)
     assert not lookup.skipped
+
+
+@pytest.mark.slow
+def test_real_corpus_from_sharegpt_leaves_held_out_out_and_stays_lossless(smollm2_int4_spec_engine,
+                                                                       tmp_path):
+    """SmolLM2 int4 with a table of 60 ShareGPT conversations' answers (the training split):
+    held-out conversations are left out, and greedy output with it stays plain's."""
+    from trt_spec.tools.bench import load_prompts
+    from trt_spec.train.data import fetch_sharegpt, read_conversations, split
+
+    folder = tmp_path / "smollm2-corpus"
+    shutil.copytree(smollm2_int4_spec_engine, folder)
+    said: list[str] = []
+    entry = add_corpus(folder, conversations=60, max_n=6, progress=said.append)
+    _, heldout = split(read_conversations(fetch_sharegpt(), limit=60)[0])
+    assert f"({len(heldout)} held-out ones left out)" in said[0]
+    assert entry["entries"] > 10_000 and entry["tokens"] > 20_000
+    prompts = load_prompts("runtime/data/sharegpt-heldout.jsonl")[:2]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    gen = Generator(folder, max_batch=1, speculation=SpeculationConfig(num_draft_tokens=4,
+                                                                       fallback=False))
+    ids = [gen.encode(p) for p in prompts]
+    plain = [s.output_ids for s in gen.generate_ids(ids, params, "none")]
+    streams = gen.generate_ids(ids, params, "suffix")
+    assert [s.output_ids for s in streams] == plain
+    assert sum(s.metrics().accepted_tokens for s in streams) > 0

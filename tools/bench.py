@@ -277,7 +277,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
                             backend=config.backend, device=config.device,
                             exact_decode=exact_decode, prefix_cache=False,
-                            fallback=config.fallback, forced_tokens=config.forced_tokens)
+                            fallback=config.fallback, forced_tokens=config.forced_tokens,
+                            corpus=config.corpus)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))

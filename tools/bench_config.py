@@ -34,6 +34,8 @@ class BenchConfig:
     device: str | None = None
     # the policy's gain rules (False: every step drafts its k)
     fallback: bool = option(True, "spec_fallback")
+    # suffix lookups also draft from the engine folder's corpus table (where it has one)
+    corpus: bool = True
     # structured outputs (prompts whose lines carry a json_schema): grammar-forced tokens
     # drafted per step (0: none, to measure what they add)
     forced_tokens: int = SpeculationConfig.forced_tokens

@@ -122,6 +122,9 @@ def parse_peers(text: str) -> list[str]:
               help="The policy's gain rules: a step drafts fewer tokens than k, or none, where "
                    "that is measured to be faster; off, every step drafts its k (tau of the "
                    "drafter itself).")
+@click.option("--corpus/--no-corpus", default=BENCH["corpus"], show_default=True,
+              help="suffix, hybrid, auto: also draft from the engine folder's corpus table of "
+                   "answers' phrases, where it has one (trt-spec corpus).")
 @threads_option
 @backend_options
 def bench(step_costs, overhead, json_out, plot_out, **options):
