@@ -268,8 +268,8 @@ def test_suffix_verifies_what_pays_by_what_found_the_draft():
 
 
 @pytest.mark.slow
-def test_real_corpus_from_sharegpt_leaves_held_out_out_and_stays_lossless(smollm2_int4_spec_engine,
-                                                                       tmp_path):
+def test_real_sharegpt_table_skips_held_out_and_stays_lossless(smollm2_int4_spec_engine,
+                                                                tmp_path):
     """SmolLM2 int4 with a table of 60 ShareGPT conversations' answers (the training split):
     held-out conversations are left out, and greedy output with it stays plain's."""
     from trt_spec.tools.bench import load_prompts
