@@ -231,7 +231,8 @@ def test_bundle_takes_the_table_with_a_lookup_method_only(corpus_engine, tmp_pat
 
 def test_suffix_verifies_what_pays_by_what_found_the_draft():
     """Under the gain rules a fixed-k suffix draft is cut to the length its finder's measured
-    acceptance pays for (an own 2-gram match: as long as pays; a weak corpus bin: nothing, but probes);
+    acceptance pays for (an own 2-gram match: as long as pays; a weak corpus bin: nothing,
+    but probes);
     without the rules, all of it. Acceptance is keyed by the finder (Drafts.keys)."""
     from trt_spec.runtime.draft_length import DraftLength
     from trt_spec.runtime.policy import PROBE_EVERY, SURE_LOSS_SPACING
