@@ -94,7 +94,29 @@ def add_corpus(folder: str | Path, conversations: int = DEFAULTS["conversations"
     if not 0 <= min_prob <= 1:
         raise ValueError(f"--min-prob {min_prob}: must be in [0, 1]")
     t0 = time.time()
-    given = sequences is not None
+    digest = hashlib.sha256()
+    if sequences is not None:  # what the table is built from, cheaply: the answers given,
+        for seq in sequences:  # or the sources' names, sizes and the tokenizer
+            digest.update(np.asarray(seq, dtype=np.int64).tobytes() + b"|")
+    else:
+        from trt_spec.train.data import SHAREGPT_REQUIREMENT
+
+        digest.update(f"{SHAREGPT_REQUIREMENT} {conversations}".encode())
+        digest.update(manifest.data["files"]["tokenizer.json"]["sha256"].encode()
+                      if "tokenizer.json" in manifest.data["files"] else b"")
+        for shard in sorted(Path(distilled).glob("shard-*.npz")) if distilled else []:
+            digest.update(f"|{shard.name} {shard.stat().st_size}".encode())
+    settings = {"conversations": 0 if sequences is not None else conversations,
+                "distilled": None if distilled is None or sequences is not None
+                else Path(distilled).name,
+                "sources_sha256": digest.hexdigest(),
+                "max_n": max_n, "min_total": min_total, "min_prob": min_prob}
+    old = manifest.data.get("corpus")
+    intact = ((folder / CORPUS_FILE).is_file() and CORPUS_FILE in manifest.data["files"]
+              and sha256(folder / CORPUS_FILE) == manifest.data["files"][CORPUS_FILE]["sha256"])
+    if not force and old and old.get("settings") == settings and intact:
+        progress(f"{folder / CORPUS_FILE} is up to date (--force builds it again)")
+        return old
     if sequences is None:
         sequences = sharegpt_answers(Tokenizer(folder), conversations, progress)
         if distilled is not None:
@@ -104,19 +126,6 @@ def add_corpus(folder: str | Path, conversations: int = DEFAULTS["conversations"
     if not sequences:
         raise ValueError("corpus: no answers to build from (--conversations 0 and no "
                          "--distilled)")
-    digest = hashlib.sha256()
-    for seq in sequences:
-        digest.update(np.asarray(seq, dtype=np.int64).tobytes() + b"|")
-    settings = {"conversations": 0 if given else conversations,
-                "distilled": None if distilled is None or given else Path(distilled).name,
-                "answers_sha256": digest.hexdigest(),
-                "max_n": max_n, "min_total": min_total, "min_prob": min_prob}
-    old = manifest.data.get("corpus")
-    intact = ((folder / CORPUS_FILE).is_file() and CORPUS_FILE in manifest.data["files"]
-              and sha256(folder / CORPUS_FILE) == manifest.data["files"][CORPUS_FILE]["sha256"])
-    if not force and old and old.get("settings") == settings and intact:
-        progress(f"{folder / CORPUS_FILE} is up to date (--force builds it again)")
-        return old
     tokens = sum(len(s) for s in sequences)
     progress(f"corpus: indexing {tokens:,} tokens, n-grams of 1..{max_n}")
     table = CorpusTable(build_table(sequences, max_n, min_total, min_prob), max_n)

@@ -283,6 +283,8 @@ def test_real_sharegpt_table_skips_held_out_and_stays_lossless(smollm2_int4_spec
     _, heldout = split(read_conversations(fetch_sharegpt(), limit=60)[0])
     assert f"({len(heldout)} held-out ones left out)" in said[0]
     assert entry["entries"] > 10_000 and entry["tokens"] > 20_000
+    add_corpus(folder, conversations=60, max_n=6, progress=said.append)
+    assert "up to date" in said[-1]  # known from its sources' names alone: nothing re-read
     prompts = load_prompts("runtime/data/sharegpt-heldout.jsonl")[:2]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     gen = Generator(folder, max_batch=1, speculation=SpeculationConfig(num_draft_tokens=4,
