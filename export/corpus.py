@@ -1,10 +1,12 @@
-"""`trt-spec corpus`: an engine folder's n-gram table of answers (runtime/runtime/corpus.py).
+"""`trt-spec corpus`: an engine folder's n-gram table of answers (runtime/corpus.py).
 
-    corpus_sequences(tokenizer, conversations, distilled)
+    sharegpt_answers(tokenizer, conversations)
         the assistant answers of the first `conversations` ShareGPT conversations of the
         training split (held-out conversations never: their prompts are what benchmarks ask),
-        tokenized by the engine's tokenizer, and the token ids of self-distilled shards
-        (train/data/<model>: the target's own answers to training prompts) where given
+        tokenized by the engine's tokenizer
+    distilled_answers(folder, vocab_size)
+        the token ids of self-distilled shards (train/data/<model>: the target's own answers
+        to training prompts)
     add_corpus(folder, ...)
         builds the table, writes corpus.npz into the folder and records it in the manifest
         (files checksummed as the graphs are); a second run with the same settings does nothing
@@ -43,7 +45,7 @@ def sharegpt_answers(tokenizer, conversations: int, progress=print) -> list[list
              if m["role"] == "assistant" and m["content"].strip()]
     progress(f"corpus: {len(texts)} answers of {len(train)} ShareGPT conversations "
              f"({len(heldout)} held-out ones left out)")
-    return [e.ids for e in tokenizer._tok.encode_batch(texts, add_special_tokens=False)]
+    return tokenizer.encode_batch(texts, add_special_tokens=False)
 
 
 def distilled_answers(folder: str | Path, vocab_size: int) -> list[list[int]]:

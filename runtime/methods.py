@@ -128,6 +128,7 @@ class Method:
     # Traits: what the engine and the device loop read instead of the name.
     lookup: bool = False  # drafts by lookup, without a confidence: `auto` cuts by position
     picks_length: bool = False  # picks its own draft length each step: the gain rules keep k
+    reads_corpus: bool = False  # its suffix lookup drafts from the folder's corpus table
     # how the device loop drafts it: "plain" (nothing), "lookup" (n-gram), "draft" (a draft
     # model), "head" (a drafter over the target's per-token outputs); None: on the host only
     device: str | None = None
@@ -240,7 +241,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ngram", "prompt lookup: continues the latest earlier match of the last n tokens",
            lookup=True, device="lookup", make=_ngram),
     Method("suffix", "ngram over the request's tokens, then over earlier requests' (a bounded "
-           "cache)", lookup=True, picks_length=True, make=_suffix),
+           "cache)", lookup=True, picks_length=True, reads_corpus=True, make=_suffix),
     Method("mtp", "N cascaded one-layer modules over the target's hidden state",
            ("graphs", "layer_config"), "mtp", "--mtp CHECKPOINT", graph_prefix="mtp",
            device="head", reads="hidden_states", make=_mtp),
@@ -253,10 +254,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # the heads by measured acceptance on the shipped SmolLM2 drafters (best first)
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",
-           uses_any=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True, make=_hybrid),
+           uses_any=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
+           reads_corpus=True, make=_hybrid),
     Method("auto", "per stream and step, what is measured to pay most here: the suffix "
            "lookup, the folder's model drafter (as hybrid's), or no drafting",
-           picks=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True, make=_auto),
+           picks=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
+           reads_corpus=True, make=_auto),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))

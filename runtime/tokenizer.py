@@ -82,7 +82,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch releases the GIL (encode holds it): a long prompt tokenized on a
         # server thread does not stall the event loop or the scheduler
-        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self.encode_batch([text], add_special_tokens)[0]
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True
+                     ) -> list[list[int]]:
+        """The ids of each text, tokenized in parallel."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of `text` (no special tokens added) and each token's [start, end) characters."""

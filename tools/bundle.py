@@ -17,9 +17,9 @@ from pathlib import Path
 
 from trt_spec.runtime.manifest import (MANIFEST, EngineFolderError, load_manifest,
                                        rebase_source, write_manifest)
+from trt_spec.runtime.methods import traits
 
 REQUIREMENTS = "requirements.txt"
-LOOKUP_METHODS = {"suffix", "hybrid", "auto"}  # the methods that draft from a corpus table
 EXPECTED_PROMPT = "Name three colours."
 EXPECTED_TOKENS = 16
 
@@ -99,7 +99,7 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         # the corpus table goes along where a bundled method drafts from it
-        corpus = data.get("corpus") if set(methods) & LOOKUP_METHODS else None
+        corpus = data.get("corpus") if any(traits(m).reads_corpus for m in methods) else None
         files = sorted({f for g in graphs.values() for f in g["files"]}
                        | {f for d in drafters.values() for f in d.get("files", ())}
                        | set(data["tokenizer"]["files"])
