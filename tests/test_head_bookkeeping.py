@@ -94,7 +94,9 @@ def truth(gen):
 
 
 def check_run(gen, proposer, oracles, k, seqs, target_rows):
-    config = SpeculationConfig(num_draft_tokens=k, min_acceptance=0)
+    # no gain rules: they cut k by measured step costs, so under load the loop past the
+    # last module might never run
+    config = SpeculationConfig(num_draft_tokens=k, min_acceptance=0, fallback=False)
     engine = engine_with(gen, proposer, config)
     streams = [custom_stream(p, GREEDY, k) for p in PROMPTS]
     for s, seq, rows in zip(streams, seqs, target_rows):
