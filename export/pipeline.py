@@ -27,7 +27,7 @@ from trt_spec.runtime.manifest import (MANIFEST, load_manifest, relative_source_
                                        write_manifest)
 from trt_spec.runtime.methods import METHODS
 
-PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-head8", "int4-plain"),
+PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-head8", "int4-plain", "int8-rows"),
               "trt": ("fp32", "fp16")}
 FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
 
@@ -41,13 +41,17 @@ FORMS = {
     "int8": lambda output, shape: "int8",
     "int4": lambda output, shape: "int8" if output == "logits" else "int4+residual",
     "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
+    # the down projection (the one MatMul that narrows, K > N) reads its input, the gated MLP
+    # product with the largest outliers, in two 8-bit passes (export/quantize.py)
+    "int8-rows": lambda output, shape: ("int8" if output == "logits" else
+                                        "int8-rows2" if shape[0] > shape[1] else "int8-rows"),
 }
 FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEAD_RESCORE)
 # A tied head under int4 reads a 4-bit copy of the int8 table and computes each row's top
 # logits again from the int8 rows (export/quantize.py rescored_head): the head is the largest
 # matrix a step reads (49152 x 576 on SmolLM2), and memory-bound. "int4-head8" is int4 with
 # the whole head at 8 bits: 2-3% slower on SmolLM2, the tail of the distribution exact.
-HEAD_RESCORE = {"int4": 128, "int4-plain": 128}
+HEAD_RESCORE = {"int4": 128, "int4-plain": 128, "int8-rows": 128}
 BACKENDS = tuple(PRECISIONS)
 # Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
 # redoes folders made before.
@@ -145,7 +149,9 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         proto = trace()
     aliases = None
     if precision in FORMS:
-        log(f"quantizing {name} to {precision} (MatMulNBits, block 32, accuracy level 4) ...")
+        log(f"quantizing {name} to {precision} ("
+            + ("8-bit columns x 8-bit rows, MatMulInteger" if precision == "int8-rows" else
+               "MatMulNBits, block 32, accuracy level 4") + ") ...")
         rescore = HEAD_RESCORE.get(precision, 0)
         # before the generic pass: the head is special
         aliases = tie_embedding_int8(proto, rescore_top=rescore)
@@ -325,6 +331,10 @@ def export_engine(model: str, out: Path, precision: str = "fp32", backend: str =
         log(f"drafting over the {draft_vocab} draft vocabulary ({len(d2t)} of "
             f"{target.config.vocab_size} tokens) in the vanilla, mtp and eagle heads")
     config, drafters = target.config, {}
+    if precision == "int8-rows":  # exact in fp32: only what the 8-bit rows see changes
+        from trt_spec.export.smooth import calibration_sequences, input_maxima, smooth
+        n = smooth(target, input_maxima(target, calibration_sequences(hf_dir, progress=log)))
+        log(f"  {n} MatMul inputs smoothed (their channel scales moved into the weights)")
     if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
         for module in [target, draft]:
             if module is not None:

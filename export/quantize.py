@@ -11,6 +11,16 @@ forms (FORMS), each a function quantize_<form> below:
   a Q4_1 GGUF's weights, at ~4% more bytes.
 accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (docs/quantization.md); ORT's
 float zero points (exact for Q4_1 by themselves) run ~35x slower.
+
+Two forms are not MatMulNBits:
+- "int8-rows": int8 weights, one scale per output column, and the input quantized to int8 at
+  run time, one scale per row (export/int8_rows.py), multiplied by ONNX MatMulInteger: ONNX Runtime
+  runs that on its integer GEMM (AMX / VNNI tiles), whose cost barely grows with the rows a
+  step verifies, where MatMulNBits' grows ~80% a row. Each row is quantized on its own, so a
+  token's result does not depend on the rows beside it.
+- "int8-rows2": the same weights, the input read in two 8-bit passes (the second quantizes what
+  the first left out): ~15 bits of the row for one more integer GEMM.
+The int8-rows precision smooths the target first (export/smooth.py).
 """
 
 from __future__ import annotations
@@ -18,6 +28,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from trt_spec.export.int8_rows import (dequantize_int8_columns, int8_rows_matmul,
+                                      quantize_int8_columns, rows_int8, rows_int8_error)
 
 BLOCK = 32
 
@@ -149,7 +162,8 @@ def dequantize_int4_residual(packed, scales, zero_points, k: int, n: int,
 
 
 QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4,
-              "int4+residual": quantize_int4_residual}
+              "int4+residual": quantize_int4_residual, "int8-rows": quantize_int8_columns,
+              "int8-rows2": quantize_int8_columns}
 FORMS = tuple(QUANTIZERS)
 
 
@@ -176,9 +190,8 @@ def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> 
 
 
 DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
-                "int4+residual": dequantize_int4_residual}
-
-
+                "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
+                "int8-rows2": dequantize_int8_columns}
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                      min_elements: int = 4096, errors: dict | None = None) -> int:
     """Replaces every MatMul whose B is a 2-D initializer with K % 32 == 0 (and at least
@@ -197,6 +210,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     replaced = 0
     new_nodes = []
     augmented: dict[str, str] = {}
+    rows: dict[str, tuple[str, str]] = {}
     for node in graph.node:
         w_name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
         init = inits.get(w_name) if w_name else None
@@ -216,10 +230,21 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             wq = DEQUANTIZERS[form](packed, scales, zps, k, n)
             errors[w_name] = (form, float(np.linalg.norm(wq - w) / max(np.linalg.norm(w), 1e-30)))
         x = node.input[0]
+        prefix = f"{w_name}.{form}"
+        if form in ("int8-rows", "int8-rows2"):
+            graph.initializer.extend([numpy_helper.from_array(packed, prefix + ".q"),
+                                      numpy_helper.from_array(scales, prefix + ".scales")])
+            passes = [rows_int8(graph, new_nodes, rows, x, k)]
+            if form == "int8-rows2":
+                passes.append(rows_int8(graph, new_nodes, rows,
+                                         rows_int8_error(new_nodes, x, passes[0], k), k))
+            int8_rows_matmul(new_nodes, passes, prefix, node.output[0], node.name or w_name)
+            uses[w_name] -= 1
+            replaced += 1
+            continue
         if form == "int4+residual":
             x = _with_block_sums(graph, new_nodes, augmented, x, k)
             k += RESIDUAL_STAGES * sums_width(k)
-        prefix = f"{w_name}.{form}"
         graph.initializer.extend([
             numpy_helper.from_array(packed, prefix + ".q"),
             numpy_helper.from_array(scales, prefix + ".scales"),
@@ -239,6 +264,10 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
         graph.initializer.remove(i)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if rows:  # QuantizeLinear's blocks (one per row) need opset 21; 20 -> 21 adds types only
+        for o in model.opset_import:
+            if o.domain in ("", "ai.onnx") and o.version < 21:
+                o.version = 21
     return replaced
 
 

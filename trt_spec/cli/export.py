@@ -19,14 +19,16 @@ def renamed(ctx, param, value):
                    "Hugging Face folder (config.json + safetensors + tokenizer) of a Llama, "
                    "Mistral, Qwen2/2.5, Qwen3 or Gemma 3 (text) model.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-head8",
-                                                "int4-plain"]),
+                                                "int4-plain", "int8-rows"]),
               default=None,
               help="Precision of the exported graphs: fp32 / int8 / int4 weights for ort "
                    "[default: int4: 4-bit blocks plus each block's residual, which keeps a Q4_1 "
                    "GGUF's weights, and a tied head read at 4 bits with each row's top 128 "
                    "logits at 8; int4-head8: the same with the whole head at 8 bits (slower, "
                    "the distribution's tail exact); int4-plain: without the residual, 4% "
-                   "smaller and not the same model]; fp32 / fp16 for trt, which builds strongly "
+                   "smaller and not the same model; int8-rows: 8-bit weights and each row of "
+                   "activations quantized to 8 bits at run time, on the integer GEMM, whose cost "
+                   "barely grows with the rows a speculative step verifies]; fp32 / fp16 for trt, which builds strongly "
                    "typed from the graph's dtypes [default: fp16].")
 @click.option("--lower-for", "lower_for", type=click.Choice(["ort", "trt"]), default="ort",
               show_default=True,
