@@ -150,7 +150,7 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     aliases = None
     if precision in FORMS:
         log(f"quantizing {name} to {precision} ("
-            + ("8-bit columns x 8-bit rows, MatMulInteger" if precision == "int8-rows" else
+            + ("8-bit columns x 8-bit rows, MatMulIntegerToFloat" if precision == "int8-rows" else
                "MatMulNBits, block 32, accuracy level 4") + ") ...")
         rescore = HEAD_RESCORE.get(precision, 0)
         # before the generic pass: the head is special

@@ -14,7 +14,7 @@ float zero points (exact for Q4_1 by themselves) run ~35x slower.
 
 Two forms are not MatMulNBits:
 - "int8-rows": int8 weights, one scale per output column, and the input quantized to int8 at
-  run time, one scale per row (export/int8_rows.py), multiplied by ONNX MatMulInteger: ONNX Runtime
+  run time, one scale per row (export/int8_rows.py), multiplied by MatMulIntegerToFloat: ONNX Runtime
   runs that on its integer GEMM (AMX / VNNI tiles), whose cost barely grows with the rows a
   step verifies, where MatMulNBits' grows ~80% a row. Each row is quantized on its own, so a
   token's result does not depend on the rows beside it.

@@ -1,4 +1,4 @@
-"""The int8-rows precision: 8-bit weight columns times 8-bit activation rows (MatMulInteger),
+"""The int8-rows precision: 8-bit weight columns times 8-bit activation rows (MatMulIntegerToFloat),
 the smoothing that moves activation outliers into the weights, and the exactness that
 speculative decoding needs from it: a row's result does not depend on the rows beside it."""
 
@@ -26,7 +26,7 @@ def one_matmul(w: np.ndarray, form: str) -> ort.InferenceSession:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     assert matmuls_to_nbits(model, lambda output, shape: form) == 1
     onnx.checker.check_model(model)
-    assert any(n.op_type == "MatMulInteger" for n in model.graph.node)
+    assert any(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
