@@ -41,10 +41,7 @@ FORMS = {
     "int8": lambda output, shape: "int8",
     "int4": lambda output, shape: "int8" if output == "logits" else "int4+residual",
     "int4-plain": lambda output, shape: "int8" if output == "logits" else "int4",
-    # the down projection (the one MatMul that narrows, K > N) reads its input, the gated MLP
-    # product with the largest outliers, in two 8-bit passes (export/quantize.py)
-    "int8-rows": lambda output, shape: ("int8" if output == "logits" else
-                                        "int8-rows2" if shape[0] > shape[1] else "int8-rows"),
+    "int8-rows": lambda output, shape: "int8" if output == "logits" else "int8-rows",
 }
 FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEAD_RESCORE)
 # A tied head under int4 reads a 4-bit copy of the int8 table and computes each row's top

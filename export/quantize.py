@@ -19,7 +19,9 @@ Two forms are not MatMulNBits:
   step verifies, where MatMulNBits' grows ~80% a row. Each row is quantized on its own, so a
   token's result does not depend on the rows beside it.
 - "int8-rows2": the same weights, the input read in two 8-bit passes (the second quantizes what
-  the first left out): ~15 bits of the row for one more integer GEMM.
+  the first left out): ~15 bits of the row for one more integer GEMM. "int8-rows" takes it
+  where fidelity needs it most (measured, docs/quantization.md): the down projection (the
+  MatMul that narrows, K > N) and q/k/v (the MatMul GroupQueryAttention reads).
 The int8-rows precision smooths the target first (export/smooth.py).
 """
 
@@ -207,6 +209,10 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
     replaced = 0
     new_nodes = []
     augmented: dict[str, str] = {}
@@ -221,6 +227,8 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
         w = numpy_helper.to_array(init)
         k, n = w.shape
         form = form_for(node.output[0], (k, n))
+        if form == "int8-rows" and (k > n or "GroupQueryAttention" in readers.get(node.output[0], ())):
+            form = "int8-rows2"  # the down projection and qkv: the inputs fidelity needs most
         if form is None:
             new_nodes.append(node)
             continue

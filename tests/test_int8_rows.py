@@ -45,7 +45,7 @@ def test_rows_are_quantized_each_on_its_own(form):
     """Bitwise: a row computed among others equals the row computed alone (what makes
     speculative greedy output equal plain greedy output), and close to x @ w."""
     rng = np.random.default_rng(1)
-    w = (rng.standard_normal((128, 64)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((128, 160)) * 0.05).astype(np.float32)
     session = one_matmul(w, form)
     x = rng.standard_normal((1, 5, 128)).astype(np.float32)
     x[0, 2] *= 100  # one loud row must not coarsen the others
@@ -62,13 +62,32 @@ def test_rows_are_quantized_each_on_its_own(form):
 
 def test_two_passes_are_closer_than_one():
     rng = np.random.default_rng(2)
-    w = (rng.standard_normal((256, 32)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((256, 320)) * 0.05).astype(np.float32)
     x = rng.standard_normal((1, 8, 256)).astype(np.float32)
     x[..., 7] *= 40  # an outlier channel, as LLM activations have
-    want = x @ dequantize_int8_columns(*quantize_int8_columns(w), 256, 32)  # rows' error alone
+    want = x @ dequantize_int8_columns(*quantize_int8_columns(w), 256, 320)  # rows' error alone
     errors = {form: np.linalg.norm(one_matmul(w, form).run(None, {"x": x})[0] - want)
               for form in ("int8-rows", "int8-rows2")}
     assert errors["int8-rows2"] < errors["int8-rows"] / 3, errors
+
+
+def passes(w: np.ndarray, form: str) -> int:
+    k, n = w.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    matmuls_to_nbits(model, lambda output, shape: form)
+    return sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+
+
+def test_int8_rows_takes_two_passes_where_the_matmul_narrows():
+    """The down projection (K > N) reads its input in two passes; a widening MatMul in one
+    (q/k/v, read by GroupQueryAttention, in two: the engine test's graphs)."""
+    assert passes(np.ones((128, 64), np.float32), "int8-rows") == 2
+    assert passes(np.ones((64, 128), np.float32), "int8-rows") == 1
+    assert passes(np.ones((64, 128), np.float32), "int8-rows2") == 2
 
 
 def test_smoothing_keeps_the_model_and_evens_the_inputs(tiny_hf_dir):
@@ -140,7 +159,10 @@ def test_int8_rows_engine_speculates_losslessly(tiny_int8_rows, tiny_engine):
     from trt_spec.tools.fidelity import fidelity
 
     graph = load_manifest(tiny_int8_rows).graph("target")
-    assert graph["precision"] == "int8-rows" and "int8-rows" in graph["weights"]
+    assert graph["precision"] == "int8-rows"
+    # one pass for o and gate/up, two for q/k/v and down: 2 of each per layer
+    assert graph["weights"]["int8-rows"]["matmuls"] == 2 * 4
+    assert graph["weights"]["int8-rows2"]["matmuls"] == 2 * 4
     prompts = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = [s.output_ids for s in Generator(tiny_int8_rows, max_batch=3).generate_ids(
