@@ -16,7 +16,7 @@ from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
 
 
-def one_matmul(w: np.ndarray, form: str) -> ort.InferenceSession:
+def matmul_model(w: np.ndarray, form: str) -> onnx.ModelProto:
     """A graph y = x @ w with w lowered to `form`."""
     k, n = w.shape
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -26,6 +26,11 @@ def one_matmul(w: np.ndarray, form: str) -> ort.InferenceSession:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     assert matmuls_to_nbits(model, lambda output, shape: form) == 1
     onnx.checker.check_model(model)
+    return model
+
+
+def one_matmul(w: np.ndarray, form: str) -> ort.InferenceSession:
+    model = matmul_model(w, form)
     assert any(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -72,14 +77,7 @@ def test_two_passes_are_closer_than_one():
 
 
 def passes(w: np.ndarray, form: str) -> int:
-    k, n = w.shape
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])],
-                              [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    matmuls_to_nbits(model, lambda output, shape: form)
-    return sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    return sum(n.op_type == "MatMulIntegerToFloat" for n in matmul_model(w, form).graph.node)
 
 
 def test_int8_rows_takes_two_passes_where_the_matmul_narrows():
