@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_spec.export.quantize import (dequantize_int8_columns, matmuls_to_nbits,
                                       quantize_int8_columns)
+from trt_spec.runtime.backends.ort import make_session
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
 
@@ -29,10 +30,13 @@ def matmul_model(w: np.ndarray, form: str) -> onnx.ModelProto:
     return model
 
 
-def one_matmul(w: np.ndarray, form: str) -> ort.InferenceSession:
+def one_matmul(w: np.ndarray, form: str, folder) -> ort.InferenceSession:
+    """matmul_model's session, opened as the runtime opens graphs (the process's pool)."""
     model = matmul_model(w, form)
     assert any(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    path = folder / f"{form}-{w.shape[0]}x{w.shape[1]}.onnx"
+    onnx.save(model, str(path))
+    return make_session(path)
 
 
 def test_int8_columns_round_trip():
@@ -46,12 +50,12 @@ def test_int8_columns_round_trip():
 
 
 @pytest.mark.parametrize("form", ["int8-rows", "int8-rows2"])
-def test_rows_are_quantized_each_on_its_own(form):
+def test_rows_are_quantized_each_on_its_own(form, tmp_path):
     """Bitwise: a row computed among others equals the row computed alone (what makes
     speculative greedy output equal plain greedy output), and close to x @ w."""
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((128, 160)) * 0.05).astype(np.float32)
-    session = one_matmul(w, form)
+    session = one_matmul(w, form, tmp_path)
     x = rng.standard_normal((1, 5, 128)).astype(np.float32)
     x[0, 2] *= 100  # one loud row must not coarsen the others
     x[0, 4] = 0  # an all-zero row: no NaN
@@ -65,13 +69,13 @@ def test_rows_are_quantized_each_on_its_own(form):
     assert error < 0.02, error
 
 
-def test_two_passes_are_closer_than_one():
+def test_two_passes_are_closer_than_one(tmp_path):
     rng = np.random.default_rng(2)
     w = (rng.standard_normal((256, 320)) * 0.05).astype(np.float32)
     x = rng.standard_normal((1, 8, 256)).astype(np.float32)
     x[..., 7] *= 40  # an outlier channel, as LLM activations have
     want = x @ dequantize_int8_columns(*quantize_int8_columns(w), 256, 320)  # rows' error alone
-    errors = {form: np.linalg.norm(one_matmul(w, form).run(None, {"x": x})[0] - want)
+    errors = {form: np.linalg.norm(one_matmul(w, form, tmp_path).run(None, {"x": x})[0] - want)
               for form in ("int8-rows", "int8-rows2")}
     assert errors["int8-rows2"] < errors["int8-rows"] / 3, errors
 
