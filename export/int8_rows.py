@@ -1,7 +1,7 @@
 """The int8-rows form's pieces (export/quantize.py lowers MatMuls with them): int8 weight
 columns, and the graph nodes that quantize each row of a MatMul's input to 8 bits at run
-time and multiply with com.microsoft MatMulIntegerToFloat (ONNX Runtime's integer GEMM: AMX / VNNI tiles on
-x86, whose cost barely grows with the rows a step verifies)."""
+time and multiply with com.microsoft MatMulIntegerToFloat (ONNX Runtime's integer GEMM: AMX
+/ VNNI tiles on x86, whose cost barely grows with the rows a step verifies)."""
 
 from __future__ import annotations
 

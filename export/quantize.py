@@ -14,9 +14,9 @@ float zero points (exact for Q4_1 by themselves) run ~35x slower.
 
 Two forms are not MatMulNBits:
 - "int8-rows": int8 weights, one scale per output column, and the input quantized to int8 at
-  run time, one scale per row (export/int8_rows.py), multiplied by MatMulIntegerToFloat: ONNX Runtime
-  runs that on its integer GEMM (AMX / VNNI tiles), whose cost barely grows with the rows a
-  step verifies, where MatMulNBits' grows ~80% a row. Each row is quantized on its own, so a
+  run time, one scale per row (export/int8_rows.py), multiplied by MatMulIntegerToFloat:
+  ONNX Runtime runs that on its integer GEMM (AMX / VNNI tiles), whose cost barely grows
+  with the rows a step verifies, where MatMulNBits' grows ~80% a row. Each row is quantized on its own, so a
   token's result does not depend on the rows beside it.
 - "int8-rows2": the same weights, the input read in two 8-bit passes (the second quantizes what
   the first left out): ~15 bits of the row for one more integer GEMM. "int8-rows" takes it
@@ -227,7 +227,8 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
         w = numpy_helper.to_array(init)
         k, n = w.shape
         form = form_for(node.output[0], (k, n))
-        if form == "int8-rows" and (k > n or "GroupQueryAttention" in readers.get(node.output[0], ())):
+        if form == "int8-rows" and (k > n or "GroupQueryAttention"
+                                    in readers.get(node.output[0], ())):
             form = "int8-rows2"  # the down projection and qkv: the inputs fidelity needs most
         if form is None:
             new_nodes.append(node)

@@ -95,7 +95,8 @@ def smooth(target: TargetModel, maxima: dict[str, torch.Tensor], alpha: float = 
         if p + "down_proj" in maxima:
             s = factors(maxima[p + "down_proj"], layer.down_proj.weight, alpha)
             inter = c.intermediate_size
-            layer.gate_up_proj.weight[inter:].div_(s.reshape(-1, 1).to(layer.gate_up_proj.weight.dtype))
+            up = layer.gate_up_proj.weight[inter:]
+            up.div_(s.reshape(-1, 1).to(up.dtype))
             layer.down_proj.weight.mul_(s.to(layer.down_proj.weight.dtype))
             done += 1
     return done
@@ -113,7 +114,8 @@ def calibration_sequences(hf_dir, conversations: int = 32, max_tokens: int = 512
     train, _ = split(source)
     texts = [tok.apply_chat_template(c.messages, add_generation_prompt=False)
              for c in train[:conversations]]
-    sequences = [ids[:max_tokens] for ids in tok.encode_batch(texts, add_special_tokens=False) if len(ids) >= 8]
+    sequences = [ids[:max_tokens] for ids in tok.encode_batch(texts, add_special_tokens=False)
+                 if len(ids) >= 8]
     progress(f"smoothing for int8 rows: {len(sequences)} ShareGPT training conversations, "
              f"{sum(map(len, sequences))} tokens")
     return sequences
