@@ -2,6 +2,7 @@
 self-distilled data stage (train/distill_data.py): every human turn, sampled variants, shards
 that resume, on the tiny target."""
 
+import json
 from collections import deque
 
 import numpy as np
@@ -259,3 +260,31 @@ def test_shards_overlap_in_the_batch(target, tokenizer, convs, tmp_path, monkeyp
                                 progress=written.append) == len(convs)
     assert max(seen[0]) == 4
     assert [p.shards_done for p in written] == list(range(1, len(convs) + 1))
+
+
+def test_the_model_identity_does_not_depend_on_the_transformers_that_wrote_the_config(tmp_path):
+    """The same model's config as transformers 4 and 5 write it (names, dtype, RoPE
+    spelling, version) has one identity; a change to the model's numbers has another."""
+    v4 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+          "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+          "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+          "tie_word_embeddings": True, "rope_theta": 100000.0, "rope_scaling": None,
+          "torch_dtype": "float32", "transformers_version": "4.57.1"}
+    v5 = {k: v for k, v in v4.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
+    v5 |= {"dtype": "float32", "transformers_version": "5.25.0",
+           "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
+    data = tmp_path / "data.json"
+    data.write_text("[]")
+    ids = []
+    for i, config in enumerate([v4, v5, v4 | {"rope_theta": 10000.0}, v4 | {"hidden_size": 512}]):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config, indent=2 + i))
+        (folder / "model.safetensors").write_bytes(b"w" * 10)
+        ids.append(distill_data.model_identity(folder, data))
+    assert ids[0] == ids[1]
+    assert len(set(ids[1:])) == 3
+    per_layer = {"rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                     "sliding_attention": {"rope_theta": 1e4}}}
+    assert distill_data.rope_thetas(per_layer) == {"full_attention": 1e6,
+                                                  "sliding_attention": 1e4}
