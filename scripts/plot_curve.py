@@ -1,5 +1,6 @@
-"""Plot learning curves written by `trt-spec train --eval-every TOKENS`: held-out acc_0 (top-1
-at draft step 1) and tau_est (train/curve.py: an estimate; `trt-spec bench` measures τ)
+"""Plot learning curves written by `trt-spec train --eval-every TOKENS`: held-out top-1 by draft
+step (acc_0 solid, later steps fainter) and tau_est (train/curve.py: an estimate; `trt-spec
+bench` measures τ)
 against training tokens seen, one line per curve file.
 
     python scripts/plot_curve.py runs/r/eagle3-curve.jsonl runs/r/mtp-curve.jsonl \\
@@ -49,11 +50,19 @@ def plot(curves: dict[str, list[dict]], out: Path, title: str | None = None) -> 
     fig, (ax_acc, ax_tau) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     for name, records in curves.items():
         tokens = [r["tokens_seen"] for r in records]
-        ax_acc.plot(tokens, [r["acc"][0] for r in records], marker=".", label=name)
+        steps = min(len(r["acc"]) for r in records)
+        line = None
+        for j in range(steps):  # one colour per curve, draft steps fainter and dashed
+            line, = ax_acc.plot(tokens, [r["acc"][j] for r in records],
+                                marker="." if j == 0 else None,
+                                color=None if line is None else line.get_color(),
+                                linestyle="-" if j == 0 else "--",
+                                alpha=1.0 if j == 0 else 0.6 - 0.1 * min(j, 4),
+                                label=f"{name}, step {j + 1}" if j in (0, steps - 1) else None)
         ks = sorted({r["k"] for r in records})
         ax_tau.plot(tokens, [r["tau_est"] for r in records], marker=".",
                     label=f"{name} (k={','.join(map(str, ks))})")
-    ax_acc.set_ylabel("held-out acc_0 (top-1, draft step 1)")
+    ax_acc.set_ylabel("held-out top-1 by draft step")
     ax_tau.set_ylabel("tau_est (tokens / target forward)")
     ax_tau.set_xlabel("training tokens seen")
     ax_tau.axhline(1.0, color="black", linewidth=0.5)
