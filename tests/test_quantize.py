@@ -15,6 +15,7 @@ from trt_spec.export.quantize import (
     quantize_int4,
     quantize_int4_residual,
 )
+from tests.script_util import load_script
 from trt_spec.runtime.backends.ort import make_session
 
 
@@ -182,3 +183,27 @@ def test_int4_reads_a_tied_head_at_4_bits_and_int4_head8_at_8(tmp_path):
                        ("ScatterElements", None)])
     assert heads["int4"] == heads["int4-plain"] == rescored
     assert heads["int4-head8"] == heads["int8"] == [("MatMulNBits", 8)]
+
+
+def test_residual_sums_script_forms_compute_the_residual_product(tmp_path):
+    """scripts/residual_sums.py times three ways of appending the block sums: each must
+    compute x @ W with W as the residual form holds it, and int4-plain with its own blocks."""
+    script = load_script("residual_sums")
+    runs = script.sessions(1, tmp_path, seed=3)
+    rng = np.random.default_rng(3)
+    shapes = [(576, 576), (576, 1536), (1536, 576)]
+    weights = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
+    x = np.random.default_rng(4).standard_normal((2, 576)).astype(np.float32)
+
+    def chain(dequantize, quantize):
+        w = [dequantize(*quantize(wi), *wi.shape) for wi in weights]
+        h = x + x @ w[0]
+        return h + (h @ w[1]) @ w[2]
+
+    residual = chain(dequantize_int4_residual, quantize_int4_residual)
+    for form in ("concat", "reduce", "eye"):
+        # (int8 activations put each form ~0.4% off; plain and residual differ by ~8% here)
+        out = runs[form].run(None, {"x": x})[0]
+        assert np.abs(out - residual).max() < 0.01 * np.abs(residual).max(), form
+    plain = chain(dequantize_int4, quantize_int4)
+    assert np.abs(runs["plain"].run(None, {"x": x})[0] - plain).max() < 0.01 * np.abs(plain).max()
