@@ -284,7 +284,3 @@ def test_the_model_identity_does_not_depend_on_the_transformers_that_wrote_the_c
         ids.append(distill_data.model_identity(folder, data))
     assert ids[0] == ids[1]
     assert len(set(ids[1:])) == 3
-    per_layer = {"rope_parameters": {"full_attention": {"rope_theta": 1e6},
-                                     "sliding_attention": {"rope_theta": 1e4}}}
-    assert distill_data.rope_thetas(per_layer) == {"full_attention": 1e6,
-                                                  "sliding_attention": 1e4}

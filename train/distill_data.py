@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from trt_spec.export.checkpoint import config_from_hf
 from trt_spec.train.batch_generate import Continue, Job
 from trt_spec.train.configs import DistillConfig
 from trt_spec.train.data import Conversation
@@ -197,31 +198,12 @@ def shard_arrays(records: list[tuple]) -> dict:
                                     else np.int32)}
 
 
-# What a config says about the model's numbers. The file's bytes also hold what the library
-# that wrote it names and adds (transformers_version, torch_dtype or dtype, rope_theta or
-# rope_parameters), which changes with the installed transformers, not with the model.
-ARCHITECTURE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-                     "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
-                     "sliding_window", "hidden_act", "hidden_activation")
-
-
-def rope_thetas(config: dict):
-    """RoPE base frequencies however the config spells them: a number (rope_theta, or
-    rope_parameters' rope_theta), or one per layer type ({type: theta})."""
-    if config.get("rope_theta") is not None:
-        return config["rope_theta"]
-    params = config.get("rope_parameters") or {}
-    if "rope_theta" in params:
-        return params["rope_theta"]
-    return {kind: (p or {}).get("rope_theta") for kind, p in sorted(params.items())} or None
-
-
 def config_digest(config: dict) -> str:
-    """A hash of the model's architecture numbers (ARCHITECTURE_KEYS and the RoPE base), the
-    same whichever transformers version wrote the config."""
-    core = {k: config.get(k) for k in ARCHITECTURE_KEYS} | {"rope_theta": rope_thetas(config)}
-    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
+    """A hash of the model config.json describes, as the exporter reads it (config_from_hf:
+    one reading of every transformers version's names and RoPE spellings), so a library
+    upgrade that rewrites the file's bytes does not change it."""
+    model = asdict(config_from_hf(config))
+    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def model_identity(hf_dir: Path, data: Path) -> str:
