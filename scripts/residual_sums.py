@@ -91,10 +91,15 @@ class Chain:
                          bits=4, block_size=BLOCK, accuracy_level=4)
 
 
-def sessions(layers: int, folder: Path, seed: int = 0) -> dict:
+def chain_weights(layers: int, seed: int = 0) -> list[np.ndarray]:
+    """Each layer's three [K, N] weights, in the order Chain reads them."""
     rng = np.random.default_rng(seed)
     shapes = [(HIDDEN, HIDDEN), (HIDDEN, INTERMEDIATE), (INTERMEDIATE, HIDDEN)] * layers
-    weights = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
+    return [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
+
+
+def sessions(layers: int, folder: Path, seed: int = 0) -> dict:
+    weights = chain_weights(layers, seed)
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for form in FORMS:

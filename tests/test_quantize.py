@@ -190,9 +190,7 @@ def test_residual_sums_script_forms_compute_the_residual_product(tmp_path):
     compute x @ W with W as the residual form holds it, and int4-plain with its own blocks."""
     script = load_script("residual_sums")
     runs = script.sessions(1, tmp_path, seed=3)
-    rng = np.random.default_rng(3)
-    shapes = [(576, 576), (576, 1536), (1536, 576)]
-    weights = [rng.standard_normal(s).astype(np.float32) * 0.02 for s in shapes]
+    weights = script.chain_weights(1, seed=3)
     x = np.random.default_rng(4).standard_normal((2, 576)).astype(np.float32)
 
     def chain(dequantize, quantize):
