@@ -5,8 +5,8 @@ about 3 * (K + 2) target steps, paid by the first requests at each batch size. W
 cache those medians are written to a small JSON file outside the engine folder (which is
 checksummed and may be read-only): $TRT_SPEC_CACHE/step-costs/<key>.json, the key a hash of
 what the costs depend on (the target graph's files, the backend, threads and exact decoding,
-the CPU and its count). A later process with the same key reads them at load and probes
-nothing; live steps refine them either way (draft_length.StepCosts). A file that cannot be
+the CPU, its features as its kernels see them, its count, and ONNX Runtime's version). A
+later process with the same key reads them at load and probes nothing; live steps refine them either way (draft_length.StepCosts). A file that cannot be
 read or written is ignored: the engine then probes as before.
 """
 
@@ -15,23 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import tempfile
 from pathlib import Path
 
+from trt_spec.runtime.cpu import cpu_flags, cpu_name
 from trt_spec.runtime.files import cache_dir
 
-VERSION = 1
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+VERSION = 2  # 2: the key names the CPU's features and ONNX Runtime's version
 
 
 def cost_key(target_files: dict, backend: str, threads: int | None, exact_decode: bool) -> str:
@@ -40,8 +30,18 @@ def cost_key(target_files: dict, backend: str, threads: int | None, exact_decode
     parts = {"version": VERSION, "files": {n: f.get("sha256") or f.get("bytes")
                                            for n, f in sorted(target_files.items())},
              "backend": backend, "threads": threads, "exact_decode": exact_decode,
-             "cpu": cpu_name(), "cpus": os.cpu_count()}
+             "cpu": cpu_name(), "cpus": os.cpu_count(), "flags": list(cpu_flags()),
+             "onnxruntime": _ort_version()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _ort_version() -> str | None:
+    try:
+        import onnxruntime
+
+        return onnxruntime.__version__
+    except ImportError:  # a GPU backend's process may run without it
+        return None
 
 
 class CostCache:

@@ -30,9 +30,12 @@ class StepInputs:
 
 
 def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions: int,
-                      scratch: int = 0) -> StepInputs:
+                      scratch: int = 0, min_rows: int = 1) -> StepInputs:
     """scratch: rows a request may write past the cache's max_len (at most cache.scratch_rows;
-    a throwaway row that no later step reads)."""
+    a throwaway row that no later step reads). min_rows: the step runs at least this many
+    token rows and logits rows in all (B x T, B x N), padding columns where it has fewer:
+    kernels that round a 1-row product differently from a product of several (exact
+    decoding, runtime/exact_rows.py) then always see several."""
     if not requests:
         raise ValueError("a step needs at least one request")
     slots = [r.slot for r in requests]
@@ -40,8 +43,9 @@ def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions:
         raise ValueError(f"a slot appears twice in one step: {slots}")
     lo, hi = min(slots), max(slots) + 1
     batch = hi - lo
-    new_tokens = max(len(r.tokens) for r in requests)
-    num_logits = max(max(len(r.logits_at) for r in requests), 1)
+    least = -(-min_rows // batch)  # columns so that batch x columns >= min_rows
+    new_tokens = max(max(len(r.tokens) for r in requests), least)
+    num_logits = max(max(len(r.logits_at) for r in requests), 1, least)
     input_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)
     position_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)
     lengths = cache.lengths[lo:hi]

@@ -215,11 +215,13 @@ def test_attention_rows_in_graph_equal_runtime_padding(tiny_hf_dir, tiny_engine_
     assert ATTENTION_MIN_ROWS in inputs
     _, config = reference(tiny_hf_dir, IDS[:2])
     in_graph, in_runtime = (OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
-                                      config.max_position_embeddings, exact_decode=exact)
-                            for _ in range(2))
+                                      config.max_position_embeddings, exact_decode=e)
+                            for e in (exact, False))
     assert in_graph.rows_in_graph
     in_runtime.rows_in_graph = False  # _padded pads every op's rows; the graph is fed 1 row
     in_runtime.step = _feeding_one_row(in_runtime)
+    in_runtime.exact_decode = exact  # probed now, as a graph without attention_min_rows
+    assert in_runtime.rule.pad_requests == (exact and in_runtime.exactness.holds)
     outs = []
     for target in (in_graph, in_runtime):
         cache = KVCache(config, slots=2, max_len=12)

@@ -9,24 +9,13 @@ import sys
 from importlib import metadata, util
 from pathlib import Path
 
-from trt_spec.runtime.cost_cache import cpu_name
-
-# CPU features that decide which ONNX Runtime kernels run fast (MatMulNBits' int8 compute
-# path, accuracy level 4, wants AVX2 at least; VNNI / AMX make it faster).
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "sve")
-
+from trt_spec.runtime.cpu import cpu_flags as cpu_flags_of_cpu
+from trt_spec.runtime.cpu import cpu_kind, cpu_name
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags |= set(line.split(":", 1)[1].split())
-    found = [f for f in CPU_FLAGS if f in flags]
-    return ["neon" if f == "asimd" else f for f in found]
+    """The CPU features ONNX Runtime's kernels dispatch on, as CPUID reports them
+    (runtime/cpu.py: under an emulator, the emulated CPU's)."""
+    return ["neon" if f == "asimd" else f for f in cpu_flags_of_cpu()]
 
 
 def cpu_model() -> str:
@@ -56,6 +45,7 @@ def machine_report() -> dict:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "cpu_features": cpu_flags(),
+        "cpu_kind": cpu_kind(),
         "threads": default_threads(),
         "onnxruntime": ort.__version__,
         "ort_providers": ort.get_available_providers(),
@@ -83,11 +73,29 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
         notes.append("int4/int8 graphs run without AVX2/NEON here: MatMulNBits falls back to "
                      "slow kernels")
     size = sum(e["bytes"] for e in data["files"].values())
-    return {"folder": str(manifest.folder), "backends": sorted(backends),
+    exact = exact_decoding(manifest) if not problems else None
+    return {"exact_decoding": exact,
+            "folder": str(manifest.folder), "backends": sorted(backends),
             "precisions": precisions, "graphs": sorted(data["graphs"]),
             "methods": available_methods(manifest),
             "bytes": size, "bundle": "bundle" in data,
             "runs_here": not problems, "problems": problems, "notes": notes}
+
+
+def exact_decoding(manifest) -> dict | None:
+    """Whether exact decoding holds for the folder's ONNX Runtime target on this machine, by
+    which row layout, and what it costs a plain step (runtime/exact_rows.py; probed once,
+    then read from the cache). None for a folder without an ORT target."""
+    if manifest.graph("target")["backend"] != "ort":
+        return None
+    from trt_spec.runtime.backends.ort import OrtGraphs
+
+    target = OrtGraphs(manifest).step_graph("target", manifest.config)
+    found = target.exactness
+    return {"holds": found.holds, "by": found.rule.describe(), "rule": found.to_json()["rule"],
+            "plain_step_ms": round(found.plain_ms, 3), "fast_step_ms": round(found.fast_ms, 3),
+            "cost": round(found.cost, 4), "covers": [found.max_batch, found.max_tokens],
+            "refused": found.failed, "text": found.describe()}
 
 
 def report(engine: str | Path | None = None) -> dict:
@@ -109,7 +117,8 @@ def report_text(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"python {m['python']} on {m['platform']}",
-        f"cpu: {m['cpu']}, {m['cores']} cores; features: {' '.join(m['cpu_features']) or 'none known'}",
+        f"cpu: {m['cpu']}, {m['cores']} cores; features: {' '.join(m['cpu_features']) or 'none known'}"
+        f" (kernels: {m['cpu_kind']})",
         f"threads in use: {m['threads']} (--threads or $TRT_SPEC_THREADS)",
         f"onnxruntime {m['onnxruntime']}: {', '.join(m['ort_providers'])}",
         f"gpu: {', '.join(m['gpus']) or 'none'}; tensorrt: {m['tensorrt'] or 'not installed'}",
@@ -121,5 +130,9 @@ def report_text(report: dict) -> str:
                      f"{', '.join(e['backends'])}, {e['bytes'] / 1e6:.1f} MB, methods "
                      f"{', '.join(e['methods'])}{' (bundle)' if e['bundle'] else ''}")
         lines += [f"  problem: {p}" for p in e["problems"]] + [f"  note: {n}" for n in e["notes"]]
+        if e.get("exact_decoding"):
+            x = e["exact_decoding"]
+            lines.append(f"  exact decoding {x['text']}")
+            lines += [f"    refused: {r}" for r in x["refused"]]
         lines.append("  runs here" if e["runs_here"] else "  does NOT run here")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ inputs already built. Everything else about a step is here, written once:
     StepGraph.step(cache, requests, want):
         requests = prepare(cache, requests)            # a backend may reshape them (ORT: exact
                                                        # decoding for engines without it in-graph)
-        inputs   = build_step_inputs(cache, requests)  # runtime/step_inputs.py
+        inputs   = build_step_inputs(cache, requests,  # runtime/step_inputs.py
+                                     min_rows=step_min_rows)
         logits, rows, lo = run(cache, inputs, want)    # the backend: one forward
         cache lengths += new tokens
         -> StepOutput: per request, its logits rows and its rows of each wanted output
@@ -49,6 +50,7 @@ class StepGraph(ABC):
     max_positions: int
     takes_hidden: bool
     outputs: list[str]
+    step_min_rows: int = 1  # build_step_inputs' min_rows (ORT's exact decoding may raise it)
 
     def prepare(self, cache: KVCache, requests: list[SlotTokens]) -> tuple[list[SlotTokens], int]:
         """-> (the requests to run, cache rows past max_len they may write). Default: as given."""
@@ -69,7 +71,7 @@ class StepGraph(ABC):
         if unknown:
             raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
         run, scratch = self.prepare(cache, requests)
-        step = build_step_inputs(cache, run, self.max_positions, scratch)
+        step = build_step_inputs(cache, run, self.max_positions, scratch, self.step_min_rows)
         if self.takes_hidden != (HIDDEN_INPUT in step.feeds):
             raise ValueError("a drafter graph needs hidden states with every request; a "
                              "target graph takes none")

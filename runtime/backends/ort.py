@@ -8,13 +8,17 @@ writes only the new rows. No step copies the cache.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from trt_spec.runtime.backends.base import GraphSet, StepGraph
+from trt_spec.runtime.backends.int8_weights import saturates, widened_model
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.exact_rows import (FAST, Exactness, ExactnessCache, RowRule, find,
+                                         probe_key)
 from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS, HIDDEN_INPUT, PAST, PRESENT, kv_names
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import EngineFolderError, Manifest
@@ -59,8 +63,11 @@ def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    source: str | bytes = str(path)
+    if saturates():  # int8-rows' weights widened for an x86 CPU without VNNI
+        source = widened_model(Path(path)) or source
     try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own types; name the file in the message
         raise RuntimeError(f"ONNX Runtime cannot load {path}: {e}") from e
 
@@ -69,11 +76,13 @@ class OrtTarget(StepGraph):
     """A StepGraph run by ONNX Runtime over a host KVCache."""
 
     def __init__(self, path: Path, num_layers: int, max_positions: int, threads: int | None = None,
-                 exact_decode: bool = False):
-        """exact_decode: every request's attention runs at least two query rows, so that a
-        token's logits do not depend on whether it was decoded alone or verified among drafts:
-        inside the graph where it takes ATTENTION_MIN_ROWS (export/attention_rows.py), else by
-        running 1-token steps as 2-token steps (`_padded`, engines exported before)."""
+                 exact_decode: bool = False, cover: tuple[int, int] = (4, 6),
+                 exactness_cache: ExactnessCache | None = None):
+        """exact_decode: a token's logits do not depend on whether it was decoded alone or
+        verified among drafts and other streams. Which row layout makes that hold on this
+        machine (attention rows per request, least rows per step: runtime/exact_rows.py) is
+        probed at load for every step of up to cover = (streams, tokens per stream), or read
+        from exactness_cache."""
         self.session = make_session(path, threads)
         self.exact_decode = exact_decode
         self.num_layers = num_layers
@@ -85,13 +94,45 @@ class OrtTarget(StepGraph):
         if missing:
             raise ValueError(f"{path}: graph lacks inputs {missing[:4]} for {num_layers} layers")
         self.takes_hidden = HIDDEN_INPUT in names
-        # exact decoding inside the graph (only its attention runs 2 rows), else by _padded
+        # exact decoding's attention rows inside the graph, else by _padded
         self.rows_in_graph = ATTENTION_MIN_ROWS in names
         shapes = {o.name: o.shape for o in self.session.get_outputs()}
         # per-token outputs besides logits, in graph order
         self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
         self.widths = {o: shapes[o][-1] for o in ["logits", *self.outputs]}  # static last dims
         self._bindings: dict[tuple[int, int, int], tuple] = {}  # see _binding
+        self.cover, self._exactness_cache = cover, exactness_cache
+        self._exactness: Exactness | None = None
+        self._override: RowRule | None = None  # `using`
+        if exact_decode:
+            self.exactness  # noqa: B018 - probed at load, not in the first request
+
+    @property
+    def exactness(self) -> Exactness:
+        """What exact decoding holds by on this machine (probed once, runtime/exact_rows.py)."""
+        if self._exactness is None:
+            self._exactness = find(self, *self.cover, self._exactness_cache)
+        return self._exactness
+
+    @property
+    def rule(self) -> RowRule:
+        """The row layout steps run with now."""
+        if self._override is not None:
+            return self._override
+        return self.exactness.rule if self.exact_decode else FAST
+
+    @property
+    def step_min_rows(self) -> int:
+        return self.rule.step_min_rows
+
+    @contextmanager
+    def using(self, rule: RowRule):
+        """Steps inside run with `rule` (the probe's trials)."""
+        before, self._override = self._override, rule
+        try:
+            yield
+        finally:
+            self._override = before
 
     def _binding(self, cache: KVCache, lo: int, hi: int) -> ort.IOBinding:
         """One IOBinding per (cache, slot range), its cache views bound once as both past and
@@ -137,7 +178,7 @@ class OrtTarget(StepGraph):
                 for r in requests]
 
     def prepare(self, cache: KVCache, requests: list[SlotTokens]) -> tuple[list[SlotTokens], int]:
-        if not self.exact_decode or self.rows_in_graph:
+        if not self.rule.pad_requests:
             return requests, 0
         run = self._padded(cache, requests)
         return run, int(run is not requests)  # the throwaway row may use the scratch row
@@ -145,8 +186,7 @@ class OrtTarget(StepGraph):
     def run(self, cache: KVCache, step: StepInputs,
             want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         if self.rows_in_graph:
-            rows = 2 if self.exact_decode else 1
-            step.feeds[ATTENTION_MIN_ROWS] = np.array(rows, np.int32)
+            step.feeds[ATTENTION_MIN_ROWS] = np.array(self.rule.attention_min_rows, np.int32)
         io = self._binding(cache, step.lo, step.hi)
         for name, value in step.feeds.items():
             io.bind_cpu_input(name, value)
@@ -175,10 +215,14 @@ class OrtGraphs(GraphSet):
 
     backend = "ort"
 
-    def __init__(self, manifest: Manifest, threads: int | None = None, exact_decode: bool = True):
+    def __init__(self, manifest: Manifest, threads: int | None = None, exact_decode: bool = True,
+                 cover: tuple[int, int] = (4, 6)):
+        """cover: (streams, tokens per stream) of the largest step the exactness probe
+        checks (OrtTarget); its answer is kept per engine and machine (runtime/exact_rows.py)."""
         super().__init__(manifest)
         self.threads = threads
         self.exact_decode = exact_decode  # the target's (OrtTarget: exact_decode)
+        self.cover = cover
 
     def _file(self, name: str) -> Path:
         graph = self.manifest.graph(name)
@@ -189,9 +233,14 @@ class OrtGraphs(GraphSet):
 
     def step_graph(self, name: str, config: ModelConfig) -> OrtTarget:
         path = self._file(name)
-        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
-                           exact_decode=self.exact_decode and name == "target")
+        exact = self.exact_decode and name == "target"
         want = [i["name"] for i in self.manifest.graph(name)["inputs"]]
+        files = self.manifest.data.get("files", {})
+        key = probe_key({f: files.get(f, {}) for f in self.manifest.graph(name)["files"]},
+                        self.threads)
+        target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
+                           exact_decode=exact, cover=self.cover,
+                           exactness_cache=ExactnessCache.for_key(key))
         got = [i.name for i in target.session.get_inputs()]
         if want != got:
             raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")

@@ -25,7 +25,12 @@ Source = Callable[["Manifest", "RuntimeConfig"], "GraphSet"]
 def _ort(manifest: Manifest, config: RuntimeConfig) -> GraphSet:
     from trt_spec.runtime.backends.ort import OrtGraphs
 
-    return OrtGraphs(manifest, config.threads, config.exact_decode)
+    # the exactness probe covers every slot verifying k drafts at once (k: the configured,
+    # or auto's most if larger: a request may ask for it)
+    from trt_spec.runtime.settings import AUTO_MAX_DRAFT_TOKENS
+
+    k = max(config.speculation.num_draft_tokens, AUTO_MAX_DRAFT_TOKENS)
+    return OrtGraphs(manifest, config.threads, config.exact_decode, (config.max_batch, k + 1))
 
 
 def _trt(manifest: Manifest, config: RuntimeConfig) -> GraphSet:
