@@ -94,17 +94,12 @@ def parse_past(text: str) -> list[int]:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import onnxruntime
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    from trt_spec.runtime.cpu import cpu_flags, cpu_kind, cpu_name
+
+    return {"cpu": cpu_name(), "cpu_flags": list(cpu_flags()), "kernels": cpu_kind(),
+            "cores": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
 
 
