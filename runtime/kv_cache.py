@@ -68,6 +68,11 @@ class KVCache:
         return len(self._free)
 
     @property
+    def free(self) -> list[int]:
+        """The free slots (kept ones included)."""
+        return list(self._free)
+
+    @property
     def nbytes(self) -> int:
         return self._block.nbytes
 

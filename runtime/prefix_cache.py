@@ -11,7 +11,11 @@ the rest (vLLM's automatic prefix caching, llama.cpp's per-slot prompt cache).
                         (concurrent requests sharing a prefix do not queue behind each other)
         the stream's prefill starts at n (its drafter may ask to start a few rows earlier)
 
-A slot is evicted least recently kept first, when a request finds no empty slot. Which rows a
+Which free slot a request writes (runtime/prefix_cache.py `take`, docs/serving.md): an empty
+one, else the kept record whose loss costs the fewest re-read tokens (tokens no other kept
+record holds; least recently kept among equals). A hit on a kept record longer than the hit
+copies its rows into that slot instead of taking the record's own, unless that would lose
+more than cutting the record does. Which rows a
 slot holds is tracked by token ids, so a hit is exact: the rows are the ones the prompt would
 write. Greedy output with a hit equals output without it when decoding is exact (a row's
 logits do not depend on how many rows its step reads); with `--fast-decode` a near-tie can
@@ -88,14 +92,46 @@ class PrefixCache:
                 best = PrefixHit(slot, n, kept, owner)
         return best
 
+    def unique(self, slot: int, keep: int = 0) -> int:
+        """Tokens of slot's kept record past its first `keep` that no other kept record
+        holds: what later prompts would read again if those rows went."""
+        tokens = self.cache.kept[slot].tokens
+        shared = max((common_prefix(tokens, k.tokens) for s, k in self.cache.kept.items()
+                      if s != slot), default=0)
+        return max(len(tokens) - max(shared, keep), 0)
+
+    def victim(self, exclude: int | None = None) -> tuple[int, int] | None:
+        """(the free slot to write, the tokens its loss costs): an empty one, else the kept
+        record whose loss costs the fewest re-read tokens (the least recently kept among
+        equals); None when no slot is free."""
+        free = [s for s in self.cache.free if s != exclude]
+        empty = [s for s in free if s not in self.cache.kept]
+        if empty:
+            return empty[-1], 0
+        kept = [s for s in self.cache.kept if s in free]  # least recently kept first
+        if not kept:
+            return None
+        losses = [self.unique(s) for s in kept]
+        best = int(np.argmin(losses))
+        return kept[best], losses[best]
+
     def take(self, hit: PrefixHit | None) -> int:
-        """Allocates the slot for a request with `hit` (None: any free slot) and, for a
-        running stream's rows, copies them in. -> the slot; its length is the caller's."""
+        """Allocates the slot for a request with `hit` (None: the free slot whose loss costs
+        least) and copies the hit's rows in where they are not the slot's own: a running
+        stream's, or a kept record longer than the hit when another free slot costs less to
+        overwrite than the record's rows past the hit (a short shared prefix, a system
+        prompt, must not destroy a long chat's record). -> the slot; its length is the
+        caller's."""
         if hit is None:
-            return self.cache.allocate()
+            victim = self.victim()
+            return self.cache.allocate(None if victim is None else victim[0])
         if hit.kept:
-            return self.cache.allocate(hit.slot)
-        slot = self.cache.allocate()
+            victim = self.victim(exclude=hit.slot)
+            if victim is None or victim[1] >= self.unique(hit.slot, hit.tokens):
+                return self.cache.allocate(hit.slot)  # taken as it is: nothing of worth lost
+            slot = self.cache.allocate(victim[0])
+        else:
+            slot = self.cache.allocate(self.victim()[0])
         self.cache.copy_rows(hit.slot, slot, hit.tokens)
         self.stats.copied_rows += hit.tokens
         return slot

@@ -296,3 +296,61 @@ def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
     again, = run(sched, [short], method="eagle3")
     assert again.stream.stats.cached_tokens > 0
     assert again.stream.output_ids == plain.generate_ids([short], GREEDY, "eagle3")[0].output_ids
+
+
+def test_a_long_chat_keeps_its_history_beside_short_requests(tiny_heads_engine):
+    """Three turns of a chat whose first turn is longer than a prefill chunk (one turn ended
+    by length, one by a stop token, method auto with heads) each read only their new tokens;
+    then four short requests that share only its first tokens (a system prompt) leave its
+    record alone while free slots exist, and the same chat again reads only its new tokens."""
+    gen = Generator(tiny_heads_engine, max_batch=4, max_len=200, method="auto",
+                    num_draft_tokens=3, max_prefill_tokens=16)
+    sched = Scheduler(gen)
+    system = TURN1[:10]
+    first_turn = TURN1 + OTHER  # 70 tokens: read in 5 chunks
+    by_length = SamplingParams(max_tokens=6, ignore_eos=True)
+    dry = Scheduler(Generator(tiny_heads_engine, max_batch=1, max_len=200, prefix_cache=False))
+    one, = run(dry, [first_turn], by_length)
+    two, = run(dry, [first_turn + one.stream.output_ids + USER2],
+               SamplingParams(max_tokens=8, ignore_eos=True))
+    stop = two.stream.output_ids[3]  # turn 2 ends on this token, as on an end of turn
+    ends = [by_length, SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=(stop,)),
+            by_length]
+    k = 3
+
+    def chat():
+        prompt, previous, got = first_turn, None, []
+        for params in ends:
+            r, = run(sched, [prompt], params)
+            got.append(r)
+            if previous is not None:  # the new tokens: past the common prefix with the
+                new = len(prompt) - common_prefix(previous, prompt)  # last turn's ids
+                assert r.stream.stats.cached_tokens >= len(prompt) - (new + k + 1), (
+                    len(prompt), new, r.stream.stats.cached_tokens)
+            previous = r.stream.prompt_ids + r.stream.output_ids
+            prompt = previous + USER2
+        return got
+
+    turns = chat()
+    assert [t.stream.finish_reason for t in turns] == ["length", "stop", "length"]
+    for short in range(4):
+        r, = run(sched, [system + [3 + short, 7, 9]], SamplingParams(max_tokens=3))
+        assert r.stream.stats.cached_tokens >= MIN_TOKENS  # the system prompt is a hit ...
+    again = chat()  # ... that did not destroy the chat's record
+    assert again[0].stream.stats.cached_tokens == len(first_turn) - 1
+    assert [t.stream.output_ids for t in again] == [t.stream.output_ids for t in turns]
+
+
+def test_eviction_prefers_the_record_whose_loss_costs_least(tiny_engine):
+    """With no empty slot, the record whose tokens no other record holds is the fewest goes,
+    even when it is not the least recently kept."""
+    gen = Generator(tiny_engine, max_batch=2, max_len=128)
+    sched = Scheduler(gen)
+    long, short = RNG.integers(3, 128, 60).tolist(), RNG.integers(3, 128, 12).tolist()
+    run(sched, [long])  # kept first: least recently
+    run(sched, [short])
+    run(sched, [OTHER])  # needs a slot: the short record costs 12 + 10 tokens, the long 70
+    kept = [len(k.tokens) for k in gen.cache.kept.values()]
+    assert len(long) + 9 in kept and len(short) + 9 not in kept, kept
+    r, = run(sched, [long + [5, 6]])
+    assert r.stream.stats.cached_tokens == len(long)

@@ -25,7 +25,9 @@ A slot's state outlives its request (prefix caching): a later request that start
 slot's target rows (`adopt`, in place or copied to another slot) keeps each module's rows
 that read only tokens the two share, and the target's rows kept for the modules to catch up
 on; only the shared rows of the old request's last step (never observed: it ended there)
-are read again.
+are read again. Where the slot's head rows cannot be reused (another stream's, or
+re-primed), the head starts afresh at the first row the new request reads, re-primed there:
+the target's shared rows are reused either way.
 
 Drafts are argmax of the module's logits when greedy; when sampling, they are drawn from q
 (the module's distribution after the request's temperature / top-k / top-p) and q is returned,
@@ -149,7 +151,15 @@ class MtpProposer(Proposer):
     def adopt(self, s, src: int, n: int, owner: int) -> int:
         st = self.slots.get(src)
         if st is None or st.stream_id != owner or st.broken or st.offset:
-            return 0  # this head's rows are not those of the target's: read every row
+            # this head's rows are not those of the target's (another stream wrote them, or
+            # they were re-primed): the head starts afresh at position n, as `restart` does,
+            # on the rows the new request reads; the target's n rows are reused all the same
+            # (reading them again for the head would cost a whole prefill to win a context
+            # the head re-primes away after REPRIME rows anyway)
+            for cache in self.caches:
+                cache.lengths[s.slot] = 0
+            self.slots[s.slot] = SlotState(s.id, n, None, [n] * len(self.modules), offset=n)
+            return n
         # module j's row p read tokens up to p + j + 1: valid while that is in the prefix
         committed = [max(0, min(c, n - 1 - j)) for j, c in enumerate(st.committed)]
         for cache, c in zip(self.caches, committed):
