@@ -58,6 +58,56 @@ def make_data(out: Path, conversations: int, turns: int, max_chars: int, min_cha
     print(f"{out}: {len(rows)} held-out conversations x {turns} user turns")
 
 
+LONG_CHATS = ROOT / "runtime" / "data" / "sharegpt-heldout-longchats.jsonl"
+LONG_ASKS = ("Above are messages people sent to an assistant. Summarise what they ask for in "
+             "three sentences.")
+
+
+def make_long_chats(out: Path, chats: int, first_tokens: int, engine: Path) -> None:
+    """Chats whose first turn pastes a long text (>= first_tokens tokens of the engine's
+    tokenizer) and asks about it, then two short follow-ups: the case a prefix cache must
+    not lose. Only held-out ShareGPT conversations are read (the split no drafter trained
+    on), and none of those the benchmark prompt files already use (the shipped held-out
+    prompts and multi-turn chats, which tuning reads): each chat pastes the first user
+    messages of its own conversations, and its follow-ups are their later short user turns."""
+    from trt_spec.runtime.tokenizer import Tokenizer
+    from trt_spec.train.data import fetch_sharegpt, is_heldout, read_conversations
+
+    used = set()
+    for path in (DATA, ROOT / "runtime" / "data" / "sharegpt-heldout.jsonl"):
+        used |= {json.loads(line)["id"].rsplit("_", 1)[0]
+                 for line in path.read_text().splitlines() if line.strip()}
+    tok = Tokenizer(engine)
+    convs, _ = read_conversations(fetch_sharegpt())
+    pool, bases = [], set()
+    for conv in convs:
+        base = conv.id.rsplit("_", 1)[0]
+        if not is_heldout(conv.id) or base in bases or base in used:
+            continue
+        users = [m["content"].strip() for m in conv.messages if m["role"] == "user"
+                 and m["content"].strip()]
+        if users:
+            pool.append((conv.id, users))
+            bases.add(base)
+    rows = []
+    while pool and len(rows) < chats:
+        pasted, ids, follow = [], [], []
+        while pool and len(tok.encode("\n\n".join(pasted))) < first_tokens:
+            cid, users = pool.pop(0)
+            pasted.append(users[0][:4000])
+            ids.append(cid)
+            follow += [u for u in users[1:] if len(u) <= 300]
+        if len(tok.encode("\n\n".join(pasted))) < first_tokens:
+            break
+        follow = (follow + ["Which of those messages is the hardest to answer, and why?",
+                            "Answer the first of them in two sentences."])[:2]
+        rows.append({"id": "longchat-" + "+".join(ids), "source_ids": ids,
+                     "turns": ["\n\n".join(pasted) + "\n\n" + LONG_ASKS, *follow]})
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"{out}: {len(rows)} chats, first turns of {first_tokens}+ tokens, from "
+          f"{sum(len(r['source_ids']) for r in rows)} held-out conversations")
+
+
 def load_conversations(path: Path, n: int | None) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for r in rows:
@@ -162,8 +212,20 @@ def main(argv=None) -> int:
     ap.add_argument("--max-chars", type=int, default=3000, help="--make-data: per message")
     ap.add_argument("--min-chars", type=int, default=2000,
                     help="--make-data: user text per conversation, at least")
+    ap.add_argument("--make-long-chats", action="store_true",
+                    help=f"write {LONG_CHATS.relative_to(ROOT)} (or --conversations when given)"
+                         " from held-out ShareGPT conversations no prompt file uses, exit")
+    ap.add_argument("--first-tokens", type=int, default=1000,
+                    help="--make-long-chats: tokens of each first turn, at least")
     ap.add_argument("server_args", nargs="*", help="after --: more `trt-spec serve` options")
     args = ap.parse_args(argv)
+    if args.make_long_chats:
+        if not args.engine:
+            ap.error("--make-long-chats counts tokens with --engine's tokenizer: give --engine")
+        out = args.conversations if args.conversations != DATA else LONG_CHATS
+        make_long_chats(out, args.make_count if args.make_count != 40 else 8,
+                        args.first_tokens, Path(args.engine))
+        return 0
     if args.make_data:
         make_data(args.conversations, args.make_count, args.turns, args.max_chars,
                   args.min_chars)
