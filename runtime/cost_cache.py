@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from trt_spec.runtime.cpu import cpu_flags, cpu_name
-from trt_spec.runtime.files import cache_dir
+from trt_spec.runtime.files import cache_dir, write_cache_file
 
 VERSION = 2  # 2: the key names the CPU's features and ONNX Runtime's version
 
@@ -66,11 +65,4 @@ class CostCache:
         merged = {**self.load(), **costs}
         body = json.dumps({"version": VERSION, "costs": [[b, t, s] for (b, t), s
                                                           in sorted(merged.items())]})
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name)
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # a cache that cannot be written costs only the next process's probe
+        write_cache_file(self.path, body)  # unwritable: the next process probes again

@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ import numpy as np
 
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.cpu import cpu_flags, cpu_name
-from trt_spec.runtime.files import cache_dir
+from trt_spec.runtime.files import cache_dir, write_cache_file
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import SlotTokens
 
@@ -255,14 +254,7 @@ class ExactnessCache:
 
     def save(self, found: Exactness) -> None:
         body = json.dumps({"version": VERSION, "exactness": found.to_json()}, indent=1)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name)
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass
+        write_cache_file(self.path, body)  # unwritable: the next process probes again
 
 
 _said: set[str] = set()

@@ -18,6 +18,22 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def write_cache_file(path: Path, text: str) -> bool:
+    """Best effort, for caches of measurements: `text` written whole beside `path`, then
+    renamed onto it (a reader never sees half a file). False where it cannot be written (a
+    read-only cache costs only a measurement again)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def atomic_folder(out: Path):
     """Yields an empty temporary folder beside `out`. If the block completes, the folder
