@@ -251,8 +251,8 @@ class MtpProposer(Proposer):
             st = self.slots[streams[i].slot]
             n = anchors[i] + 2
             ran = min(len(tokens[i]), n_modules)  # modules run (the gate may stop early)
-            for j in range(ran):
-                st.committed[j] = n - 1 - j
+            for j in range(ran):  # (no row before the cache's row 0: a head started afresh
+                st.committed[j] = max(n - 1 - j, st.offset)  # on fewer rows than modules)
             for j in range(ran, min(ks[i], n_modules)):  # rewound to starts[i], not run
                 st.committed[j] = min(st.committed[j], starts[i])
             keep = min(st.committed)
