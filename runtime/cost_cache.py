@@ -26,11 +26,21 @@ VERSION = 2  # 2: the key names the CPU's features and ONNX Runtime's version
 def cost_key(target_files: dict, backend: str, threads: int | None, exact_decode: bool) -> str:
     """A hash of everything a step's cost depends on. target_files: the target graph's files
     as the manifest lists them (name -> {sha256, bytes})."""
-    parts = {"version": VERSION, "files": {n: f.get("sha256") or f.get("bytes")
-                                           for n, f in sorted(target_files.items())},
-             "backend": backend, "threads": threads, "exact_decode": exact_decode,
-             "cpu": cpu_name(), "cpus": os.cpu_count(), "flags": list(cpu_flags()),
-             "onnxruntime": _ort_version()}
+    return key_hash({"version": VERSION, "backend": backend, "exact_decode": exact_decode,
+                     **machine_parts(target_files, threads)})
+
+
+def machine_parts(target_files: dict, threads: int | None) -> dict:
+    """What a measurement of the target graph on this machine depends on: its files (the
+    manifest's sha256, else sizes), the CPU, its features as its kernels see them, its
+    count, ONNX Runtime's version, threads (step costs and the exactness probe share it)."""
+    return {"files": {n: f.get("sha256") or f.get("bytes")
+                      for n, f in sorted(target_files.items())},
+            "cpu": cpu_name(), "cpus": os.cpu_count(), "flags": list(cpu_flags()),
+            "onnxruntime": _ort_version(), "threads": threads}
+
+
+def key_hash(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

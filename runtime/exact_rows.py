@@ -27,9 +27,7 @@ a plain step) is cached per engine, CPU, CPU features, ONNX Runtime version and 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.cost_cache import key_hash, machine_parts
 from trt_spec.runtime.cpu import cpu_flags, cpu_name
 from trt_spec.runtime.files import cache_dir, write_cache_file
 from trt_spec.runtime.kv_cache import KVCache
@@ -221,15 +220,10 @@ def probe(target: "OrtTarget", max_batch: int, max_tokens: int) -> Exactness:
 
 
 def probe_key(target_files: dict, threads: int | None) -> str:
-    """A hash of what the probe's answer depends on: the graph's files (the manifest's
-    sha256, else sizes), the CPU, the features MLAS dispatches on, ONNX Runtime, threads."""
-    import onnxruntime as ort
-
-    parts = {"version": VERSION, "files": {n: f.get("sha256") or f.get("bytes")
-                                           for n, f in sorted(target_files.items())},
-             "cpu": cpu_name(), "flags": list(cpu_flags()), "cpus": os.cpu_count(),
-             "onnxruntime": ort.__version__, "threads": threads}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+    """A hash of what the probe's answer depends on (cost_cache.machine_parts: the graph's
+    files, the CPU, the features MLAS dispatches on, ONNX Runtime, threads)."""
+    return key_hash({"version": VERSION, "probe": "exact-rows",
+                     **machine_parts(target_files, threads)})
 
 
 class ExactnessCache:

@@ -236,11 +236,11 @@ class OrtGraphs(GraphSet):
         exact = self.exact_decode and name == "target"
         want = [i["name"] for i in self.manifest.graph(name)["inputs"]]
         files = self.manifest.data.get("files", {})
-        key = probe_key({f: files.get(f, {}) for f in self.manifest.graph(name)["files"]},
-                        self.threads)
+        store = ExactnessCache.for_key(probe_key(  # only the target is probed
+            {f: files.get(f, {}) for f in self.manifest.graph(name)["files"]}, self.threads)
+        ) if name == "target" else None
         target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
-                           exact_decode=exact, cover=self.cover,
-                           exactness_cache=ExactnessCache.for_key(key))
+                           exact_decode=exact, cover=self.cover, exactness_cache=store)
         got = [i.name for i in target.session.get_inputs()]
         if want != got:
             raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
