@@ -141,7 +141,7 @@ class TorchTarget(StepGraph, DeviceRunner):
         return out[:1 + len(self.outputs)]
 
     def device_forward(self, inputs: dict[str, torch.Tensor], views: list[torch.Tensor]):
-        """The device loop's runner (runtime/device_loop.py): inputs already on the device,
+        """The device loop's runner (runtime/device/loop.py): inputs already on the device,
         views the cache rows of the step's slots -> (logits, *per-token outputs), on the
         device, no copy and no sync (the loop captures its phases whole)."""
         return self._forward(inputs, views)

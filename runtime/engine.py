@@ -29,13 +29,13 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.backends.base import StepGraph
-from trt_spec.runtime.batch_width import BatchWidth
-from trt_spec.runtime.cost_cache import CostCache
-from trt_spec.runtime.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
-from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance, position_confidence
+from trt_spec.runtime.speculation.batch_width import BatchWidth
+from trt_spec.runtime.speculation.cost_cache import CostCache
+from trt_spec.runtime.speculation.cost_probe import REPEATS as PROBE_REPEATS, probe_step_costs
+from trt_spec.runtime.speculation.draft_length import DraftLength, PositionAcceptance, position_confidence
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import traits
-from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.sampling import next_token
@@ -278,7 +278,7 @@ class Engine:
 
     def cut_to_width(self, streams: list[Stream], drafts: Drafts, confidences) -> None:
         """Cuts every stream's drafts to the width the whole step pays best at
-        (runtime/batch_width.py); under the gain rules, from 2 streams on (alone, a stream is
+        (runtime/speculation/batch_width.py); under the gain rules, from 2 streams on (alone, a stream is
         judged by the policy, and a suffix match of a request asked again, which no average
         predicts, keeps its drafts)."""
         lengths = [len(d) for d in drafts.tokens]

@@ -10,11 +10,11 @@ from pathlib import Path
 from trt_spec.runtime import validation
 from trt_spec.runtime.backends.base import GraphSet
 from trt_spec.runtime.backends.sources import load_graphs
-from trt_spec.runtime.cost_cache import CostCache, cost_key
+from trt_spec.runtime.speculation.cost_cache import CostCache, cost_key
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.methods import METHODS, PLAIN, DrafterEntry, method as known_method
-from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
@@ -292,13 +292,13 @@ class Generator:
         return Scheduler(self).run(streams)
 
     def device_loop(self, streams: list[Stream]):
-        """The device loop (runtime/device_loop.py) these streams run on, or None for the host
+        """The device loop (runtime/device/loop.py) these streams run on, or None for the host
         loop: settings.device_loop None takes it where it covers the run, True requires it
         (ValueError saying why not), False never; the ort backend has none."""
         want = self.settings.device_loop
         if want is False or not streams or (want is None and self.backend == "ort"):
             return None
-        from trt_spec.runtime.device_loop import DeviceLoop, unsupported
+        from trt_spec.runtime.device.loop import DeviceLoop, unsupported
 
         why = "the ort backend runs on the host" if self.backend == "ort" else unsupported(
             self, streams)

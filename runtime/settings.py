@@ -27,7 +27,7 @@ DEFAULT_MAX_PREFILL_TOKENS = 16
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # `serve`: 1 MiB, far past any prompt a 2,048-token context holds
 
 
-AUTO_MAX_DRAFT_TOKENS = 6  # `auto`: the most tokens a step drafts (runtime/draft_length.py)
+AUTO_MAX_DRAFT_TOKENS = 6  # `auto`: the most tokens a step drafts (runtime/speculation/draft_length.py)
 
 
 def check_num_draft_tokens(k) -> int:
@@ -74,7 +74,7 @@ def parse_num_draft_tokens(value) -> DraftTokens:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """How much to draft, and when not to (runtime/policy.py)."""
+    """How much to draft, and when not to (runtime/speculation/policy.py)."""
 
     # k: tokens drafted per step (a request may ask for its own); "auto" / "auto:K" (read into
     # num_draft_tokens = K, adaptive = True): each step drafts while a token pays for itself
@@ -88,7 +88,7 @@ class SpeculationConfig:
     spec_max_batch: int | None = None  # more streams decoding: no drafting (None: no limit)
     # a stream's acceptance below this: plain steps (0: never)
     min_acceptance: float = option(0.0, "spec_min_acceptance")
-    # a stream whose tokens per unit of cost (measured: runtime/cost_probe.py) fall below 1,
+    # a stream whose tokens per unit of cost (measured: runtime/speculation/cost_probe.py) fall below 1,
     # plain decoding's, over its last `window` speculative steps: plain steps for a cooldown
     fallback: bool = option(True, "spec_fallback")
     window: int = 32  # speculative steps in the acceptance and the gain windows
@@ -133,7 +133,7 @@ class RuntimeConfig:
     device: str | None = None  # torch-cuda / trt: the device (default: cuda when available)
     threads: int | None = None  # ort: intra-op threads (default: TRT_SPEC_THREADS or all cores)
     cuda_graphs: bool = True  # torch-cuda / trt: one CUDA graph per shape bucket
-    # torch-cuda / trt: drafts, verification and sampling on the device (runtime/device_loop.py)
+    # torch-cuda / trt: drafts, verification and sampling on the device (runtime/device/loop.py)
     # for the runs it covers; None: wherever it can, else the host loop; True: a run it cannot
     # take raises, saying why; False: always the host loop
     device_loop: bool | None = None
@@ -151,8 +151,8 @@ class RuntimeConfig:
     # a finished request's KV slot keeps its rows; a prompt that starts with them reads only
     # the rest (runtime/prefix_cache.py); False: every prompt is read whole
     prefix_cache: bool = True
-    # step costs the engine measured (runtime/cost_probe.py) are kept outside the engine folder
-    # and read by the next process on this machine (runtime/cost_cache.py); `serve` turns it on
+    # step costs the engine measured (runtime/speculation/cost_probe.py) are kept outside the engine folder
+    # and read by the next process on this machine (runtime/speculation/cost_cache.py); `serve` turns it on
     cost_cache: bool = False
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 

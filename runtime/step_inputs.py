@@ -35,7 +35,7 @@ def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions:
     a throwaway row that no later step reads). min_rows: the step runs at least this many
     token rows and logits rows in all (B x T, B x N), padding columns where it has fewer:
     kernels that round a 1-row product differently from a product of several (exact
-    decoding, runtime/exact_rows.py) then always see several."""
+    decoding, runtime/backends/exact_rows.py) then always see several."""
     if not requests:
         raise ValueError("a step needs at least one request")
     slots = [r.slot for r in requests]

@@ -91,7 +91,7 @@ class Stream:
     params: SamplingParams
     method: str = PLAIN
     num_draft_tokens: int = 0  # k drafted per step (0: plain decoding); adaptive: at most k
-    adaptive: bool = False  # drafts while a token pays for itself (runtime/draft_length.py)
+    adaptive: bool = False  # drafts while a token pays for itself (runtime/speculation/draft_length.py)
     id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None

@@ -14,7 +14,7 @@ section; one failing section never stops the others):
     methods       every method available (none, ngram, + drafters): greedy output with CUDA
                   graphs, identical-to-reference count, and lossless by teacher forcing on the
                   GPU target (each emitted token within tie_tol of the argmax); tokens/s
-    device_loop   the device-resident loop (runtime/device_loop.py, one CUDA graph per phase):
+    device_loop   the device-resident loop (runtime/device/loop.py, one CUDA graph per phase):
                   tokens/s at batch 1 and 8 for every method, its speed-up over plain decoding
                   and tau, beside the host loop's plain decoding; device_loop.json and a plot,
                   device_loop.png (tokens/s per method and batch)
@@ -150,7 +150,7 @@ def load(args) -> dict:
     from trt_spec.runtime.generator import available_methods
 
     args.methods = available_methods(manifest)
-    from trt_spec.runtime.device_loop import DEVICE_METHODS
+    from trt_spec.runtime.device.loop import DEVICE_METHODS
 
     args.methods_device = [m for m in args.methods if m in DEVICE_METHODS]
     return {"methods": args.methods, "max_len": max_len, "cuda_graphs": graphs.cuda_graphs,

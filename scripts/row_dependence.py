@@ -28,7 +28,7 @@ import onnx
 import onnxruntime as ort
 
 from trt_spec.runtime.backends.ort import make_session
-from trt_spec.runtime.cpu import cpu_flags
+from trt_spec.runtime.backends.cpu import cpu_flags
 from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import load_manifest

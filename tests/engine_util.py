@@ -2,7 +2,7 @@
 
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.stream import Stream
-from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 
 

@@ -5,8 +5,8 @@ Greedy output stays the plain one; sampled output stays distributed as the targe
 import numpy as np
 import pytest
 
-from trt_spec.runtime.cost_probe import probe_step_costs
-from trt_spec.runtime.draft_length import BINS, Calibration, DraftLength, StepCosts, prior_cost
+from trt_spec.runtime.speculation.cost_probe import probe_step_costs
+from trt_spec.runtime.speculation.draft_length import BINS, Calibration, DraftLength, StepCosts, prior_cost
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
@@ -315,7 +315,7 @@ def test_hybrid_drafts_nothing_where_no_length_pays():
     drafts nothing (a plain step) instead of one token that loses, but probes now and then."""
     from types import SimpleNamespace
 
-    from trt_spec.runtime.policy import PROBE_EVERY, SURE_LOSS_SPACING
+    from trt_spec.runtime.speculation.policy import PROBE_EVERY, SURE_LOSS_SPACING
     from trt_spec.runtime.proposers.base import Drafts
     from trt_spec.runtime.proposers.hybrid import HybridProposer
 
@@ -377,7 +377,7 @@ def test_sampled_adaptive_output_follows_the_target(tiny_heads_engine, method, k
 def test_fallback_backs_off_while_speculation_loses_and_resets_once_it_pays():
     from types import SimpleNamespace
 
-    from trt_spec.runtime.policy import SpeculationPolicy
+    from trt_spec.runtime.speculation.policy import SpeculationPolicy
     from trt_spec.runtime.settings import SpeculationConfig
 
     policy = SpeculationPolicy(SpeculationConfig(window=4, cooldown=2, max_cooldown=8), 1000)
@@ -419,8 +419,8 @@ def test_fallback_backs_off_while_speculation_loses_and_resets_once_it_pays():
 def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
     from types import SimpleNamespace
 
-    from trt_spec.runtime.draft_length import PositionAcceptance
-    from trt_spec.runtime.policy import PROBE_EVERY, SpeculationPolicy
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
+    from trt_spec.runtime.speculation.policy import PROBE_EVERY, SpeculationPolicy
     from trt_spec.runtime.settings import SpeculationConfig
 
     acc = PositionAcceptance()
@@ -462,8 +462,8 @@ def test_a_fixed_k_drafts_its_best_shorter_length_and_probes_the_rest():
     stays measured)."""
     from types import SimpleNamespace
 
-    from trt_spec.runtime.draft_length import PositionAcceptance
-    from trt_spec.runtime.policy import PROBE_EVERY, SpeculationPolicy
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
+    from trt_spec.runtime.speculation.policy import PROBE_EVERY, SpeculationPolicy
     from trt_spec.runtime.settings import SpeculationConfig
 
     acc = PositionAcceptance()
@@ -491,8 +491,8 @@ def test_batch_width_cuts_a_step_to_what_pays_and_probes_one_position_more():
     """Two streams at batch 2: w* weighs both streams' expected tokens against c_B(w + 1);
     a plain step (w = 0) where no width beats B tokens; one cut step in PROBE_EVERY keeps
     one draft more than w*, not the widest."""
-    from trt_spec.runtime.batch_width import PROBE_EVERY, BatchWidth
-    from trt_spec.runtime.draft_length import PositionAcceptance
+    from trt_spec.runtime.speculation.batch_width import PROBE_EVERY, BatchWidth
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
 
     rule = DraftLength()
     for t, ms in ((1, 10), (2, 12), (3, 16), (4, 20), (5, 24)):

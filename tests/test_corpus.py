@@ -236,8 +236,8 @@ def test_suffix_verifies_what_pays_by_what_found_the_draft():
     acceptance pays for (an own 2-gram match: as long as pays; a weak corpus bin: nothing,
     but probes);
     without the rules, all of it. Acceptance is keyed by the finder (Drafts.keys)."""
-    from trt_spec.runtime.draft_length import DraftLength
-    from trt_spec.runtime.policy import PROBE_EVERY, SURE_LOSS_SPACING
+    from trt_spec.runtime.speculation.draft_length import DraftLength
+    from trt_spec.runtime.speculation.policy import PROBE_EVERY, SURE_LOSS_SPACING
 
     rule = DraftLength()
     for t, ms in ((1, 10), (2, 12), (3, 15), (4, 19), (5, 24)):

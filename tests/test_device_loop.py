@@ -1,4 +1,4 @@
-"""The device loop (runtime/device_loop.py) on the CPU with torch: the same code a GPU runs,
+"""The device loop (runtime/device/loop.py) on the CPU with torch: the same code a GPU runs,
 minus the CUDA-graph capture. Greedy output of every method equals the ORT backend's (and
 plain greedy), at batch 1 and 3, with and without exact decoding; the sampled tokens follow
 the target's distribution; device verification agrees with runtime/verify.py; the runs it
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec.runtime import device_verify  # noqa: E402
+from trt_spec.runtime.device import verify as device_verify  # noqa: E402
 from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
@@ -230,7 +230,7 @@ def test_the_device_loop_runs_where_the_backend_declares_a_device_runner(engine)
     the torch-cuda backend's target and graphs declare it, ONNX Runtime's do not, and the
     loop says so rather than probing attributes."""
     from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
-    from trt_spec.runtime.device_loop import unsupported
+    from trt_spec.runtime.device.loop import unsupported
     from trt_spec.runtime.stream import Stream
 
     streams = [Stream(PROMPTS[0], GREEDY, "mtp", 3)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from trt_spec.runtime.cpu import cpu_kind
+from trt_spec.runtime.backends.cpu import cpu_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 QEMU = shutil.which("qemu-x86_64")
@@ -50,7 +50,7 @@ def emulated(*args: str, timeout: int) -> subprocess.CompletedProcess:
 @needs_qemu
 def test_emulated_cpu_is_avx2_only():
     """CPUID under the emulator: AVX2 and FMA, no AVX-512, no VNNI, no AMX."""
-    out = emulated("-c", "from trt_spec.runtime.cpu import cpu_flags, cpu_kind; "
+    out = emulated("-c", "from trt_spec.runtime.backends.cpu import cpu_flags, cpu_kind; "
                    "print(cpu_kind(), *cpu_flags())", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     kind, *flags = out.stdout.split()

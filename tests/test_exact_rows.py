@@ -8,9 +8,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from trt_spec.runtime import cost_cache, cpu, exact_rows
+from trt_spec.runtime.backends import cpu, exact_rows
+from trt_spec.runtime.speculation import cost_cache
 from trt_spec.runtime.backends.ort import OrtTarget, make_session
-from trt_spec.runtime.exact_rows import FAST, ExactnessCache, RowRule, candidates, probe, shapes
+from trt_spec.runtime.backends.exact_rows import FAST, ExactnessCache, RowRule, candidates, probe, shapes
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import load_manifest
 from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs

@@ -7,7 +7,7 @@ import pytest
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.stream import Stream
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.policy import SpeculationPolicy
+from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.proposers.ngram import NgramProposer, ngram_match

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
-from trt_spec.runtime.draft_length import DraftLength
+from trt_spec.runtime.speculation.draft_length import DraftLength
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
@@ -96,7 +96,7 @@ def parse_past(text: str) -> list[int]:
 def machine() -> dict:
     import onnxruntime
 
-    from trt_spec.runtime.cpu import cpu_flags, cpu_kind, cpu_name
+    from trt_spec.runtime.backends.cpu import cpu_flags, cpu_kind, cpu_name
 
     return {"cpu": cpu_name(), "cpu_flags": list(cpu_flags()), "kernels": cpu_kind(),
             "cores": os.cpu_count(), "python": platform.python_version(),
@@ -349,7 +349,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         p.runs.setdefault(name, []).append(r)
 
     # warm-up, not recorded: one-time work per batch size (the engine's cost probe,
-    # runtime/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
+    # runtime/speculation/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
     # whose prompts are admitted over several steps decodes at the smaller sizes first
     warm = replace(params, max_tokens=min(params.max_tokens, 6))
     for c in configs:

@@ -9,12 +9,12 @@ import sys
 from importlib import metadata, util
 from pathlib import Path
 
-from trt_spec.runtime.cpu import cpu_flags as cpu_flags_of_cpu
-from trt_spec.runtime.cpu import cpu_kind, cpu_name
+from trt_spec.runtime.backends.cpu import cpu_flags as cpu_flags_of_cpu
+from trt_spec.runtime.backends.cpu import cpu_kind, cpu_name
 
 def cpu_flags() -> list[str]:
     """The CPU features ONNX Runtime's kernels dispatch on, as CPUID reports them
-    (runtime/cpu.py: under an emulator, the emulated CPU's)."""
+    (runtime/backends/cpu.py: under an emulator, the emulated CPU's)."""
     return ["neon" if f == "asimd" else f for f in cpu_flags_of_cpu()]
 
 
@@ -84,7 +84,7 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
 
 def exact_decoding(manifest) -> dict | None:
     """Whether exact decoding holds for the folder's ONNX Runtime target on this machine, by
-    which row layout, and what it costs a plain step (runtime/exact_rows.py; probed once,
+    which row layout, and what it costs a plain step (runtime/backends/exact_rows.py; probed once,
     then read from the cache). None for a folder without an ORT target."""
     if manifest.graph("target")["backend"] != "ort":
         return None

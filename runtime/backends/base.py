@@ -115,7 +115,7 @@ class GraphSet(ABC):
 @runtime_checkable
 class DeviceRunner(Protocol):
     """A StepGraph that also runs on device tensors (the device loop's graph runner,
-    runtime/device_loop.py): the torch-cuda backend's modules, or a TensorRT engine."""
+    runtime/device/loop.py): the torch-cuda backend's modules, or a TensorRT engine."""
 
     def device_forward(self, inputs: dict, views: list) -> tuple:
         """inputs: the step's feeds as device tensors; views: the cache rows of the step's

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_spec.runtime.cpu import cpu_flags
+from trt_spec.runtime.backends.cpu import cpu_flags
 
 OP = "MatMulIntegerToFloat"
 VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")

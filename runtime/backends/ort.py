@@ -17,7 +17,7 @@ import onnxruntime as ort
 from trt_spec.runtime.backends.base import GraphSet, StepGraph
 from trt_spec.runtime.backends.int8_weights import saturates, widened_model
 from trt_spec.runtime.config import ModelConfig
-from trt_spec.runtime.exact_rows import (FAST, Exactness, ExactnessCache, RowRule, find,
+from trt_spec.runtime.backends.exact_rows import (FAST, Exactness, ExactnessCache, RowRule, find,
                                          probe_key)
 from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS, HIDDEN_INPUT, PAST, PRESENT, kv_names
 from trt_spec.runtime.kv_cache import KVCache
@@ -80,7 +80,7 @@ class OrtTarget(StepGraph):
                  exactness_cache: ExactnessCache | None = None):
         """exact_decode: a token's logits do not depend on whether it was decoded alone or
         verified among drafts and other streams. Which row layout makes that hold on this
-        machine (attention rows per request, least rows per step: runtime/exact_rows.py) is
+        machine (attention rows per request, least rows per step: runtime/backends/exact_rows.py) is
         probed at load for every step of up to cover = (streams, tokens per stream), or read
         from exactness_cache."""
         self.session = make_session(path, threads)
@@ -109,7 +109,7 @@ class OrtTarget(StepGraph):
 
     @property
     def exactness(self) -> Exactness:
-        """What exact decoding holds by on this machine (probed once, runtime/exact_rows.py)."""
+        """What exact decoding holds by on this machine (probed once, runtime/backends/exact_rows.py)."""
         if self._exactness is None:
             self._exactness = find(self, *self.cover, self._exactness_cache)
         return self._exactness
@@ -218,7 +218,7 @@ class OrtGraphs(GraphSet):
     def __init__(self, manifest: Manifest, threads: int | None = None, exact_decode: bool = True,
                  cover: tuple[int, int] = (4, 6)):
         """cover: (streams, tokens per stream) of the largest step the exactness probe
-        checks (OrtTarget); its answer is kept per engine and machine (runtime/exact_rows.py)."""
+        checks (OrtTarget); its answer is kept per engine and machine (runtime/backends/exact_rows.py)."""
         super().__init__(manifest)
         self.threads = threads
         self.exact_decode = exact_decode  # the target's (OrtTarget: exact_decode)

@@ -30,7 +30,7 @@ def source_key(method: str, source: str) -> str:
 
 class Proposer(ABC):
     name: str
-    # the drafter reports each draft's confidence to a DraftGate (runtime/draft_length.py) and
+    # the drafter reports each draft's confidence to a DraftGate (runtime/speculation/draft_length.py) and
     # stops a stream's drafting where the gate says so (`--num-draft-tokens auto`)
     gated: bool = False
     # The target's per-token output this proposer drafts from ("hidden_states",

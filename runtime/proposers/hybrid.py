@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from trt_spec.runtime.policy import probes
+from trt_spec.runtime.speculation.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.suffix import SuffixProposer
 

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.corpus import CorpusTable
-from trt_spec.runtime.policy import probes
+from trt_spec.runtime.speculation.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, source_key
 from trt_spec.runtime.proposers.ngram import NgramProposer, tail
 from trt_spec.runtime.proposers.ngram_index import NgramIndex

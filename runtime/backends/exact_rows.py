@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trt_spec.runtime.config import ModelConfig
-from trt_spec.runtime.cost_cache import key_hash, machine_parts
-from trt_spec.runtime.cpu import cpu_flags, cpu_name
+from trt_spec.runtime.speculation.cost_cache import key_hash, machine_parts
+from trt_spec.runtime.backends.cpu import cpu_flags, cpu_name
 from trt_spec.runtime.files import cache_dir, write_cache_file
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import SlotTokens

@@ -5,9 +5,9 @@ and counts, with one synchronisation.
     run(streams):
         admit + prefill (one forward, eager)            # first token sampled on the device
         while streams run:
-            propose  drafts [B, k] (+ q)                # runtime/device_drafters.py
+            propose  drafts [B, k] (+ q)                # runtime/device/drafters.py
             score    target over [last, d1..dk] (W rows)
-            sample   verify + commit on the device       # runtime/device_verify.py
+            sample   verify + commit on the device       # runtime/device/verify.py
             host <- tokens [B, k + 1], counts [B]       # the one sync of the step
             append, stop checks; finished slots idle; waiting streams admitted
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trt_spec.runtime import device_verify
-from trt_spec.runtime.device_drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
+from trt_spec.runtime.device import verify as device_verify
+from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
 from trt_spec.runtime.stream import StepMetrics, Stream, append
 from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner

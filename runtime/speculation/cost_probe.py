@@ -17,7 +17,7 @@ import statistics
 import time
 
 from trt_spec.runtime.backends.base import StepGraph
-from trt_spec.runtime.draft_length import StepCosts
+from trt_spec.runtime.speculation.draft_length import StepCosts
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.step_inputs import SlotTokens
 

@@ -24,7 +24,7 @@ decode step for that stream, in the same target forward as the others):
   later ones do not either, and a probe of all k costs a weak drafter ~4% of its steps.
     - a speculating stream whose tokens per unit of cost over its last `window` steps fell
       below 1 (plain decoding would have been faster; costs measured at the batch size
-      decoding, runtime/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
+      decoding, runtime/speculation/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
       a probe that fails again doubles the cooldown (up to `max_cooldown`), one that
       pays resets it (`fallback`; on by default)
     - else its k, capped by the tokens still allowed and the room left in the cache.

@@ -19,7 +19,7 @@ output).
 
 from __future__ import annotations
 
-from trt_spec.runtime.draft_length import DraftLength, PositionAcceptance
+from trt_spec.runtime.speculation.draft_length import DraftLength, PositionAcceptance
 
 PROBE_EVERY = 16
 

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from trt_spec.runtime.cpu import cpu_flags, cpu_name
+from trt_spec.runtime.backends.cpu import cpu_flags, cpu_name
 from trt_spec.runtime.files import cache_dir, write_cache_file
 
 VERSION = 2  # 2: the key names the CPU's features and ONNX Runtime's version

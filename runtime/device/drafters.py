@@ -1,4 +1,4 @@
-"""The drafters of the device loop (runtime/device_loop.py): each proposes k tokens per stream
+"""The drafters of the device loop (runtime/device/loop.py): each proposes k tokens per stream
 with fixed shapes and no host round trip, from state kept on the device.
 
     NgramDrafts    prompt lookup over the token history `seq`: the latest earlier match of
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from trt_spec.runtime import device_verify
+from trt_spec.runtime.device import verify as device_verify
 
 
 class DeviceDrafter:

@@ -1,6 +1,6 @@
 """Speculative verification on the device, in torch: runtime/verify.py's rules (the terms
 accepted, recovered and bonus, p = target, q = draft, are defined there), batched with fixed
-shapes and no host round trip, so the device loop (runtime/device_loop.py) can capture it in a
+shapes and no host round trip, so the device loop (runtime/device/loop.py) can capture it in a
 CUDA graph.
 
     greedy rows      accept the longest prefix where draft == argmax(target); then argmax
