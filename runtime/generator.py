@@ -14,7 +14,6 @@ from trt_spec.runtime.speculation.cost_cache import CostCache, cost_key
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
 from trt_spec.runtime.methods import METHODS, PLAIN, DrafterEntry, method as known_method
-from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
@@ -122,8 +121,7 @@ class Generator:
         self._corpus = None
         self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
         self._grammars = None
-        self.engine = Engine(self.target, self.cache, self.stops,
-                             SpeculationPolicy(config.speculation, self.cache.max_len),
+        self.engine = Engine(self.target, self.cache, self.stops, config.speculation,
                              self.proposer, self._prefix_cache(config),
                              self._cost_cache(config))
         self.method = self.check_method(config.method)
@@ -160,7 +158,7 @@ class Generator:
         self.method = self.check_method(new.method)
         self.proposer(self.method)
         self.settings, self.speculation = new, new.speculation
-        self.engine.policy = SpeculationPolicy(new.speculation, self.cache.max_len)
+        self.engine.planner.configure(new.speculation)
         if new.prefix_cache != (self.engine.prefix is not None):
             self.cache.forget()
             self.engine.prefix = self._prefix_cache(new)

@@ -2,13 +2,12 @@
 
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.stream import Stream
-from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 
 
 def engine_with(gen, proposer, config: SpeculationConfig) -> Engine:
     """Streams of method "custom" draft with `proposer` (see custom_stream)."""
-    return Engine(gen.target, gen.cache, gen.stops, SpeculationPolicy(config, gen.cache.max_len),
+    return Engine(gen.target, gen.cache, gen.stops, config,
                   lambda method: None if method == "none" else proposer)
 
 

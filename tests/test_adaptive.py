@@ -87,7 +87,7 @@ def test_probe_measures_the_batch_and_leaves_the_cache_as_it_was(tiny_heads_engi
     # the engine probes on its own the first time 2 streams decode, then decodes exactly
     while not all(s.finished for s in streams):
         gen.engine.step(streams)
-    assert gen.engine.draft_length.costs.known(2)
+    assert gen.engine.planner.draft_length.costs.known(2)
     plain = Generator(tiny_heads_engine, max_batch=2).generate_ids(PROMPTS[:2], GREEDY)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
 
@@ -111,7 +111,7 @@ def test_cost_cache_spares_the_next_process_its_probe(tiny_heads_engine, tmp_pat
     files = list((tmp_path / "step-costs").glob("*.json"))
     assert first > 0 and len(files) == 1
     second, again, gen2 = run(cost_cache=True)
-    assert second == 0 and again == out and gen2.engine.draft_length.costs.known(2)
+    assert second == 0 and again == out and gen2.engine.planner.draft_length.costs.known(2)
     assert run()[0] > 0  # off (the default outside `serve`): every process probes
     files[0].write_text("not json")  # a damaged file is ignored: the engine probes again
     assert run(cost_cache=True)[0] > 0
@@ -138,7 +138,7 @@ def test_auto_k_is_lossless(tiny_heads_engine, plain, method, k):
     for s in streams:
         assert s.adaptive and len(s.stats.proposed_per_position) <= kmax
     key = "mtp/position" if method == "mtp" else method  # MTP plans k by position
-    assert gen.engine.draft_length.calibration[key].proposed.sum() > BINS * 4  # it learned
+    assert gen.engine.planner.draft_length.calibration[key].proposed.sum() > BINS * 4  # it learned
 
 
 def test_auto_k_drafts_less_where_the_drafter_is_unsure(tiny_heads_engine):
@@ -211,7 +211,7 @@ def test_method_auto_is_lossless_and_says_what_it_chose(tiny_heads_engine, plain
             by[name] = by.get(name, 0) + n
     assert by and set(by) <= {"suffix", "mtp"}, by  # the folder's first head: mtp
     # what each source's drafts were accepted at, within auto: what the next choice reads
-    measured = {m.split("/")[0] for m, _ in gen.engine.draft_length.positions
+    measured = {m.split("/")[0] for m, _ in gen.engine.planner.draft_length.positions
                 if m.startswith("auto:")}  # a lookup's by the length of its match
     assert measured == {f"auto:{name}" for name in by}
 

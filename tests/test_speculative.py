@@ -136,7 +136,7 @@ def test_low_acceptance_turns_speculation_off_then_on(tiny_spec_engine):
                                fallback=False)  # the acceptance rule alone
     gen = Generator(tiny_spec_engine)
     constant = ConstantProposer()
-    engine = Engine(gen.target, gen.cache, gen.stops, SpeculationPolicy(config, gen.cache.max_len),
+    engine = Engine(gen.target, gen.cache, gen.stops, config,
                     lambda method: None if method == "none" else constant)
     s = Stream(PROMPTS[1], SamplingParams(max_tokens=24, ignore_eos=True), "constant", 2)
     engine.admit(s)

@@ -306,17 +306,17 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         gen = gens[c.engine]
         gen.use_suffix_cache(c.suffix_cache)
         fast = c.method == NONE_FAST
-        rule = gen.engine.draft_length
+        rule = gen.engine.planner.draft_length
         if fast:  # the fastest plain decoding: 1-token steps on one-row kernels; its steps
             gen.target.exact_decode = False  # are not the engine's plain steps: not measured
-            gen.engine.draft_length = DraftLength()
+            gen.engine.planner.draft_length = DraftLength()
         t0 = time.perf_counter()
         try:
             streams = gen.generate_ids(prompts_ids, sampling or params,
                                        "none" if fast else c.method, c.k)
         finally:
             gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
-            gen.engine.draft_length = rule
+            gen.engine.planner.draft_length = rule
         c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
                                               time.perf_counter() - t0))
         for s in streams:
