@@ -1,9 +1,10 @@
-"""Load an engine folder and generate: the layer the CLI, the Python API and the server stand on."""
+"""Load an engine folder: its target, KV cache, tokenizer, drafters and the one Engine that
+steps them. The scheduler (runtime/scheduler.py), the Python API and the server use it; it
+uses none of them."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,7 +20,7 @@ from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
 from trt_spec.runtime.grammar import Grammars
-from trt_spec.runtime.stream import RequestMetrics, StopChecker, Stream
+from trt_spec.runtime.stream import StopChecker, Stream
 from trt_spec.runtime.tokenizer import Tokenizer
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
@@ -56,14 +57,6 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None
     if chat or (chat is None and tokenizer.chat_template):
         return tokenizer.encode_chat([{"role": "user", "content": prompt}])
     return tokenizer.encode(prompt)
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: RequestMetrics
 
 
 class Generator:
@@ -275,20 +268,6 @@ class Generator:
             return method, self.speculation.num_draft_tokens, self.speculation.adaptive
         return (method, *parse_num_draft_tokens(num_draft_tokens))
 
-    def generate_ids(self, prompts_ids: list[list[int]], params: SamplingParams,
-                     method: str | None = None, num_draft_tokens: int | str | None = None
-                     ) -> list[Stream]:
-        """Runs every prompt to completion, at most `cache.slots` at a time: on the device
-        loop where it covers the run, else through Scheduler.run (the admission and steps the
-        server and LLM run, on this thread)."""
-        streams = [self.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
-        loop = self.device_loop(streams)
-        if loop is not None:
-            return loop.run(streams)
-        from trt_spec.runtime.scheduler import Scheduler  # it imports this module
-
-        return Scheduler(self).run(streams)
-
     def device_loop(self, streams: list[Stream]):
         """The device loop (runtime/device/loop.py) these streams run on, or None for the host
         loop: settings.device_loop None takes it where it covers the run, True requires it
@@ -308,12 +287,3 @@ class Generator:
         if key not in self._device_loops:
             self._device_loops[key] = DeviceLoop(self, *key, exact=self.settings.exact_decode)
         return self._device_loops[key]
-
-    def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
-                 chat: bool | None = None, method: str | None = None,
-                 num_draft_tokens: int | str | None = None) -> list[GenerationResult]:
-        params = params or SamplingParams()
-        streams = self.generate_ids([self.encode(p, chat) for p in prompts], params, method,
-                                    num_draft_tokens)
-        return [GenerationResult(s.text, s.output_ids, s.finish_reason, s.metrics())
-                for s in streams]

@@ -12,8 +12,9 @@
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
 talks to it only through `submit` / `cancel` (thread-safe) and the `on_output` callbacks,
 which run on that thread (the server forwards them with `loop.call_soon_threadsafe`).
-`Generator.generate_ids` (generate, bench) runs its streams through `run`: the same admission
-and steps, on the caller's thread, errors raised.
+`generate` / `generate_ids` (trt-spec generate, bench) run a batch to completion: on the
+device loop where it covers the run, else through `run`: the same admission and steps, on
+the caller's thread, errors raised.
 
 Requests with different methods and draft lengths run side by side in the Generator's one
 engine: each stream carries its method and k.
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
-from trt_spec.runtime.stream import StepMetrics, Stream
-from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
+from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 
 log = logging.getLogger("trt_spec.scheduler")
@@ -166,7 +167,7 @@ class Scheduler:
     def run(self, streams: list[Stream]) -> list[Stream]:
         """Runs `streams` (from gen.stream) to completion on this thread, through the same
         admission and steps as submitted requests, every prompt read whole (no prefill
-        budget); an error raises here. The loop under Generator.generate_ids."""
+        budget); an error raises here. The loop under generate_ids."""
         assert self._thread is None, "run() drives the steps itself"
         budget, self.max_prefill_tokens, self._raise = self.max_prefill_tokens, None, True
         try:
@@ -340,3 +341,35 @@ class Scheduler:
         self._running = []
         if self.on_step is not None:
             self.on_step(report)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+def generate_ids(gen: Generator, prompts_ids: list[list[int]], params: SamplingParams,
+                 method: str | None = None, num_draft_tokens: int | str | None = None
+                 ) -> list[Stream]:
+    """Runs every prompt to completion, at most `cache.slots` at a time: on the device loop
+    where it covers the run, else through Scheduler.run (the admission and steps the server
+    and LLM run, on this thread). None takes the configured method and k."""
+    streams = [gen.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
+    loop = gen.device_loop(streams)
+    if loop is not None:
+        return loop.run(streams)
+    return Scheduler(gen).run(streams)
+
+
+def generate(gen: Generator, prompts: list[Prompt], params: SamplingParams | None = None,
+             chat: bool | None = None, method: str | None = None,
+             num_draft_tokens: int | str | None = None) -> list[GenerationResult]:
+    """generate_ids over prompts (text or chats, runtime/generator.py's encode_prompt)."""
+    params = params or SamplingParams()
+    streams = generate_ids(gen, [gen.encode(p, chat) for p in prompts], params, method,
+                           num_draft_tokens)
+    return [GenerationResult(s.text, s.output_ids, s.finish_reason, s.metrics())
+            for s in streams]

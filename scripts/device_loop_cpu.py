@@ -41,6 +41,7 @@ def main() -> None:
     import torch
 
     from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.sampling import SamplingParams
     from trt_spec.tools.bench import load_prompts
 
@@ -63,11 +64,11 @@ def main() -> None:
             for _ in range(args.repeats):
                 for loop in (True, False):  # interleaved: device, then host, per method
                     gen.configure(device_loop=loop)
-                    gen.generate_ids(ids, SamplingParams(max_tokens=4, ignore_eos=True), method, k)
+                    generate_ids(gen, ids, SamplingParams(max_tokens=4, ignore_eos=True), method, k)
                     if args.device != "cpu":
                         torch.cuda.synchronize()
                     t = time.perf_counter()
-                    streams = gen.generate_ids(ids, params, method, k)
+                    streams = generate_ids(gen, ids, params, method, k)
                     if args.device != "cpu":
                         torch.cuda.synchronize()
                     times[loop].append((time.perf_counter() - t, streams))

@@ -130,6 +130,7 @@ def environment(device: str) -> dict:
 def load(args) -> dict:
     from trt_spec.export.torch_backend import TorchGraphs
     from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
 
     heads = {k: getattr(args, k) for k in ("mtp", "eagle", "eagle3") if getattr(args, k)}
     graphs, manifest = TorchGraphs.from_model(args.model, heads, args.draft_layers, args.draft,
@@ -197,12 +198,13 @@ def generate(gen, method: str, prompts: list[list[int]], new_tokens: int, k: int
     import torch
 
     from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.scheduler import generate_ids
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t = time.perf_counter()
-    streams = gen.generate_ids(prompts, params, method, None if method == "none" else k)
+    streams = generate_ids(gen, prompts, params, method, None if method == "none" else k)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return streams, time.perf_counter() - t

@@ -22,6 +22,7 @@ from pathlib import Path
 
 def reference(engine: Path, model: str, prompts: list, max_new_tokens: int) -> dict:
     from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.sampling import SamplingParams
 
     gen = Generator(engine, max_batch=1, max_len=2048)
@@ -30,7 +31,7 @@ def reference(engine: Path, model: str, prompts: list, max_new_tokens: int) -> d
         raise SystemExit(f"{engine}: the reference needs an fp32 engine, this one is {precision}")
     ids = [gen.encode(p) for p in prompts]
     params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
-    streams = gen.generate_ids(ids, params)
+    streams = generate_ids(gen, ids, params)
     c = gen.config
     return {
         "model": model,

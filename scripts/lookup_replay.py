@@ -20,6 +20,7 @@ from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.tools.bench import load_prompts
+from trt_spec.runtime.scheduler import generate_ids
 
 
 def replay(answers, lookup: SuffixProposer, k: int) -> tuple[float, float]:
@@ -58,7 +59,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_new_tokens, ignore_eos=True)
     answers = []
     for i, p in enumerate(prompts):
-        (s,) = gen.generate_ids([gen.encode(p)], params, "none")
+        (s,) = generate_ids(gen, [gen.encode(p)], params, "none")
         answers.append((list(s.prompt_ids), list(s.output_ids)))
         print(f"answered {i + 1}/{len(prompts)}", flush=True)
     c = gen.speculation

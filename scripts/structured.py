@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     import jsonschema
 
     from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.proposers.suffix import SuffixCache
     from trt_spec.runtime.sampling import SamplingParams
 
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
                 ids = gen.encode(case["messages"])
                 gen.use_suffix_cache(SuffixCache())  # no answer of another run to match
                 t0 = time.perf_counter()
-                s = gen.generate_ids([ids], params, method,
+                s = generate_ids(gen, [ids], params, method,
                                      None if method == "none" else args.num_draft_tokens)[0]
                 m, r = s.metrics(), rows[method, forced]
                 r["seconds"] += m.decode_s

@@ -12,6 +12,7 @@ from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
 from trt_spec.runtime.settings import parse_num_draft_tokens
 from trt_spec.runtime.step_inputs import SlotTokens
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -20,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def plain(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=3)
-    return [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
+    return [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY)]
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def test_probe_measures_the_batch_and_leaves_the_cache_as_it_was(tiny_heads_engi
     while not all(s.finished for s in streams):
         gen.engine.step(streams)
     assert gen.engine.planner.draft_length.costs.known(2)
-    plain = Generator(tiny_heads_engine, max_batch=2).generate_ids(PROMPTS[:2], GREEDY)
+    plain = generate_ids(Generator(tiny_heads_engine, max_batch=2), PROMPTS[:2], GREEDY)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
 
 
@@ -132,7 +133,7 @@ def test_gate_stops_where_a_token_no_longer_pays():
 @pytest.mark.parametrize("k", ["auto", "auto:2"])
 def test_auto_k_is_lossless(tiny_heads_engine, plain, method, k):
     gen = Generator(tiny_heads_engine, max_batch=3)
-    streams = gen.generate_ids(PROMPTS, GREEDY, method, k)
+    streams = generate_ids(gen, PROMPTS, GREEDY, method, k)
     assert [s.output_ids for s in streams] == plain
     kmax = parse_num_draft_tokens(k)[0]
     for s in streams:
@@ -149,10 +150,10 @@ def test_auto_k_drafts_less_where_the_drafter_is_unsure(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=1)
     params = SamplingParams(max_tokens=80, ignore_eos=True)
     # the fixed k, every step (under the gain rules it too would draft less: what pays)
-    fixed = Generator(tiny_heads_engine, max_batch=1,
-                      speculation=SpeculationConfig(fallback=False)).generate_ids(
+    fixed = generate_ids(Generator(tiny_heads_engine, max_batch=1,
+                      speculation=SpeculationConfig(fallback=False)), 
         PROMPTS[:1], params, "mtp", 6)[0]
-    auto = gen.generate_ids(PROMPTS[:1], params, "mtp", "auto:6")[0]
+    auto = generate_ids(gen, PROMPTS[:1], params, "mtp", "auto:6")[0]
     assert auto.output_ids == fixed.output_ids
     assert auto.stats.proposed < fixed.stats.proposed / 2, (auto.stats.proposed,
                                                             fixed.stats.proposed)
@@ -174,9 +175,9 @@ def test_suffix_cache_matches_earlier_requests_and_evicts_the_oldest():
 def test_suffix_drafts_a_repeated_request_from_the_cache(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=1)
     params = SamplingParams(max_tokens=32, ignore_eos=True)
-    first = gen.generate_ids(PROMPTS[1:2], params, "suffix", 8)[0]
-    again = gen.generate_ids(PROMPTS[1:2], params, "suffix", 8)[0]
-    ngram = gen.generate_ids(PROMPTS[1:2], params, "ngram", 8)[0]
+    first = generate_ids(gen, PROMPTS[1:2], params, "suffix", 8)[0]
+    again = generate_ids(gen, PROMPTS[1:2], params, "suffix", 8)[0]
+    ngram = generate_ids(gen, PROMPTS[1:2], params, "ngram", 8)[0]
     assert again.output_ids == first.output_ids == ngram.output_ids
     tau = lambda s: len(s.output_ids) / s.stats.target_forwards  # noqa: E731
     assert tau(again) > 3 > tau(ngram), (tau(again), tau(ngram))
@@ -186,9 +187,9 @@ def test_hybrid_is_lossless_and_says_who_drafted(tiny_heads_engine, plain):
     gen = Generator(tiny_heads_engine, max_batch=3)
     assert "hybrid" in gen.methods and "suffix" in gen.methods
     for k in (3, "auto"):
-        streams = gen.generate_ids(PROMPTS, GREEDY, "hybrid", k)
+        streams = generate_ids(gen, PROMPTS, GREEDY, "hybrid", k)
         assert [s.output_ids for s in streams] == plain
-    streams = gen.generate_ids(PROMPTS, GREEDY, "hybrid", 3)  # the answers are cached now
+    streams = generate_ids(gen, PROMPTS, GREEDY, "hybrid", 3)  # the answers are cached now
     by = {}
     for s in streams:
         for name, n in s.metrics().drafted_by.items():
@@ -203,7 +204,7 @@ def test_hybrid_is_lossless_and_says_who_drafted(tiny_heads_engine, plain):
 def test_method_auto_is_lossless_and_says_what_it_chose(tiny_heads_engine, plain, k):
     gen = Generator(tiny_heads_engine, max_batch=3)
     assert "auto" in gen.methods
-    streams = gen.generate_ids(PROMPTS, GREEDY, "auto", k)
+    streams = generate_ids(gen, PROMPTS, GREEDY, "auto", k)
     assert [s.output_ids for s in streams] == plain
     by = {}
     for s in streams:
@@ -219,8 +220,8 @@ def test_method_auto_is_lossless_and_says_what_it_chose(tiny_heads_engine, plain
 def test_method_auto_without_drafters_picks_the_lookup_or_nothing(tiny_engine):
     gen = Generator(tiny_engine, max_batch=3)
     assert "auto" in gen.methods and gen.proposer("auto").head is None
-    want = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
-    streams = gen.generate_ids(PROMPTS, GREEDY, "auto", 3)
+    want = [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY)]
+    streams = generate_ids(gen, PROMPTS, GREEDY, "auto", 3)
     assert [s.output_ids for s in streams] == want
     assert all(set(s.metrics().drafted_by) <= {"suffix"} for s in streams)
 
@@ -364,7 +365,7 @@ def test_sampled_adaptive_output_follows_the_target(tiny_heads_engine, method, k
     n = 1500
     counts = np.zeros_like(exact)
     for seed in range(n):
-        s = gen.generate_ids([prompt], SamplingParams(seed=seed, **params), method, k)[0]
+        s = generate_ids(gen, [prompt], SamplingParams(seed=seed, **params), method, k)[0]
         counts[s.output_ids[1]] += 1
     tv = 0.5 * np.abs(counts / n - exact).sum()
     # sampling noise alone: E|f - p| ~ sqrt(2 p (1 - p) / (pi n)) per token

@@ -10,6 +10,7 @@ import pytest
 from tests.no_torch import run_without_torch
 from trt_spec import LLM, SamplingParams
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.scheduler import generate
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
@@ -44,7 +45,7 @@ def test_generate_equals_the_generator(llm, tiny_spec_engine):
     prompts = ["a b c", [{"role": "user", "content": "d e f"}], "g h i j"]
     outs = llm.generate(prompts, GREEDY, chat=False)
     gen = Generator(tiny_spec_engine)
-    want = gen.generate(prompts, GREEDY, chat=False)
+    want = generate(gen, prompts, GREEDY, chat=False)
     assert [o.token_ids for o in outs] == [w.token_ids for w in want]
     assert [o.text for o in outs] == [w.text for w in want]
     for o, p in zip(outs, prompts):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from trt_spec.cli import main
 from trt_spec.tools import peers as peer_registry
 from trt_spec.tools.peers import PeerContext, parse_peers
+from trt_spec.runtime.scheduler import generate_ids
 
 N = 6  # new tokens per run
 
@@ -48,16 +49,17 @@ def test_bench_peers_bad_input(tiny_engine, args, message):
 def fake_peers(monkeypatch, tiny_engine):
     """Registers fake peers; returns the event log every run of ours and theirs appends to."""
     from trt_spec.runtime.generator import Generator
+    from trt_spec.tools import bench as bench_module
 
     events = []
-    real_generate_ids = Generator.generate_ids
+    real_generate_ids = bench_module.generate_ids
 
-    def generate_ids(self, prompts_ids, params, method=None, num_draft_tokens=None):
-        proposer = self.proposer(method or self.method)  # method none has none
+    def generate_ids(gen, prompts_ids, params, method=None, num_draft_tokens=None):
+        proposer = gen.proposer(method or gen.method)  # method none has none
         events.append(("ours", type(proposer).__name__, tuple(prompts_ids[0])))
-        return real_generate_ids(self, prompts_ids, params, method, num_draft_tokens)
+        return real_generate_ids(gen, prompts_ids, params, method, num_draft_tokens)
 
-    monkeypatch.setattr(Generator, "generate_ids", generate_ids)
+    monkeypatch.setattr(bench_module, "generate_ids", generate_ids)
 
     class Echo:
         """Our own engine, method none, behind the peer interface: identical output; a fixed
@@ -267,7 +269,7 @@ def our_greedy(engine, prompt_ids, n):
     from trt_spec.runtime.sampling import SamplingParams
 
     gen = Generator(str(engine))
-    return gen.generate_ids([prompt_ids], SamplingParams(max_tokens=n, ignore_eos=True))[0].output_ids
+    return generate_ids(gen, [prompt_ids], SamplingParams(max_tokens=n, ignore_eos=True))[0].output_ids
 
 
 @pytest.mark.parametrize("name", ["transformers", "transformers-assisted"])

@@ -23,6 +23,7 @@ from trt_spec.runtime.corpus import (PROB_SCALE, CorpusTable, build_table,
 from trt_spec.runtime.proposers.suffix import SuffixProposer, corpus_key
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.runtime.scheduler import generate_ids
 
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 
@@ -137,7 +138,7 @@ def corpus_engine(tiny_spec_engine, tmp_path):
     folder = tmp_path / "tiny-corpus"
     shutil.copytree(tiny_spec_engine, folder)
     prompts = [[5, 17, 99, 3], [42, 8, 77, 61, 23]]
-    answers = [s.output_ids for s in Generator(folder, max_batch=2).generate_ids(prompts, GREEDY)]
+    answers = [s.output_ids for s in generate_ids(Generator(folder, max_batch=2), prompts, GREEDY)]
     add_corpus(folder, sequences=answers * 3, max_n=4, min_total=1, progress=lambda m: None)
     return folder, prompts, answers
 
@@ -149,13 +150,13 @@ def test_corpus_drafts_and_greedy_output_stays_plain(corpus_engine, method):
     gen = Generator(folder, method=method, max_batch=1,
                     speculation=SpeculationConfig(num_draft_tokens=4, fallback=False))
     for prompt, answer in zip(prompts, answers):
-        (s,) = gen.generate_ids([prompt], GREEDY)
+        (s,) = generate_ids(gen, [prompt], GREEDY)
         assert s.output_ids == answer
         assert s.metrics().tau > 1.5  # its own answers, looked up: long runs accepted
     off = Generator(folder, method=method, max_batch=1,
                     speculation=SpeculationConfig(num_draft_tokens=4, corpus=False))
     assert off.corpus() is None and gen.corpus() is not None
-    (s,) = off.generate_ids([prompts[0]], GREEDY)
+    (s,) = generate_ids(off, [prompts[0]], GREEDY)
     assert s.output_ids == answers[0]
 
 
@@ -224,7 +225,7 @@ def test_bundle_takes_the_table_with_a_lookup_method_only(corpus_engine, tmp_pat
     assert data["corpus"]["file"] == CORPUS_FILE and (with_lookup / CORPUS_FILE).is_file()
     gen = Generator(with_lookup, method="suffix", max_batch=1,
                     speculation=SpeculationConfig(num_draft_tokens=4, fallback=False))
-    (s,) = gen.generate_ids([prompts[0]], GREEDY)
+    (s,) = generate_ids(gen, [prompts[0]], GREEDY)
     assert s.output_ids == answers[0] and s.metrics().tau > 1.5
     plain = bundle(folder, tmp_path / "edge-vanilla", methods=["vanilla"])
     data = load_manifest(plain).data
@@ -292,7 +293,7 @@ def test_real_sharegpt_table_skips_held_out_and_stays_lossless(smollm2_int4_spec
     gen = Generator(folder, max_batch=1, speculation=SpeculationConfig(num_draft_tokens=4,
                                                                        fallback=False))
     ids = [gen.encode(p) for p in prompts]
-    plain = [s.output_ids for s in gen.generate_ids(ids, params, "none")]
-    streams = gen.generate_ids(ids, params, "suffix")
+    plain = [s.output_ids for s in generate_ids(gen, ids, params, "none")]
+    streams = generate_ids(gen, ids, params, "suffix")
     assert [s.output_ids for s in streams] == plain
     assert sum(s.metrics().accepted_tokens for s in streams) > 0

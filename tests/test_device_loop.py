@@ -14,6 +14,7 @@ from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits  # noqa: E402
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -30,7 +31,7 @@ def engine(tiny_hf_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ort_outputs(engine):
     gen = Generator(engine, max_batch=3, max_len=64)
-    return {m: [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, m,
+    return {m: [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, m,
                                                        None if m == "none" else 3)]
             for m in METHODS}
 
@@ -46,7 +47,7 @@ def test_every_method_equals_ort(engine, ort_outputs, exact):
     gen = torch_gen(engine, device_loop=True, exact_decode=exact)
     for method in METHODS:
         for k in ((3,) if method == "none" else (1, 3)):
-            streams = gen.generate_ids(PROMPTS, GREEDY, method, None if method == "none" else k)
+            streams = generate_ids(gen, PROMPTS, GREEDY, method, None if method == "none" else k)
             assert [s.output_ids for s in streams] == ort_outputs["none"], (method, k)
             if method != "none":
                 assert sum(s.stats.proposed for s in streams) > 0, method
@@ -64,8 +65,8 @@ def test_same_acceptance_as_the_host_loop(engine):
     host = torch_gen(engine, device_loop=False, fallback=False, prefix_cache=False)
     device = torch_gen(engine, device_loop=True)
     for method in ("ngram", "vanilla", "mtp", "eagle", "eagle3"):
-        a = host.generate_ids(PROMPTS, GREEDY, method, 3)
-        b = device.generate_ids(PROMPTS, GREEDY, method, 3)
+        a = generate_ids(host, PROMPTS, GREEDY, method, 3)
+        b = generate_ids(device, PROMPTS, GREEDY, method, 3)
         assert [s.output_ids for s in a] == [s.output_ids for s in b]
         assert ([(s.stats.proposed, s.stats.accepted, s.stats.target_forwards) for s in a]
                 == [(s.stats.proposed, s.stats.accepted, s.stats.target_forwards) for s in b]), \
@@ -76,31 +77,31 @@ def test_batch_1_streams_wait_and_stop(engine, ort_outputs):
     """One slot: the streams run one after another (admission mid-run); stop tokens and
     max_tokens end them where the host loop does."""
     gen = torch_gen(engine, max_batch=1, device_loop=True)
-    streams = gen.generate_ids(PROMPTS, GREEDY, "mtp", 2)
+    streams = generate_ids(gen, PROMPTS, GREEDY, "mtp", 2)
     assert [s.output_ids for s in streams] == ort_outputs["none"]
     out = ort_outputs["none"][0]
     i = next(i for i in range(3, len(out)) if out[i] not in out[:i])  # its first occurrence
     params = SamplingParams(max_tokens=20, stop_token_ids=[out[i]], ignore_eos=True)
-    s = gen.generate_ids(PROMPTS[:1], params, "eagle", 3)[0]
+    s = generate_ids(gen, PROMPTS[:1], params, "eagle", 3)[0]
     assert s.output_ids == out[:i + 1] and s.finish_reason == "stop"
     assert gen.cache.free_slots == 1
 
 
 def test_fallback_and_required(engine):
     gen = torch_gen(engine)  # device_loop=None: where it can
-    gen.generate_ids(PROMPTS[:1], GREEDY, "ngram", 2)
+    generate_ids(gen, PROMPTS[:1], GREEDY, "ngram", 2)
     assert ("ngram", 2) in gen._device_loops
-    gen.generate_ids(PROMPTS[:1], GREEDY, "suffix", 2)  # host lookup: the host loop
+    generate_ids(gen, PROMPTS[:1], GREEDY, "suffix", 2)  # host lookup: the host loop
     assert ("suffix", 2) not in gen._device_loops
     logprobs = SamplingParams(max_tokens=4, logprobs=2)
-    assert gen.generate_ids(PROMPTS[:1], logprobs, "none")[0].logprobs
+    assert generate_ids(gen, PROMPTS[:1], logprobs, "none")[0].logprobs
     strict = torch_gen(engine, device_loop=True)
     with pytest.raises(ValueError, match="logprobs"):
-        strict.generate_ids(PROMPTS[:1], logprobs, "none")
+        generate_ids(strict, PROMPTS[:1], logprobs, "none")
     with pytest.raises(ValueError, match="auto k"):
-        strict.generate_ids(PROMPTS[:1], GREEDY, "mtp", "auto")
+        generate_ids(strict, PROMPTS[:1], GREEDY, "mtp", "auto")
     with pytest.raises(ValueError, match="ort backend"):
-        Generator(engine, device_loop=True).generate_ids(PROMPTS[:1], GREEDY)
+        generate_ids(Generator(engine, device_loop=True), PROMPTS[:1], GREEDY)
     from trt_spec.runtime.scheduler import Scheduler
 
     with pytest.raises(ValueError, match="the scheduler"):
@@ -109,7 +110,7 @@ def test_fallback_and_required(engine):
 
 def test_metrics_are_reported(engine):
     gen = torch_gen(engine, device_loop=True)
-    s = gen.generate_ids(PROMPTS[:1], GREEDY, "eagle3", 3)[0]
+    s = generate_ids(gen, PROMPTS[:1], GREEDY, "eagle3", 3)[0]
     m = s.metrics()
     assert m.completion_tokens == 20 and m.tau and m.tau >= 1
     assert m.propose_s > 0 and m.score_s > 0 and m.sample_s > 0
@@ -172,13 +173,13 @@ def test_sampled_tokens_follow_the_target(with_q):
 def test_sampled_generation_runs_and_is_seeded(engine):
     """One seed draws for the whole batch: the same prompts on the same slots repeat."""
     params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True)
-    a, b = ([s.output_ids for s in torch_gen(engine, device_loop=True).generate_ids(
+    a, b = ([s.output_ids for s in generate_ids(torch_gen(engine, device_loop=True), 
         PROMPTS, params, "eagle3", 3)] for _ in range(2))
     gen = torch_gen(engine, device_loop=True)
     assert a == b and all(len(x) == 12 for x in a)
     top_k = SamplingParams(max_tokens=12, temperature=1.0, top_k=1, seed=3, ignore_eos=True)
-    greedy_like = [s.output_ids for s in gen.generate_ids(PROMPTS, top_k, "vanilla", 2)]
-    assert greedy_like == [s.output_ids for s in gen.generate_ids(
+    greedy_like = [s.output_ids for s in generate_ids(gen, PROMPTS, top_k, "vanilla", 2)]
+    assert greedy_like == [s.output_ids for s in generate_ids(gen, 
         PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True), "none")]
 
 
@@ -219,8 +220,8 @@ def test_half_precision_weights(engine, ort_outputs):
                                        dtype="bfloat16")
     assert graphs.modules["target"].embed_tokens.weight.dtype == torch.bfloat16
     gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, device_loop=True)
-    plain = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, "none")]
-    assert [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, "eagle3", 3)] == plain
+    plain = [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, "none")]
+    assert [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, "eagle3", 3)] == plain
     agree = np.mean([a == b for x, y in zip(plain, ort_outputs["none"]) for a, b in zip(x, y)])
     assert agree > 0.3, agree  # a tiny random model in bf16: near-ties flip, not everything
 

@@ -29,6 +29,7 @@ from trt_spec.runtime.settings import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.proposers.base import DraftVocab, pick_draft  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -180,7 +181,7 @@ def test_draft_vocab_refuses_bad_maps():
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_vocab_engine):
     gen = Generator(tiny_vocab_engine, max_batch=2)
-    return [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
+    return [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY)]
 
 
 @pytest.mark.parametrize("method", ["mtp", "eagle", "vanilla"])
@@ -190,7 +191,7 @@ def test_greedy_restricted_heads_equal_plain(tiny_vocab_engine, plain_outputs, m
     # every step drafts (no fallback, though random heads do not pay): the proposer is tested
     gen = Generator(tiny_vocab_engine, max_batch=batch, fallback=False)
     assert len(gen.proposer(method).vocab) == 48
-    streams = gen.generate_ids(PROMPTS[:batch], GREEDY, method, k)
+    streams = generate_ids(gen, PROMPTS[:batch], GREEDY, method, k)
     assert [s.output_ids for s in streams] == plain_outputs[:batch]
     for s in streams:  # every step but prefill and the last one drafted: speculation ran
         assert s.stats.proposed_per_position[0] >= s.stats.target_forwards - 2
@@ -215,7 +216,7 @@ def test_sampled_restricted_heads(tiny_vocab_engine, method):
         np.testing.assert_allclose(q[:, mapped].sum(-1), 1, atol=1e-6)
         assert (q[:, outside] == 0).all() and (q[np.arange(3), tokens] > 0).all()
     gen = Generator(tiny_vocab_engine, max_batch=2)
-    run = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=16, temperature=1.0, seed=2,
+    run = generate_ids(gen, PROMPTS, SamplingParams(max_tokens=16, temperature=1.0, seed=2,
                                                    ignore_eos=True), method, 3)
     for s in run:
         assert len(s.output_ids) == 16 and all(0 <= t < VOCAB for t in s.output_ids)

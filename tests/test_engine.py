@@ -8,6 +8,7 @@ import pytest
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.manifest import EngineFolderError, load_manifest
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
 
 
 def torch_greedy(tiny_hf_dir, prompt_ids, n):
@@ -36,7 +37,7 @@ def test_greedy_matches_torch_loop(tiny_hf_dir, tiny_engine):
     gen = Generator(tiny_engine, max_batch=1)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for prompt in PROMPTS:
-        got = gen.generate_ids([prompt], params)[0].output_ids
+        got = generate_ids(gen, [prompt], params)[0].output_ids
         assert got == torch_greedy(tiny_hf_dir, prompt, 20)
 
 
@@ -45,11 +46,11 @@ def test_batched_streams_equal_one_at_a_time(tiny_engine):
     single = Generator(tiny_engine, max_batch=1)
     batched = Generator(tiny_engine, max_batch=3)
     # different max_tokens make streams finish at different steps
-    alone = [single.generate_ids([p], params)[0].output_ids for p in PROMPTS]
-    together = [s.output_ids for s in batched.generate_ids(PROMPTS, params)]
+    alone = [generate_ids(single, [p], params)[0].output_ids for p in PROMPTS]
+    together = [s.output_ids for s in generate_ids(batched, PROMPTS, params)]
     assert together == alone
     # more prompts than slots: queued, and the cache is reused
-    queued = [s.output_ids for s in single.generate_ids(PROMPTS, params)]
+    queued = [s.output_ids for s in generate_ids(single, PROMPTS, params)]
     assert queued == alone
 
 
@@ -57,38 +58,38 @@ def test_sampling_reproducible_with_seed(tiny_engine):
     gen = Generator(tiny_engine, max_batch=2)
     params = SamplingParams(max_tokens=16, temperature=1.0, top_k=20, top_p=0.9, seed=7,
                             ignore_eos=True)
-    a = gen.generate_ids([PROMPTS[0]], params)[0].output_ids
-    b = gen.generate_ids([PROMPTS[0]], params)[0].output_ids
-    c = gen.generate_ids([PROMPTS[0]], SamplingParams(**{**params.__dict__, "seed": 8}))[0].output_ids
+    a = generate_ids(gen, [PROMPTS[0]], params)[0].output_ids
+    b = generate_ids(gen, [PROMPTS[0]], params)[0].output_ids
+    c = generate_ids(gen, [PROMPTS[0]], SamplingParams(**{**params.__dict__, "seed": 8}))[0].output_ids
     assert a == b and a != c
 
 
 def test_stop_conditions(tiny_engine):
     gen = Generator(tiny_engine, max_batch=1)
-    free = gen.generate_ids([PROMPTS[1]], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    free = generate_ids(gen, [PROMPTS[1]], SamplingParams(max_tokens=10, ignore_eos=True))[0]
     assert free.finish_reason == "length" and len(free.output_ids) == 10
     # stop token id: the 4th generated token
     stop_id = free.output_ids[3]
-    s = gen.generate_ids([PROMPTS[1]], SamplingParams(max_tokens=10, stop_token_ids=(stop_id,),
+    s = generate_ids(gen, [PROMPTS[1]], SamplingParams(max_tokens=10, stop_token_ids=(stop_id,),
                                                       ignore_eos=True))[0]
     assert s.finish_reason == "stop" and s.output_ids == free.output_ids[:free.output_ids.index(stop_id) + 1]
     # stop string: the text of the 3rd token; the text is cut before it
     word = gen.tokenizer.decode([free.output_ids[2]])
-    s = gen.generate_ids([PROMPTS[1]], SamplingParams(max_tokens=10, stop=(word,), ignore_eos=True))[0]
+    s = generate_ids(gen, [PROMPTS[1]], SamplingParams(max_tokens=10, stop=(word,), ignore_eos=True))[0]
     assert s.finish_reason == "stop" and word not in s.text
     # EOS ends a stream unless ignored (make the 2nd generated token the EOS here)
     eos = free.output_ids[1]
     gen.engine.stops.eos_ids = {eos}
-    s = gen.generate_ids([PROMPTS[1]], SamplingParams(max_tokens=10))[0]
+    s = generate_ids(gen, [PROMPTS[1]], SamplingParams(max_tokens=10))[0]
     assert s.finish_reason == "stop"
     assert s.output_ids == free.output_ids[:free.output_ids.index(eos) + 1]
-    s = gen.generate_ids([PROMPTS[1]], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    s = generate_ids(gen, [PROMPTS[1]], SamplingParams(max_tokens=10, ignore_eos=True))[0]
     assert s.output_ids == free.output_ids
     # the context bound: a prompt that leaves no room is refused
     small = Generator(tiny_engine, max_batch=1, max_len=8)
     with pytest.raises(ValueError, match="the prompt has 8 tokens"):
-        small.generate_ids([[5] * 8], SamplingParams())
-    s = small.generate_ids([[5] * 4], SamplingParams(max_tokens=100, ignore_eos=True))[0]
+        generate_ids(small, [[5] * 8], SamplingParams())
+    s = generate_ids(small, [[5] * 4], SamplingParams(max_tokens=100, ignore_eos=True))[0]
     assert s.finish_reason == "length" and len(s.prompt_ids) + len(s.output_ids) == 9
 
 

@@ -16,6 +16,7 @@ from trt_spec.export.model import empty_cache  # noqa: E402
 from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
 from trt_spec.runtime.step_inputs import SlotTokens  # noqa: E402
+from trt_spec.runtime.scheduler import generate_ids
 
 COMMON = dict(vocab_size=192, hidden_size=64, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
@@ -223,7 +224,7 @@ def test_runtime_greedy_equals_transformers(family_engine):
     ref = hf_model(folder)
     ps = prompts(3, 12, seed=3)
     gen = Generator(engine, max_batch=3)
-    streams = gen.generate_ids(ps, SamplingParams(max_tokens=24, ignore_eos=True))
+    streams = generate_ids(gen, ps, SamplingParams(max_tokens=24, ignore_eos=True))
     assert [s.output_ids for s in streams] == [greedy_reference(ref, p, 24) for p in ps]
 
 
@@ -238,10 +239,10 @@ def test_greedy_speculative_equals_plain(family_engine, method):
     ps = prompts(3, 10, seed=4)
     ps[0] = ps[0][:5] * 2  # a repeat, so n-gram drafts something
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = [s.output_ids for s in Generator(engine, max_batch=3).generate_ids(ps, params)]
+    plain = [s.output_ids for s in generate_ids(Generator(engine, max_batch=3), ps, params)]
     gen = Generator(engine, method=method, max_batch=3,
                     speculation=SpeculationConfig(num_draft_tokens=3))
-    streams = gen.generate_ids(ps, params)
+    streams = generate_ids(gen, ps, params)
     assert [s.output_ids for s in streams] == plain
     if method != "ngram":
         assert sum(s.stats.proposed for s in streams) > 0
@@ -337,12 +338,12 @@ def test_torch_cuda_backend_every_method_equals_ort(family_engine):
     family, folder, engine = family_engine
     ps = prompts(2, 12, seed=5)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    plain = [s.output_ids for s in Generator(engine, max_batch=2).generate_ids(ps, params)]
+    plain = [s.output_ids for s in generate_ids(Generator(engine, max_batch=2), ps, params)]
     manifest = load_manifest(engine)
     graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False, pad=True)
     gen = Generator.from_graphs(manifest, graphs, max_batch=2, max_len=64)
     for method in ("none", "ngram", "vanilla", "mtp", "eagle", "eagle3"):
-        streams = gen.generate_ids(ps, params, method, None if method == "none" else 3)
+        streams = generate_ids(gen, ps, params, method, None if method == "none" else 3)
         assert [s.output_ids for s in streams] == plain, method
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trt_spec.runtime.scheduler import generate_ids
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -135,9 +136,9 @@ def test_every_method_is_lossless(gemma_all_engine):
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     gen = Generator(gemma_all_engine, max_batch=2, max_len=256)
     ids = [gen.encode(t, chat=False) for t in texts]
-    plain = [s.output_ids for s in gen.generate_ids(ids, params)]
+    plain = [s.output_ids for s in generate_ids(gen, ids, params)]
     for method in ("ngram", "vanilla", "mtp", "eagle", "eagle3"):
-        streams = gen.generate_ids(ids, params, method, 3)
+        streams = generate_ids(gen, ids, params, method, 3)
         assert [s.output_ids for s in streams] == plain, method
         print(method, "proposed", sum(s.stats.proposed for s in streams),
               "accepted", sum(s.stats.accepted for s in streams))

@@ -20,6 +20,7 @@ from trt_spec.runtime.proposers.eagle3 import Eagle3Proposer
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs, commit_lengths
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -80,7 +81,7 @@ def gen(tiny_heads_engine):
 @pytest.fixture(scope="module")
 def truth(gen):
     """Per prompt: prompt + plain greedy output, and the target's rows over it."""
-    outputs = [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY, "none")]
+    outputs = [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, "none")]
     seqs = [p + o for p, o in zip(PROMPTS, outputs)]
     rows = {}
     for reads in ("hidden_states", "eagle3_features"):

@@ -10,6 +10,7 @@ from trt_spec.runtime.manifest import load_manifest
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -18,14 +19,14 @@ GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=3)
-    return [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)]
+    return [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY)]
 
 
 def run(gen: Generator, method: str, k: int, prompts, params, modules: int | None = None):
     """Random heads draft every step when gen's policy has no fallback (min_acceptance 0:
     no cooldown). modules: an MTP checkpoint with fewer modules (the first `modules`)."""
     if modules is None:
-        return gen.generate_ids(prompts, params, method, k)
+        return generate_ids(gen, prompts, params, method, k)
     full = gen.proposer(method)
     engine = engine_with(gen, MtpProposer(full.modules[:modules], full.caches[:modules]),
                          SpeculationConfig(num_draft_tokens=k,
@@ -70,7 +71,7 @@ def test_drafts_hit_and_miss(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=3, fallback=False)  # as the runs above
     accepted = {}
     for method in ("mtp", "eagle", "eagle3"):
-        streams = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=48, ignore_eos=True),
+        streams = generate_ids(gen, PROMPTS, SamplingParams(max_tokens=48, ignore_eos=True),
                                    method, 3)
         accepted[method] = sum(s.stats.accepted for s in streams)
     assert sum(accepted.values()) > 0, accepted
@@ -102,7 +103,7 @@ def test_sampled_heads_are_seeded(tiny_heads_engine):
     runs = []
     for _ in range(2):
         gen = Generator(tiny_heads_engine, method="eagle3", max_batch=3)
-        runs.append([s.output_ids for s in gen.generate_ids(PROMPTS, params)])
+        runs.append([s.output_ids for s in generate_ids(gen, PROMPTS, params)])
     assert runs[0] == runs[1]
 
 
@@ -164,6 +165,6 @@ def test_a_draft_model_that_would_catch_up_on_many_tokens_restarts_on_the_last_o
         while not all(s.finished for s in streams):
             engine.step([s for s in streams if not s.finished])
             offsets |= set(draft.offsets.values())
-        plain = [s.output_ids for s in gen.generate_ids(prompts, GREEDY)]
+        plain = [s.output_ids for s in generate_ids(gen, prompts, GREEDY)]
         assert [s.output_ids for s in streams] == plain
         assert max(offsets) > 0

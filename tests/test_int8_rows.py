@@ -15,6 +15,7 @@ from trt_spec.export.quantize import (dequantize_int8_columns, matmuls_to_nbits,
 from trt_spec.runtime.backends.ort import make_session
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.runtime.scheduler import generate_ids
 
 
 def matmul_model(w: np.ndarray, form: str) -> onnx.ModelProto:
@@ -167,14 +168,14 @@ def test_int8_rows_engine_speculates_losslessly(tiny_int8_rows, tiny_engine):
     assert graph["weights"]["int8-rows2"]["matmuls"] == 2 * 4
     prompts = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = [s.output_ids for s in Generator(tiny_int8_rows, max_batch=3).generate_ids(
+    plain = [s.output_ids for s in generate_ids(Generator(tiny_int8_rows, max_batch=3), 
         prompts, params)]
     for method in ("vanilla", "ngram"):
         gen = Generator(tiny_int8_rows, method=method, max_batch=3,
                         speculation=SpeculationConfig(num_draft_tokens=4, fallback=False))
         for batch in (1, 3):
             streams = [s for i in range(0, 3, batch)
-                       for s in gen.generate_ids(prompts[i:i + batch], params)]
+                       for s in generate_ids(gen, prompts[i:i + batch], params)]
             assert [s.output_ids for s in streams] == plain, (method, batch)
         if method == "vanilla":
             assert sum(s.stats.accepted for s in streams) > 0

@@ -206,3 +206,45 @@ def test_no_function_takes_more_than_12_parameters():
                 if n > 12:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n}")
     assert not long, long
+
+
+# The serving spine, top to bottom: a module imports only modules of its own layer or below
+# (the generator loads an engine folder and is used by the layers above the engine; it
+# uses none of them). Everything else in runtime/ is the engine's layer or below it.
+LAYERS = {"trt_spec.runtime.api": 3, "trt_spec.serve": 3, "trt_spec.runtime.scheduler": 2,
+          "trt_spec.runtime.generator": 1}
+ENGINE_LAYER = 0
+
+
+def layer(module: str) -> int | None:
+    """A module's layer on the spine (None: off it: tools, export, training, the CLI)."""
+    for prefix, n in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return n
+    return ENGINE_LAYER if module.startswith("trt_spec.runtime.") else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} -> {t}" for m, targets in graph.items() if layer(m) is not None
+            for t in targets if layer(t) is not None and layer(t) > layer(m)]
+
+
+def test_layers_point_one_way():
+    """The API and the server -> the scheduler -> the generator -> the engine, its planner,
+    backends and proposers; never back up (imports inside functions count)."""
+    graph = import_graph()
+    assert not upward_imports(graph), upward_imports(graph)
+    probe = {"trt_spec.runtime.generator": {"trt_spec.runtime.scheduler"},
+             "trt_spec.runtime.engine": {"trt_spec.runtime.generator"},
+             "trt_spec.runtime.scheduler": {"trt_spec.runtime.engine"}}
+    assert len(upward_imports(probe)) == 2  # the check sees what it looks for
+
+
+def test_the_engine_reads_like_the_loop():
+    """runtime/engine.py stays a page of the algorithm: under 300 lines, no function over 40."""
+    path = ROOT / "runtime/engine.py"
+    assert len(path.read_text().splitlines()) < 300
+    long = [f"{n.name}: {n.end_lineno - n.lineno + 1}" for n in ast.walk(ast.parse(
+        path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > 40]
+    assert not long, long

@@ -18,6 +18,7 @@ from trt_spec.runtime.manifest import (load_manifest, rebase_source,  # noqa: E4
                                        relative_source_path, source_path)
 from trt_spec.runtime.settings import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
+from trt_spec.runtime.scheduler import generate
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -59,7 +60,7 @@ def outputs(folder, **kw) -> dict:
         spec = None if method == "none" else SpeculationConfig(num_draft_tokens=3,
                                                                min_acceptance=0)
         gen = Generator(folder, method=method, max_batch=1, max_len=64, speculation=spec, **kw)
-        out[method] = gen.generate(["a b c"], GREEDY, chat=False)[0].token_ids
+        out[method] = generate(gen, ["a b c"], GREEDY, chat=False)[0].token_ids
     return out
 
 

@@ -11,6 +11,7 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.prefix_cache import MIN_TOKENS, PrefixCache, common_prefix
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler
+from trt_spec.runtime.scheduler import generate_ids
 
 RNG = np.random.default_rng(7)
 TURN1 = RNG.integers(3, 128, 40).tolist()
@@ -86,7 +87,7 @@ def test_an_exact_prefix_of_a_kept_prompt_reads_its_last_token(tiny_spec_engine)
     for prompt in (TURN1, TURN1[:20]):  # the same prompt, and a prefix of it
         r, = run(sched, [prompt])
         assert r.stream.stats.cached_tokens == len(prompt) - 1
-        want = Generator(tiny_spec_engine, prefix_cache=False).generate_ids([prompt], GREEDY)
+        want = generate_ids(Generator(tiny_spec_engine, prefix_cache=False), [prompt], GREEDY)
         assert r.stream.output_ids == want[0].output_ids
 
 
@@ -99,7 +100,7 @@ def test_concurrent_requests_sharing_a_kept_prefix_each_get_its_rows(tiny_heads_
     reqs = run(sched, follow, method="eagle3")  # admitted in one step: one kept slot
     plain = Generator(tiny_heads_engine, max_batch=3, max_len=128, num_draft_tokens=2,
                       prefix_cache=False)
-    want = plain.generate_ids(follow, GREEDY, "eagle3")
+    want = generate_ids(plain, follow, GREEDY, "eagle3")
     assert [r.stream.output_ids for r in reqs] == [s.output_ids for s in want]
     hits = [r.stream.stats.cached_tokens for r in reqs]
     assert min(hits) >= len(base) - 5  # none of them read the shared history again
@@ -235,7 +236,7 @@ def test_the_torch_host_loop_reuses_slots_and_the_device_loop_keeps_none(tiny_he
     # the device loop prefills into caches of its own: it neither reads nor keeps slots
     device = torch_gen(tiny_heads_engine, device_loop=True)
     for _ in range(2):
-        streams = device.generate_ids([TURN1], GREEDY, "eagle3", 3)
+        streams = generate_ids(device, [TURN1], GREEDY, "eagle3", 3)
         assert streams[0].stats.cached_tokens == 0 and not device.cache.kept
 
 
@@ -287,7 +288,7 @@ def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
     again, = run(sched, [turn2], method="eagle3")
     assert again.stream.stats.cached_tokens > len(TURN1)
     plain = Generator(tiny_heads_engine, max_len=128, num_draft_tokens=3, prefix_cache=False)
-    assert again.stream.output_ids == plain.generate_ids([turn2], GREEDY, "eagle3")[0].output_ids
+    assert again.stream.output_ids == generate_ids(plain, [turn2], GREEDY, "eagle3")[0].output_ids
     # a short shared prefix, before the head's kept target rows: its rows are read again
     short = TURN1[:20] + USER2
     left = gen.stream(short, GREEDY, "eagle3")
@@ -295,7 +296,7 @@ def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
     gen.engine.release(left)
     again, = run(sched, [short], method="eagle3")
     assert again.stream.stats.cached_tokens > 0
-    assert again.stream.output_ids == plain.generate_ids([short], GREEDY, "eagle3")[0].output_ids
+    assert again.stream.output_ids == generate_ids(plain, [short], GREEDY, "eagle3")[0].output_ids
 
 
 def test_a_long_chat_keeps_its_history_beside_short_requests(tiny_heads_engine):

@@ -10,6 +10,7 @@ from trt_spec.runtime.manifest import load_manifest
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4], [9, 10, 11],
            [30, 31, 30, 31, 30], [7]]
@@ -20,7 +21,7 @@ def greedy(n):
 
 
 def alone(engine_dir, prompt, n):
-    return Generator(engine_dir).generate_ids([prompt], greedy(n))[0].output_ids
+    return generate_ids(Generator(engine_dir), [prompt], greedy(n))[0].output_ids
 
 
 def test_available_methods_follow_the_manifest(tiny_engine, tiny_spec_engine):
@@ -160,7 +161,7 @@ def test_background_thread(tiny_engine):
 
 
 def test_generate_ids_runs_on_the_schedulers_admission_and_steps(tiny_spec_engine, monkeypatch):
-    """One driver of admission: Generator.generate_ids runs its streams through
+    """One driver of admission: generate_ids runs its streams through
     Scheduler.run (more prompts than slots, every prompt read whole, in order), and an error
     raises to its caller instead of ending the request as the server's loop does."""
     gen = Generator(tiny_spec_engine, max_batch=2, max_prefill_tokens=4)
@@ -170,11 +171,11 @@ def test_generate_ids_runs_on_the_schedulers_admission_and_steps(tiny_spec_engin
                         or real_run(self, streams))
     monkeypatch.setattr(gen.engine, "step", lambda streams, budget=None: steps.append(
         (len(streams), budget)) or real_step(streams, budget))
-    streams = gen.generate_ids(PROMPTS, greedy(5), "vanilla", 2)
+    streams = generate_ids(gen, PROMPTS, greedy(5), "vanilla", 2)
     assert runs == [len(PROMPTS)]
     assert max(n for n, _ in steps) == 2 and {b for _, b in steps} == {None}
     assert [s.output_ids for s in streams] == [alone(tiny_spec_engine, p, 5) for p in PROMPTS]
     assert gen.cache.free_slots == 2
     with pytest.raises(ValueError, match="context"):  # the second prompt cannot be admitted
-        gen.generate_ids([[5, 6, 7], [5] * 5000], greedy(2))
+        generate_ids(gen, [[5, 6, 7], [5] * 5000], greedy(2))
     assert gen.cache.free_slots == 2  # the first one's slot is free again

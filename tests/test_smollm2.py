@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 from trt_spec.tools.bench import PROMPTS  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
+from trt_spec.runtime.scheduler import generate_ids
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def test_greedy_32_tokens_identical_to_transformers_generate(smollm2_hf_dir, smo
         assert ids == hf_tok.apply_chat_template([{"role": "user", "content": prompt}],
                                                  add_generation_prompt=True, tokenize=True,
                                                  return_dict=False)
-        ours = gen.generate_ids([ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+        ours = generate_ids(gen, [ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
         with torch.no_grad():
             theirs = ref.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32,
                                   do_sample=False)[0, len(ids):].tolist()
@@ -101,12 +102,12 @@ def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
     plain = Generator(smollm2_spec_engine, max_batch=3, max_len=512)
     prompts = [plain.encode(p) for p in PROMPTS[:3]]
     assert len({len(p) for p in prompts}) == 3
-    want = [s.output_ids for s in plain.generate_ids(prompts, params)]
+    want = [s.output_ids for s in generate_ids(plain, prompts, params)]
     for k in (1, 2, 4, 8):
         gen = Generator(smollm2_spec_engine, method=method, max_batch=3, max_len=512,
                         speculation=SpeculationConfig(num_draft_tokens=k))
-        assert [s.output_ids for s in gen.generate_ids(prompts[:1], params)] == want[:1], k
-        streams = gen.generate_ids(prompts, params)
+        assert [s.output_ids for s in generate_ids(gen, prompts[:1], params)] == want[:1], k
+        streams = generate_ids(gen, prompts, params)
         assert [s.output_ids for s in streams] == want, k
         if k == 4 and method != "ngram":
             # trained drafters: drafts are accepted (the vanilla draft, the weakest, had 18 of
@@ -114,7 +115,7 @@ def test_speculative_greedy_equals_plain(smollm2_spec_engine, method):
             # the gain rules off, so that every step drafts k whatever the machine's timing.
             gen = Generator(smollm2_spec_engine, method=method, max_batch=3, max_len=512,
                             speculation=SpeculationConfig(num_draft_tokens=k, fallback=False))
-            streams = gen.generate_ids(prompts, params)
+            streams = generate_ids(gen, prompts, params)
             assert [s.output_ids for s in streams] == want, (k, "no fallback")
             accepted = sum(sum(s.stats.accepted_per_position) for s in streams)
             proposed = sum(sum(s.stats.proposed_per_position) for s in streams)

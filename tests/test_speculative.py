@@ -13,6 +13,7 @@ from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.proposers.ngram import NgramProposer, ngram_match
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -20,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 
 def plain(engine_dir, prompts, params=GREEDY):
     gen = Generator(engine_dir, max_batch=len(prompts))
-    return [s.output_ids for s in gen.generate_ids(prompts, params)]
+    return [s.output_ids for s in generate_ids(gen, prompts, params)]
 
 
 @pytest.mark.parametrize("method", ["vanilla", "ngram"])
@@ -30,7 +31,7 @@ def test_greedy_speculative_equals_plain(tiny_spec_engine, method, k, batch):
     prompts = PROMPTS[:batch]
     gen = Generator(tiny_spec_engine, method=method, max_batch=batch,
                     speculation=SpeculationConfig(num_draft_tokens=k))
-    streams = gen.generate_ids(prompts, GREEDY)
+    streams = generate_ids(gen, prompts, GREEDY)
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, prompts)
     for s in streams:
         m = s.metrics()
@@ -42,14 +43,14 @@ def test_greedy_speculative_equals_plain(tiny_spec_engine, method, k, batch):
 def test_truncated_self_draft_is_lossless(tiny_truncated_engine, k):
     gen = Generator(tiny_truncated_engine, method="vanilla", max_batch=3,
                     speculation=SpeculationConfig(num_draft_tokens=k))
-    assert [s.output_ids for s in gen.generate_ids(PROMPTS, GREEDY)] == \
+    assert [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY)] == \
         plain(tiny_truncated_engine, PROMPTS)
 
 
 def test_partial_acceptance_is_exercised(tiny_spec_engine):
     """The noisy-copy draft is neither always accepted nor always rejected."""
     gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
-    streams = gen.generate_ids(PROMPTS, GREEDY)
+    streams = generate_ids(gen, PROMPTS, GREEDY)
     rate = sum(s.stats.accepted for s in streams) / sum(s.stats.proposed for s in streams)
     assert 0.1 < rate < 0.9, rate
 
@@ -62,13 +63,13 @@ def test_draft_equal_to_target_accepts_everything(tiny_self_engine):
     gen = Generator(tiny_self_engine, method="vanilla", max_batch=3,
                     speculation=SpeculationConfig(num_draft_tokens=k, fallback=False))
     params = SamplingParams(max_tokens=21, ignore_eos=True)  # 1 (prefill) + 4 x 5
-    streams = gen.generate_ids(PROMPTS, params)
+    streams = generate_ids(gen, PROMPTS, params)
     assert [s.output_ids for s in streams] == plain(tiny_self_engine, PROMPTS, params)
     for s in streams:
         assert s.stats.accepted == s.stats.proposed == 16 and s.stats.target_forwards == 5
         assert s.metrics().acceptance_per_position == (1.0,) * k
     sampled = SamplingParams(max_tokens=21, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
-    for s in gen.generate_ids(PROMPTS, sampled):
+    for s in generate_ids(gen, PROMPTS, sampled):
         assert s.stats.accepted == s.stats.proposed == 16
 
 
@@ -76,8 +77,8 @@ def test_draft_equal_to_target_accepts_everything(tiny_self_engine):
 def test_seeded_sampling_is_reproducible(tiny_spec_engine, method):
     gen = Generator(tiny_spec_engine, method=method, max_batch=3)
     params = SamplingParams(max_tokens=20, temperature=0.9, top_k=30, seed=5, ignore_eos=True)
-    a = [s.output_ids for s in gen.generate_ids(PROMPTS, params)]
-    b = [s.output_ids for s in gen.generate_ids(PROMPTS, params)]
+    a = [s.output_ids for s in generate_ids(gen, PROMPTS, params)]
+    b = [s.output_ids for s in generate_ids(gen, PROMPTS, params)]
     assert a == b and all(len(x) == 20 for x in a)
 
 
@@ -86,17 +87,17 @@ def test_stop_inside_accepted_drafts(tiny_self_engine):
     gen = Generator(tiny_self_engine, method="vanilla",
                     speculation=SpeculationConfig(num_draft_tokens=8))
     ref = plain(tiny_self_engine, PROMPTS[:1], SamplingParams(max_tokens=30, ignore_eos=True))[0]
-    s = gen.generate_ids(PROMPTS[:1], SamplingParams(max_tokens=7, ignore_eos=True))[0]
+    s = generate_ids(gen, PROMPTS[:1], SamplingParams(max_tokens=7, ignore_eos=True))[0]
     assert s.output_ids == ref[:7] and s.finish_reason == "length"
     stop = ref[5]
-    s = gen.generate_ids(PROMPTS[:1], SamplingParams(max_tokens=30, stop_token_ids=(stop,),
+    s = generate_ids(gen, PROMPTS[:1], SamplingParams(max_tokens=30, stop_token_ids=(stop,),
                                                      ignore_eos=True))[0]
     assert s.output_ids == ref[:ref.index(stop) + 1] and s.finish_reason == "stop"
 
 
 def test_method_none_drafts_nothing(tiny_spec_engine):
     gen = Generator(tiny_spec_engine, method="vanilla", max_batch=3)
-    streams = gen.generate_ids(PROMPTS, GREEDY, method="none")
+    streams = generate_ids(gen, PROMPTS, GREEDY, method="none")
     assert all(s.stats.proposed == 0 and s.stats.target_forwards == len(s.output_ids) for s in streams)
     assert [s.output_ids for s in streams] == plain(tiny_spec_engine, PROMPTS)
 

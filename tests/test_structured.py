@@ -13,6 +13,7 @@ import pytest
 
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
 
 REGEX = "(ab|xy)c(d|fg|h)+e"
 FORCED = "(ab|xy)cdefghijk(l|m)"  # after its first token, ten tokens allowed one way only
@@ -37,7 +38,7 @@ def test_every_method_holds_to_the_regex_and_greedy_output_equals_plain(tiny_hea
     for forced in (0, 8):
         gen = Generator(tiny_heads_engine, max_batch=3, forced_tokens=forced, fallback=False)
         for method in gen.methods:
-            streams = gen.generate_ids(PROMPTS, SamplingParams(max_tokens=24, regex=REGEX),
+            streams = generate_ids(gen, PROMPTS, SamplingParams(max_tokens=24, regex=REGEX),
                                        method, None if method == "none" else 3)
             assert all(held(gen, s, REGEX) for s in streams), (method, forced)
             outputs[method, forced] = [s.output_ids for s in streams]
@@ -52,7 +53,7 @@ def test_forced_tokens_are_drafted_for_free_and_change_nothing(tiny_spec_engine)
     runs = {}
     for forced in (0, 8):
         gen = Generator(tiny_spec_engine, forced_tokens=forced)
-        runs[forced] = gen.generate_ids(PROMPTS[:1], params, "none")[0]
+        runs[forced] = generate_ids(gen, PROMPTS[:1], params, "none")[0]
         assert held(gen, runs[forced], FORCED) and runs[forced].finish_reason == "stop"
     off, on = runs[0], runs[8]
     assert on.output_ids == off.output_ids and len(off.output_ids) == 12
@@ -70,7 +71,7 @@ def test_a_grammar_and_a_choice_hold_the_output(tiny_spec_engine):
                             (SamplingParams(max_tokens=8, choice=["rst", "uv", "q"]),
                              "rst|uv|q")]:
         for method in ("none", "ngram", "vanilla"):
-            for s in gen.generate_ids(PROMPTS[:2], params, method,
+            for s in generate_ids(gen, PROMPTS[:2], params, method,
                                       None if method == "none" else 2):
                 assert s.finish_reason == "stop", (method, s.output_ids)
                 assert re.fullmatch(pattern, words(gen, s.output_ids)), (method, s.output_ids)
@@ -81,7 +82,7 @@ def test_sampled_output_holds_to_the_grammar_on_every_method(tiny_heads_engine):
     for method in gen.methods:
         for seed in range(4):
             params = SamplingParams(max_tokens=20, regex=REGEX, temperature=1.0, seed=seed)
-            for s in gen.generate_ids(PROMPTS, params, method,
+            for s in generate_ids(gen, PROMPTS, params, method,
                                       None if method == "none" else 3):
                 assert held(gen, s, REGEX), (method, seed, s.output_ids)
 
@@ -96,7 +97,7 @@ def test_sampled_output_holds_to_the_grammar_on_every_method(tiny_heads_engine):
 def test_a_bad_structure_is_refused_with_its_reason(tiny_engine, field, value, reason):
     gen = Generator(tiny_engine)
     with pytest.raises(ValueError, match=re.escape(reason)):
-        gen.generate_ids([[5, 6]], SamplingParams(**{field: value}))
+        generate_ids(gen, [[5, 6]], SamplingParams(**{field: value}))
 
 
 def test_one_structure_per_request_and_a_size_bound():
@@ -111,7 +112,7 @@ def test_the_device_loop_refuses_a_grammar_with_its_reason(tiny_engine):
     gen = Generator(tiny_engine, backend="torch-cuda", device="cpu", cuda_graphs=False,
                     device_loop=True)
     with pytest.raises(ValueError, match="structured outputs .* mask on the host"):
-        gen.generate_ids([[5, 6]], SamplingParams(max_tokens=4, regex="ab"))
+        generate_ids(gen, [[5, 6]], SamplingParams(max_tokens=4, regex="ab"))
 
 
 def test_a_row_with_nothing_allowed_allows_eos_which_ends_the_stream_in_error(tiny_engine):

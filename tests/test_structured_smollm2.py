@@ -13,6 +13,7 @@ import pytest
 from tests.server_util import start_server
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def test_json_validates_on_every_method_and_greedy_output_is_the_same(gen, name)
     prompt = gen.encode(case["messages"])
     outputs = {}
     for method in METHODS:
-        s = gen.generate_ids([prompt], params, method, None if method == "none" else 4)[0]
+        s = generate_ids(gen, [prompt], params, method, None if method == "none" else 4)[0]
         assert s.finish_reason == "stop", (method, s.text)
         jsonschema.validate(json.loads(s.text), case["json_schema"])
         outputs[method] = s.output_ids
@@ -62,7 +63,7 @@ def test_a_sampled_answer_validates_too(gen):
     for method, seed in [("none", 1), ("eagle3", 2), ("hybrid", 3)]:
         params = SamplingParams(max_tokens=512, json_schema=case["json_schema"],
                                 temperature=0.8, seed=seed)
-        s = gen.generate_ids([gen.encode(case["messages"])], params, method,
+        s = generate_ids(gen, [gen.encode(case["messages"])], params, method,
                              None if method == "none" else 4)[0]
         assert s.finish_reason == "stop", s.text
         jsonschema.validate(json.loads(s.text), case["json_schema"])
@@ -70,7 +71,7 @@ def test_a_sampled_answer_validates_too(gen):
 
 def test_an_answer_cut_by_max_tokens_says_length(gen):
     case = next(s for s in SCHEMAS if s["name"] == "recipe")
-    s = gen.generate_ids([gen.encode(case["messages"])],
+    s = generate_ids(gen, [gen.encode(case["messages"])],
                          SamplingParams(max_tokens=12, json_schema=case["json_schema"]))[0]
     assert s.finish_reason == "length" and len(s.output_ids) == 12
 

@@ -14,6 +14,7 @@ from trt_spec.export.torch_backend import (TorchGraphs, TorchKVCache,  # noqa: E
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
+from trt_spec.runtime.scheduler import generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -67,7 +68,7 @@ def tiny_all_engine(tiny_hf_dir, tmp_path_factory):
 
 
 def run(gen: Generator, method: str, k: int = 3):
-    return gen.generate_ids(PROMPTS, GREEDY, method, None if method == "none" else k)
+    return generate_ids(gen, PROMPTS, GREEDY, method, None if method == "none" else k)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.forward import causal_forward
 from trt_spec.train.live import LiveFeatures
 from trt_spec.train.loop import TrainConfig, collate
+from trt_spec.runtime.scheduler import generate_ids
 
 CONFIG = TrainConfig(epochs=3, batch_size=4, lr=3e-3, warmup_steps=2, checkpoint_every=5)
 
@@ -134,10 +135,10 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
     np.testing.assert_allclose(np.concatenate(got), want, atol=1e-4)
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = Generator(engine, max_batch=2).generate_ids(prompts, params)
+    plain = generate_ids(Generator(engine, max_batch=2), prompts, params)
     spec = Generator(engine, method="vanilla", max_batch=2,
                      speculation=SpeculationConfig(num_draft_tokens=3, min_acceptance=0))
-    streams = spec.generate_ids(prompts, params)
+    streams = generate_ids(spec, prompts, params)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
     assert sum(s.stats.proposed_per_position[0] for s in streams) > 0
 

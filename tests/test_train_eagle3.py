@@ -17,6 +17,7 @@ from trt_spec.train.loop import lr_factor
 from trt_spec.train.unroll import unroll
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import RunControl, TrainConfig
+from trt_spec.runtime.scheduler import generate_ids
 
 STEPS = 3
 
@@ -209,10 +210,10 @@ def test_trained_head_exports_and_drafts_losslessly(tiny_hf_dir, trained, tmp_pa
                            heads={"eagle3": out / "eagle3"})
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = Generator(engine, max_batch=2).generate_ids(prompts, params)
+    plain = generate_ids(Generator(engine, max_batch=2), prompts, params)
     spec = Generator(engine, method="eagle3", max_batch=2,
                      speculation=SpeculationConfig(num_draft_tokens=3, min_acceptance=0))
-    streams = spec.generate_ids(prompts, params)
+    streams = generate_ids(spec, prompts, params)
     assert [s.output_ids for s in streams] == [s.output_ids for s in plain]
     assert sum(s.stats.proposed_per_position[0] for s in streams) > 0  # it did draft
 

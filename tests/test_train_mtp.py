@@ -13,6 +13,7 @@ from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import RunControl, TrainConfig
 from trt_spec.train.mtp import init_mtp, train_mtp
 from trt_spec.train.unroll import unroll
+from trt_spec.runtime.scheduler import generate_ids
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +124,10 @@ def test_trained_modules_export_and_draft_losslessly(tiny_hf_dir, target, heads,
                            heads={"mtp": out / "mtp", "eagle": out / "eagle"})
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = [s.output_ids for s in Generator(engine, max_batch=2).generate_ids(prompts, params)]
+    plain = [s.output_ids for s in generate_ids(Generator(engine, max_batch=2), prompts, params)]
     for method in ("mtp", "eagle"):
         gen = Generator(engine, method=method, max_batch=2,
                         speculation=SpeculationConfig(num_draft_tokens=4, min_acceptance=0))
-        streams = gen.generate_ids(prompts, params)
+        streams = generate_ids(gen, prompts, params)
         assert [s.output_ids for s in streams] == plain, method
         assert sum(s.stats.proposed_per_position[0] for s in streams) > 0, method

@@ -31,6 +31,7 @@ from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.tools.bench_config import BenchConfig
 from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
+from trt_spec.runtime.scheduler import generate_ids
 
 def default_prompts_path() -> Path:
     return Path(str(resources.files("trt_spec.runtime") / "data" / "prompts.jsonl"))
@@ -312,7 +313,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
             gen.engine.planner.draft_length = DraftLength()
         t0 = time.perf_counter()
         try:
-            streams = gen.generate_ids(prompts_ids, sampling or params,
+            streams = generate_ids(gen, prompts_ids, sampling or params,
                                        "none" if fast else c.method, c.k)
         finally:
             gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode

@@ -74,6 +74,7 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
            tar: bool = False, progress=lambda msg: None) -> Path:
     """Writes the bundle folder `out` (atomically) and, with `tar`, `out`.tar.gz."""
     from trt_spec.runtime.generator import Generator, available_methods
+    from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.sampling import SamplingParams
 
     manifest = load_manifest(engine_dir, verify="sha256")
@@ -124,7 +125,7 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
         progress("running the expected greedy output")
         gen = Generator(tmp, verify="none", max_len=256)
         ids = gen.encode(EXPECTED_PROMPT)
-        s = gen.generate_ids([ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
+        s = generate_ids(gen, [ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
         # the manifest just written, files and checksums as they are, plus the bundle entry
         written = gen.manifest.data
         written["bundle"] = {"from": str(manifest.folder), "methods": methods,
@@ -149,6 +150,7 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
     """Files and checksums, the pinned requirements against what is installed, and the stored
     greedy output reproduced by every bundled method. Returns a report; "ok" is the verdict."""
     from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.sampling import SamplingParams
 
     manifest = load_manifest(folder, verify="sha256")  # raises, naming the file
@@ -173,7 +175,7 @@ def verify(folder: str | Path, threads: int | None = None) -> dict:
     params = SamplingParams(max_tokens=expected["max_tokens"], ignore_eos=True)
     gen = Generator(manifest.folder, verify="none", max_len=256, threads=threads)
     for method in info["methods"]:
-        got = gen.generate_ids([expected["prompt_ids"]], params, method)[0].output_ids
+        got = generate_ids(gen, [expected["prompt_ids"]], params, method)[0].output_ids
         same = sum(a == b for a, b in zip(got, expected["token_ids"]))
         report["methods"][method] = {"tokens": len(got), "same_as_expected": same,
                                      "identical": got == expected["token_ids"]}

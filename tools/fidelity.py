@@ -13,6 +13,7 @@ import numpy as np
 
 from trt_spec.runtime.sampling import SamplingParams, log_softmax
 from trt_spec.runtime.step_inputs import SlotTokens
+from trt_spec.runtime.scheduler import generate_ids
 
 
 def score(gen, ids: list[int], start: int) -> np.ndarray:
@@ -32,7 +33,7 @@ def teacher_forced(reference, prompts_ids: list[list[int]], new_tokens: int
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     forced = []
     for ids in prompts_ids:
-        full = ids + reference.generate_ids([ids], params)[0].output_ids
+        full = ids + generate_ids(reference, [ids], params)[0].output_ids
         forced.append((full, len(ids), log_softmax(score(reference, full, len(ids)))))
     return forced
 

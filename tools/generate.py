@@ -43,6 +43,7 @@ def generate_one(engine: str | Path, prompt: str, config: RuntimeConfig,
     `params`; the KV cache is sized for this one request. Raises ValueError for a bad engine
     folder, method, backend or sampling setting."""
     from trt_spec.runtime.generator import Generator, encode_prompt
+    from trt_spec.runtime.scheduler import generate
     from trt_spec.runtime.tokenizer import Tokenizer
 
     tokenizer, max_len = None, MAX_LEN
@@ -51,7 +52,7 @@ def generate_one(engine: str | Path, prompt: str, config: RuntimeConfig,
         max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), params.max_tokens,
                                   config.speculation.num_draft_tokens)
     gen = Generator(engine, dataclasses.replace(config, max_len=max_len), tokenizer=tokenizer)
-    result = gen.generate([prompt], params, chat=chat)[0]
+    result = generate(gen, [prompt], params, chat=chat)[0]
     return Answer(result.text, result.token_ids, result.finish_reason,
                   {**result.metrics.to_dict(), "load_s": gen.load_seconds})
 

@@ -31,6 +31,7 @@ from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.step_inputs import SlotTokens, build_step_inputs
 from trt_spec.tools.step_costs import synthetic_prompt
+from trt_spec.runtime.scheduler import generate_ids
 
 PARTS = ("graph", "binding", "inputs", "propose", "sample", "loop")
 K = SpeculationConfig.num_draft_tokens  # the k a speculative row drafts, unless told
@@ -94,7 +95,7 @@ def layers(gen, past: int, rows: int, repeats: int = 30) -> dict[str, float]:
 def measured_step(gen, prompt: list[int], method: str, k: int, max_tokens: int) -> dict:
     """A real generation's per-forward times (ms) from its request metrics, and its tau."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    stream = gen.generate_ids([prompt], params, method, k if method != "none" else None)[0]
+    stream = generate_ids(gen, [prompt], params, method, k if method != "none" else None)[0]
     m = stream.metrics()
     forwards = max(m.target_forwards - 1, 1)  # the prefill's forward is not a decode step
     return {"total": 1000 * m.decode_s / forwards, "score": 1000 * m.score_s / forwards,
