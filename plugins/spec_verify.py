@@ -32,7 +32,7 @@ Faces:
 - `spec_verify_reference`: NumPy, per row, float64 (the definition).
 - `spec_verify_torch`: pure torch, batched, any device; traceable, so tracing it is the
   op's ONNX Runtime lowering (standard ONNX ops: ArgMax, Softmax, TopK, GatherElements,
-  CumSum, ScatterElements, ...).
+  CumSum, ScatterElements, ...). p is runtime/sampling_torch.py's probs_from_logits.
 - `spec_verify`: what export modules call: under ONNX export with the "trt" lowering it emits
   one `trt_spec::SpecVerify` node (the TensorRT plugin below), else it is `spec_verify_torch`.
 - `spec_verify_triton`: the Triton kernel (one program per row), shared by the TensorRT
@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from trt_spec.plugins import lowering
+from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.verify import PLACEHOLDER, Q_FLOOR
 from trt_spec.runtime.sampling import probs_from_logits
 
@@ -113,29 +114,6 @@ def spec_verify_reference(draft_tokens, draft_lens, target_logits, draft_probs, 
 # torch (any device; its trace is the ONNX Runtime lowering)
 # ---------------------------------------------------------------------------------------------
 
-def filter_logits_torch(z: torch.Tensor, top_k: torch.Tensor | None,
-                        top_p: torch.Tensor | None) -> torch.Tensor:
-    """z: [batch, t, vocab] (already divided by temperature); top_k [batch] int (0 off),
-    top_p [batch] float (1 off). Tokens outside top-k, then outside top-p, become -inf:
-    the same sets as probs_from_logits keeps."""
-    vocab = z.shape[-1]
-    neg_inf = torch.full_like(z, float("-inf"))
-    if top_k is not None:
-        kk = top_k.to(torch.int64).view(-1, 1, 1)
-        ordered = torch.topk(z, vocab, dim=-1).values  # TopK in ONNX (Sort has no export)
-        kth = torch.gather(ordered, -1, (kk - 1).clamp(0, vocab - 1).expand(*z.shape[:2], 1))
-        on = (kk > 0) & (kk < vocab)
-        z = torch.where(on & (z < kth), neg_inf, z)
-    if top_p is not None:
-        p = torch.softmax(z, dim=-1)
-        sorted_p, order = torch.topk(p, vocab, dim=-1)  # ONNX TopK: ties keep index order
-        keep_sorted = (torch.cumsum(sorted_p, -1) - sorted_p) < top_p.view(-1, 1, 1).to(p.dtype)
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        on = top_p.view(-1, 1, 1) < 1.0
-        z = torch.where(on & ~keep, neg_inf, z)
-    return z
-
-
 def spec_verify_torch(
     draft_tokens: torch.Tensor,  # [batch, k] int64
     draft_lens: torch.Tensor,  # [batch] int32
@@ -157,9 +135,8 @@ def spec_verify_torch(
     valid = torch.arange(k, device=x.device).view(1, -1) < n  # (B, K)
 
     argmax = target_logits.argmax(-1)  # (B, K+1)
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(dtype)
-    z = filter_logits_torch(target_logits.to(dtype) / t.view(-1, 1, 1), top_k, top_p)
-    p = torch.softmax(z, dim=-1)  # (B, K+1, V)
+    t = sampling_torch.temperature_or_one(temperature, temperature == 0)
+    p = sampling_torch.probs_from_logits(target_logits, t, top_k, top_p)  # (B, K+1, V)
     if draft_probs.shape[-1] == 1:  # static: a deterministic drafter, q one-hot at its draft
         q = torch.nn.functional.one_hot(x, vocab).to(dtype)
     else:
@@ -236,8 +213,9 @@ def spec_verify_triton(draft_tokens, draft_lens, target_logits, draft_probs, uni
     vocab = target_logits.shape[-1]
     logits = target_logits
     if top_k is not None or top_p is not None:  # a logit mask; the kernel then sees -inf there
-        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-        masked = filter_logits_torch(logits.float() / t.view(-1, 1, 1).float(), top_k, top_p)
+        t = sampling_torch.temperature_or_one(temperature, temperature == 0)
+        masked = sampling_torch.filter_logits(logits.float() / t.view(-1, 1, 1).float(), top_k,
+                                              top_p)
         logits = torch.where(torch.isinf(masked), masked, logits.float())
     logits = logits.contiguous()
     if out is None:

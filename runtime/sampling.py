@@ -1,7 +1,8 @@
 """Sampling parameters and the logits -> token step shared by every engine.
 
 `probs_from_logits` is the one place temperature, top-k and top-p are applied, so a
-speculative sampler can apply them identically to the target (p) and the draft (q).
+speculative sampler can apply them identically to the target (p) and the draft (q). Its torch
+twin, for the torch backends (batched, one setting per row), is runtime/sampling_torch.py.
 """
 
 from __future__ import annotations
@@ -81,29 +82,55 @@ class SamplingParams:
 
 def probs_from_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
                       top_p: float = 1.0) -> np.ndarray:
-    """logits: [..., vocab] -> probabilities [..., vocab] (float64) after temperature, top-k
-    (keep the k largest) and top-p (keep the smallest set whose mass reaches p)."""
+    """logits: [..., vocab] -> probabilities [..., vocab] (float64). The steps, in order
+    (runtime/sampling_torch.py's probs_from_logits takes the same ones, batched per row):
+
+        temperature   z = logits / T                                         T > 0
+        top-k         keep the k largest z (ties with the k-th kept too)      k = 0: off
+        softmax
+        top-p         keep the smallest set of tokens, most likely first, whose
+                      probability reaches p (the first token always stays)    p = 1: off
+
+    A new per-request control is one more step here and one there, at the same place in the
+    order; tests/test_sampling_torch.py holds the two to each other."""
     assert temperature > 0, temperature
-    # in place on one float64 copy: a full-vocabulary temporary per operation cost ~3x the
-    # arithmetic (fresh pages each time); the same operations in the same order
+    # every step in place on one float64 copy: a full-vocabulary temporary per operation
+    # cost ~3x the arithmetic (fresh pages each time)
     x = logits.astype(np.float64)
     np.divide(x, temperature, out=x)
-    if 0 < top_k < x.shape[-1]:
-        kth = np.partition(x, -top_k, axis=-1)[..., -top_k, None]
-        x[x < kth] = -np.inf
-    np.subtract(x, x.max(-1, keepdims=True), out=x)
-    np.exp(x, out=x)
-    p = x
-    np.divide(p, p.sum(-1, keepdims=True), out=p)
-    if top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, -1)
-        # keep a token if the mass before it is < top_p (so the first token always stays)
-        keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < top_p
-        keep = np.empty_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, -1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(-1, keepdims=True)
+    mask_top_k_(x, top_k)
+    softmax_(x)
+    return keep_top_p(x, top_p)
+
+
+def mask_top_k_(z: np.ndarray, top_k: int) -> None:
+    """z: [..., vocab], in place: every value below the k-th largest becomes -inf (0, or
+    k >= vocab: off)."""
+    if 0 < top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[..., -top_k, None]
+        z[z < kth] = -np.inf
+
+
+def softmax_(z: np.ndarray) -> None:
+    """z: [..., vocab] float64, in place: softmax over the last axis (-inf -> 0)."""
+    np.subtract(z, z.max(-1, keepdims=True), out=z)
+    np.exp(z, out=z)
+    np.divide(z, z.sum(-1, keepdims=True), out=z)
+
+
+def keep_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
+    """p: [..., vocab] probabilities -> p renormalised over its top-p set: a token stays if
+    the mass of the tokens before it, most likely first (ties: the lower index first), is
+    < top_p. top_p = 1: p itself."""
+    if top_p >= 1.0:
+        return p
+    order = np.argsort(-p, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, -1)
+    keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < top_p
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, -1)
+    p = np.where(keep, p, 0.0)
+    p /= p.sum(-1, keepdims=True)
     return p
 
 

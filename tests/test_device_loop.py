@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from trt_spec.runtime import sampling_torch  # noqa: E402
 from trt_spec.runtime.device import verify as device_verify  # noqa: E402
 from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
@@ -139,8 +140,8 @@ def test_greedy_verify_cases():
 def test_probs_equal_the_host_rule(top_k, top_p):
     logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(1)) * 2
     t = torch.tensor([0.7, 1.3])
-    got = device_verify.probs_from_logits(logits, t, torch.tensor([top_k] * 2),
-                                          torch.tensor([top_p] * 2))
+    got = sampling_torch.probs_from_logits(logits, t, torch.tensor([top_k] * 2),
+                                           torch.tensor([top_p] * 2))
     for b in range(2):
         want = probs_from_logits(logits[b].numpy(), float(t[b]), top_k, top_p)
         np.testing.assert_allclose(got[b].numpy(), want, atol=1e-6)
@@ -154,8 +155,8 @@ def test_sampled_tokens_follow_the_target(with_q):
     vocab, k, batch = 6, 2, 40000
     target = torch.randn(1, k + 1, vocab, generator=g).expand(batch, -1, -1)
     temperature, top_p = torch.full((batch,), 0.8), torch.full((batch,), 0.9)
-    p = device_verify.probs_from_logits(target[:1], temperature[:1], torch.zeros(1).long(),
-                                        top_p[:1])[0, 0]
+    p = sampling_torch.probs_from_logits(target[:1], temperature[:1], torch.zeros(1).long(),
+                                         top_p[:1])[0, 0]
     if with_q:  # a drafter's own distribution, drafts drawn from it
         q = torch.softmax(torch.randn(k, vocab, generator=g), -1).expand(batch, -1, -1)
         drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).view(batch, k)

@@ -61,6 +61,17 @@ CASES = {  # name: make_case kwargs
 }
 
 
+# every stochastic case again under these top-k / top-p settings (VOCAB + 1: top-k off)
+FILTERS = ({}, {"top_k": 3}, {"top_p": 0.6}, {"top_k": 7, "top_p": 0.9}, {"top_k": VOCAB + 1})
+
+
+def filtered_cases():
+    """(name, case) for every case, then every stochastic one under each of FILTERS."""
+    for name in sorted(CASES):
+        for extra in FILTERS if CASES[name]["mode"] != "greedy" else FILTERS[:1]:
+            yield f"{name} {extra}", make_case(**{**CASES[name], **extra})
+
+
 def as_torch(case: dict) -> dict:
     return {k: torch.from_numpy(np.asarray(v)) for k, v in case.items()}
 
@@ -89,13 +100,12 @@ def test_reference_equals_sampler(name):
     assert (tokens[:, width:] == -1).all()
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_torch_equals_reference(name):
-    case = make_case(**CASES[name])
-    accepted, tokens = spec_verify_reference(**case)
-    got_a, got_t = spec_verify_torch(**as_torch(case))
-    np.testing.assert_array_equal(got_a.numpy(), accepted)
-    np.testing.assert_array_equal(got_t.numpy(), tokens)
+def test_torch_equals_reference():
+    for name, case in filtered_cases():
+        accepted, tokens = spec_verify_reference(**case)
+        got_a, got_t = spec_verify_torch(**as_torch(case))
+        np.testing.assert_array_equal(got_a.numpy(), accepted, err_msg=name)
+        np.testing.assert_array_equal(got_t.numpy(), tokens, err_msg=name)
 
 
 def test_edge_cases_are_edges():
@@ -187,27 +197,31 @@ def cuda_triton() -> bool:
 
 
 @pytest.mark.skipif(not cuda_triton(), reason="needs CUDA and triton")
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_triton_equals_reference(name):
+def test_triton_equals_reference_and_torch():
+    """The Triton kernel keeps its own sampler (softmax and inverse CDF over vocabulary
+    blocks; top-k / top-p as sampling_torch's logit mask): its tokens equal the reference's
+    and the torch op's, every case under every filter."""
     from trt_spec.plugins.spec_verify import spec_verify_triton
 
-    case = make_case(**CASES[name])
-    accepted, tokens = spec_verify_reference(**case)
-    got_a, got_t = spec_verify_triton(**{k: v.cuda() for k, v in as_torch(case).items()})
-    np.testing.assert_array_equal(got_a.cpu().numpy(), accepted)
-    np.testing.assert_array_equal(got_t.cpu().numpy(), tokens)
+    for name, case in filtered_cases():
+        accepted, tokens = spec_verify_reference(**case)
+        ta, tt = spec_verify_torch(**as_torch(case))
+        got_a, got_t = spec_verify_triton(**{k: v.cuda() for k, v in as_torch(case).items()})
+        for got, want in ((got_a, accepted), (got_t, tokens), (got_a, ta), (got_t, tt)):
+            np.testing.assert_array_equal(got.cpu().numpy(), np.asarray(want), err_msg=name)
 
 
 INTERPRETED = """
 import numpy as np, torch
-from tests.test_plugins_spec_verify import CASES, make_case, as_torch
-from trt_spec.plugins.spec_verify import spec_verify_reference, spec_verify_triton
-for name in sorted(CASES):
-    case = make_case(**CASES[name])
+from tests.test_plugins_spec_verify import as_torch, filtered_cases
+from trt_spec.plugins.spec_verify import (spec_verify_reference, spec_verify_torch,
+                                          spec_verify_triton)
+for name, case in filtered_cases():
     a, t = spec_verify_reference(**case)
+    ta, tt = spec_verify_torch(**as_torch(case))
     ga, gt = spec_verify_triton(**as_torch(case), block_v=16)  # several V blocks
-    np.testing.assert_array_equal(ga.numpy(), a, err_msg=name)
-    np.testing.assert_array_equal(gt.numpy(), t, err_msg=name)
+    for got, want in ((ga, a), (gt, t), (ga, ta), (gt, tt)):
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want), err_msg=name)
 print("ok")
 """
 

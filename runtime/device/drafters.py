@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from trt_spec.runtime.device import verify as device_verify
+from trt_spec.runtime import sampling_torch
 
 
 class DeviceDrafter:
@@ -54,8 +54,8 @@ def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None
     if not loop.any_sampled:
         d = logits.argmax(-1)
         return (d if d2t is None else d2t[d]), None
-    d, q = device_verify.sample(logits[:, None], s.temperature[:nb], s.top_k[:nb],
-                                s.top_p[:nb], s.greedy[:nb], loop.filtered, loop.generator)
+    d, q = sampling_torch.sample(logits[:, None], s.temperature[:nb], s.top_k[:nb],
+                                 s.top_p[:nb], s.greedy[:nb], loop.filtered, loop.generator)
     d, q = d[:, 0], q[:, 0]
     if d2t is None:
         return d, q

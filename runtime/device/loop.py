@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
@@ -203,8 +204,8 @@ class DeviceLoop:
         s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
                            (q_d - 1).clamp(min=0)[:, None])
-        first, _ = device_verify.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
-                                        s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
+        first, _ = sampling_torch.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
+                                         s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
         first = first[:, 0]
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
         s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])

@@ -12,55 +12,16 @@ A draft slot marked invalid (an n-gram lookup that found fewer than k tokens) is
 accepted; its q is one-hot on a token p gives no mass to, so the recovered token is drawn
 from p itself, as plain sampling would.
 
-Tokens are drawn by the exponential race: argmax(r / E), E ~ Exp(1) i.i.d., picks token x with
-probability r(x) / sum(r), with no cumsum or sort and no host sync.
+p is runtime/sampling_torch.py's probs_from_logits (the host rule, batched per row), and
+tokens are drawn by its exponential race (no cumsum, sort or host sync).
 """
 
 from __future__ import annotations
 
 import torch
 
-Q_FLOOR = 1e-10  # q(x) is never below this in a division (runtime/verify.py's)
-
-
-def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                      top_p: torch.Tensor, filtered: bool = True) -> torch.Tensor:
-    """logits [B, R, V] -> probabilities [B, R, V] (float32) after each row's temperature
-    [B] (> 0), top-k [B] (0: off) and top-p [B] (1: off), runtime/sampling.py's rule: top-k
-    keeps the k largest, top-p the smallest set whose mass reaches p. filtered=False skips
-    the sort (no row uses top-k or top-p: the caller knows from the host settings)."""
-    x = logits.float() / temperature[:, None, None]
-    if not filtered:
-        return torch.softmax(x, dim=-1)
-    vocab = x.shape[-1]
-    sorted_x, order = torch.sort(x, dim=-1, descending=True)  # (B, R, V)
-    rank = torch.arange(vocab, device=x.device)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # (B,)
-    keep_sorted = rank[None, None, :] < k[:, None, None]  # top-k, in sorted order
-    p_sorted = torch.softmax(sorted_x.masked_fill(~keep_sorted, float("-inf")), dim=-1)
-    # top-p: keep a token if the mass before it is < top_p (the first token always stays)
-    keep_sorted = keep_sorted & ((torch.cumsum(p_sorted, -1) - p_sorted) < top_p[:, None, None])
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
-
-
-def race(r: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """r [..., V] nonnegative weights -> one index per row [...], with probability r / sum(r)."""
-    e = torch.empty_like(r).exponential_(generator=generator)
-    return (r / e).argmax(-1)
-
-
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-           top_p: torch.Tensor, greedy: torch.Tensor, filtered: bool = True,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row: logits [B, R, V] -> (tokens [B, R], probs [B, R, V]); greedy [B]
-    rows take the argmax (their probs are one-hot)."""
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    p = probs_from_logits(logits, t, top_k, top_p, filtered)
-    argmax = logits.argmax(-1)  # (B, R)
-    onehot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(p.dtype)
-    p = torch.where(greedy[:, None, None], onehot, p)
-    return torch.where(greedy[:, None], argmax, race(p, generator)), p
+from trt_spec.runtime.sampling_torch import probs_from_logits, race, temperature_or_one
+from trt_spec.runtime.verify import Q_FLOOR  # q(x) is never below this in a division
 
 
 def verify(drafts: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -71,7 +32,8 @@ def verify(drafts: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor 
     each draft position, or None (a deterministic drafter: q one-hot); target_logits
     [B, W, V] with W >= k + 1 (row i verifies drafts[:, i], row k gives the bonus token);
     temperature / top_k / top_p / greedy [B]. any_sampled: some row samples (False: the
-    greedy path only, no probabilities).
+    greedy path only, no probabilities). filtered: some row uses top-k or top-p (False:
+    neither is applied, a sort less).
 
     -> (tokens [B, k + 1]: accepted drafts, then the recovered or bonus token, then
     whatever; num_accepted [B])."""
@@ -85,8 +47,9 @@ def verify(drafts: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor 
         tokens = torch.cat([drafts, argmax[:, k:]], dim=1)  # (B, k+1)
         last = argmax.gather(1, accepted[:, None])  # (B, 1) the target's token after them
         return torch.where(cols[None] == accepted[:, None], last, tokens), accepted
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    p = probs_from_logits(logits, t, top_k, top_p, filtered)  # (B, k+1, V)
+    t = temperature_or_one(temperature, greedy)
+    p = probs_from_logits(logits, t, top_k if filtered else None,
+                          top_p if filtered else None)  # (B, k+1, V)
     x = drafts.clamp(min=0)
     p_x = p[:, :k].gather(-1, x[..., None])[..., 0]  # (B, k)
     if draft_probs is None:

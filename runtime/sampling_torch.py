@@ -1,0 +1,100 @@
+"""The sampling transforms in torch: runtime/sampling.py's `probs_from_logits`, batched with
+one setting per row, for the device loop (runtime/device/) and the SpecVerify op
+(plugins/spec_verify.py). The steps, in the same order as the NumPy one:
+
+    temperature   z = logits / T
+    top-k         keep the k largest z (ties with the k-th kept too)           k = 0: off
+    top-p         keep the smallest set of tokens, most likely first, whose
+                  probability reaches p (the first token always stays)         p = 1: off
+    softmax       probabilities of what is kept (a dropped token's z is -inf)
+
+A new per-request control is one more step function here and one in runtime/sampling.py, at
+the same place in the order; tests/test_sampling_torch.py holds the two to each other.
+
+Only the torch backends import this module: the base install (NumPy and ONNX Runtime) has no
+torch. It runs inside a CUDA graph: fixed shapes, no host sync, no branch on a tensor's values
+(a filter is skipped only when its settings are None, which the caller knows from the host).
+Sorting is `torch.topk` (ONNX TopK; Sort has no export), so tracing it is the op's ONNX
+Runtime lowering.
+
+Shapes: logits and z [B, R, V] (R positions per row), settings [B].
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def temperature_or_one(temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """temperature [B], greedy [B] bool -> [B]: 1 on greedy rows, whose temperature (0) must
+    not divide; their tokens are the argmax, and their probabilities unused or one-hot."""
+    return torch.where(greedy, torch.ones_like(temperature), temperature)
+
+
+def mask_top_k(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """z [B, R, V], top_k [B] int (0, or >= V: off) -> z with every token below the k-th
+    largest at -inf (ties with the k-th stay, as runtime/sampling.py's)."""
+    vocab = z.shape[-1]
+    kk = top_k.to(torch.int64).view(-1, 1, 1)
+    ordered = torch.topk(z, vocab, dim=-1).values  # TopK in ONNX (Sort has no export)
+    kth = torch.gather(ordered, -1, (kk - 1).clamp(0, vocab - 1).expand(*z.shape[:2], 1))
+    on = (kk > 0) & (kk < vocab)
+    return torch.where(on & (z < kth), torch.full_like(z, float("-inf")), z)
+
+
+def mask_top_p(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """z [B, R, V], top_p [B] in (0, 1] (1: off) -> z with the tokens outside the top-p set
+    at -inf: a token stays if the mass of the tokens more likely than it is < p. Tokens of
+    equal probability straddling the boundary are ordered as topk orders them (ONNX TopK: the
+    lower index first, as runtime/sampling.py; torch's eager topk leaves it unspecified)."""
+    vocab = z.shape[-1]
+    p = torch.softmax(z, dim=-1)
+    sorted_p, order = torch.topk(p, vocab, dim=-1)
+    keep_sorted = (torch.cumsum(sorted_p, -1) - sorted_p) < top_p.view(-1, 1, 1).to(p.dtype)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    on = top_p.view(-1, 1, 1) < 1.0
+    return torch.where(on & ~keep, torch.full_like(z, float("-inf")), z)
+
+
+def filter_logits(z: torch.Tensor, top_k: torch.Tensor | None = None,
+                  top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """z [B, R, V] (already divided by the temperature) -> z with the filtered-out tokens at
+    -inf: top-k, then top-p. A setting of None skips its step (no row uses it: a sort less)."""
+    if top_k is not None:
+        z = mask_top_k(z, top_k)
+    if top_p is not None:
+        z = mask_top_p(z, top_p)
+    return z
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor,
+                      top_k: torch.Tensor | None = None,
+                      top_p: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, R, V] -> probabilities [B, R, V] after each row's temperature [B] (> 0;
+    temperature_or_one for greedy rows), top-k [B] and top-p [B] (None: no row filters).
+    Computes in the logits' dtype promoted to at least float32."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    z = logits.to(dtype) / temperature.to(dtype).view(-1, 1, 1)
+    return torch.softmax(filter_logits(z, top_k, top_p), dim=-1)
+
+
+def race(r: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """r [..., V] nonnegative weights -> one index per row [...], with probability r / sum(r):
+    the exponential race argmax(r / E), E ~ Exp(1) i.i.d., with no cumsum, sort or host sync."""
+    e = torch.empty_like(r).exponential_(generator=generator)
+    return (r / e).argmax(-1)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor, greedy: torch.Tensor, filtered: bool = True,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row, runtime/sampling.py's next_token: logits [B, R, V] -> (tokens
+    [B, R], probs [B, R, V]); greedy [B] rows take the argmax (their probs are one-hot), the
+    others draw from probs_from_logits. filtered=False: no row uses top-k or top-p (the
+    caller knows from the host settings), so neither is applied."""
+    t = temperature_or_one(temperature, greedy)
+    p = probs_from_logits(logits, t, top_k if filtered else None, top_p if filtered else None)
+    argmax = logits.argmax(-1)  # (B, R)
+    onehot = torch.nn.functional.one_hot(argmax, logits.shape[-1]).to(p.dtype)
+    p = torch.where(greedy[:, None, None], onehot, p)
+    return torch.where(greedy[:, None], argmax, race(p, generator)), p
