@@ -122,12 +122,11 @@ class LLM:
                              "default)")
         if not prompts:
             raise ValueError("prompts is empty: expected a string, a chat or a list of these")
-        ids = [self.generator.encode(p, chat) for p in prompts]
-        for p in ids:  # every prompt is checked before any is queued
-            self.scheduler.check(p, params)
-        self.scheduler.resolve(method, num_draft_tokens)  # before any is queued
-        return [self.scheduler.submit(p, params, method, num_draft_tokens, on_output)
-                for p in ids]
+        ids = [self.scheduler.encode(p, chat) for p in prompts]
+        # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
+        requests = [self.scheduler.prepare(p, params, method, num_draft_tokens, on_output)
+                    for p in ids]
+        return [self.scheduler.enqueue(r) for r in requests]
 
     def _cancel(self, requests: list[Request]) -> None:
         left = [r for r in requests if not r.done]

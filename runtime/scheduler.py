@@ -1,6 +1,8 @@
 """The scheduler: the one loop under the Python API (`LLM`) and the HTTP server.
 
-    submit(request)                  -> the waiting queue (bounded: past it, QueueFull)
+    prepare(prompt ids, params, method, k) -> a Request, checked once (FieldError naming
+                                               the field) with its Stream and grammar guide
+    enqueue(request)                 -> the waiting queue (bounded: past it, QueueFull)
     step():                          # one iteration
         apply cancellations                      (a running stream's KV slot is freed now)
         admit waiting requests while a KV slot is free            (continuous batching)
@@ -10,8 +12,9 @@
         hand each request its delta: new token ids and text (the result when finished)
 
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
-talks to it only through `submit` / `cancel` (thread-safe) and the `on_output` callbacks,
-which run on that thread (the server forwards them with `loop.call_soon_threadsafe`).
+talks to it only through `prepare`, `enqueue` (`submit`: both) and `cancel` (thread-safe) and
+the `on_output` callbacks, which run on that thread (the server forwards them with
+`loop.call_soon_threadsafe`).
 `generate` / `generate_ids` (trt-spec generate, bench) run a batch to completion: on the
 device loop where it covers the run, else through `run`: the same admission and steps, on
 the caller's thread, errors raised.
@@ -34,6 +37,8 @@ from trt_spec.runtime.detokenizer import IncrementalDetokenizer
 from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.validation import FieldError
 
 log = logging.getLogger("trt_spec.scheduler")
 _ids = itertools.count()
@@ -124,45 +129,79 @@ class Scheduler:
     def max_len(self) -> int:
         return self.gen.cache.max_len
 
-    def resolve(self, method: str | None, num_draft_tokens: int | str | None) -> tuple[str, int]:
-        """(method, k) for a request; None takes the configured default. Raises ValueError
-        quoting a bad value."""
-        return self.gen.resolve(method, num_draft_tokens)[:2]
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.gen.tokenizer
 
-    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError unless the prompt and max_tokens fit the context."""
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """A prompt's token ids (runtime/generator.py encode_prompt: chat template or not)."""
+        return self.gen.encode(prompt, chat)
+
+    def prepare(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
+                num_draft_tokens: int | str | None = None,
+                on_output: Callable[[Output], None] | None = None,
+                request_id: str | None = None) -> Request:
+        """A request checked, here and only here, and its Stream built, not yet queued
+        (`enqueue`): its method and k resolved (None takes the configured default), its prompt
+        and max_tokens fitted to the context, its structure compiled into the Stream's guide
+        (slow the first time: the server calls this off its event loop). FieldError naming
+        what is wrong: "speculative" (the method or k), "prompt", "max_tokens", or the
+        structure's field (runtime/validation.py STRUCTURES)."""
+        try:
+            method, k, adaptive = self.gen.resolve(method, num_draft_tokens)
+        except ValueError as e:
+            raise FieldError("speculative", str(e)) from None
+        self._check_fits(prompt_ids, params)
+        try:
+            guide = self.gen.grammars.guide(params) if params.structure is not None else None
+        except FieldError:
+            raise
+        except ValueError as e:  # llguidance is not installed
+            raise FieldError(params.structure[0], str(e)) from None
+        stream = Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
+        return Request(request_id or f"req-{next(_ids)}", stream,
+                       IncrementalDetokenizer(self.gen.tokenizer, params.stop), on_output)
+
+    def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """FieldError unless the prompt's ids are in the vocabulary and it and max_tokens fit
+        the context."""
         vocab = self.gen.config.vocab_size
         if not prompt_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
+            raise FieldError("prompt", "the prompt is empty: at least one token is needed")
         bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
-            raise ValueError(f"prompt token ids {bad[:4]} are outside 0..{vocab - 1}")
+            raise FieldError("prompt", f"prompt token ids {bad[:4]} are outside 0..{vocab - 1}")
         n = len(prompt_ids)
         if n >= self.max_len:
-            raise ValueError(f"the prompt has {n} tokens; the context holds {self.max_len} "
-                             f"(prompt + output), so at most {self.max_len - 1} prompt tokens")
+            raise FieldError("prompt", f"the prompt has {n} tokens; the context holds "
+                             f"{self.max_len} (prompt + output), so at most {self.max_len - 1} "
+                             "prompt tokens")
         if n + params.max_tokens > self.max_len:
-            raise ValueError(f"max_tokens={params.max_tokens}: the prompt has {n} tokens and "
-                             f"the context holds {self.max_len}, so at most "
+            raise FieldError("max_tokens", f"max_tokens={params.max_tokens}: the prompt has {n} "
+                             f"tokens and the context holds {self.max_len}, so at most "
                              f"{self.max_len - n} new tokens")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-               num_draft_tokens: int | str | None = None,
-               on_output: Callable[[Output], None] | None = None,
-               request_id: str | None = None) -> Request:
-        stream = self.gen.stream(prompt_ids, params, method, num_draft_tokens)
-        self.check(prompt_ids, params)
-        r = Request(request_id or f"req-{next(_ids)}", stream,
-                    IncrementalDetokenizer(self.gen.tokenizer, params.stop), on_output)
+    def enqueue(self, r: Request) -> Request:
+        """Queues a prepared request; QueueFull past the waiting queue's bound or once the
+        scheduler is stopping."""
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting (the "
                                 f"bound is {self.max_waiting}); retry later")
+            r.t_submitted = time.perf_counter()
             self._waiting.append(r)
             self._cond.notify()
         return r
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
+               num_draft_tokens: int | str | None = None,
+               on_output: Callable[[Output], None] | None = None,
+               request_id: str | None = None) -> Request:
+        """prepare, then enqueue."""
+        return self.enqueue(self.prepare(prompt_ids, params, method, num_draft_tokens,
+                                         on_output, request_id))
 
     def run(self, streams: list[Stream]) -> list[Stream]:
         """Runs `streams` (from gen.stream) to completion on this thread, through the same
@@ -201,9 +240,23 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def slots(self) -> int:
+        """KV-cache slots in all (max_num_seqs)."""
+        return self.gen.cache.slots
+
+    @property
     def slots_used(self) -> int:
         cache = self.gen.cache
         return cache.slots - cache.free_slots
+
+    @property
+    def slots_kept(self) -> int:
+        """Free slots keeping a finished request's rows for the prefix cache."""
+        return len(self.gen.cache.kept)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.gen.prefix_cache is not None
 
     # -- the loop (one thread) -------------------------------------------------------------
 

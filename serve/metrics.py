@@ -35,9 +35,9 @@ class ServerMetrics:
         gauge("num_requests_waiting", "Requests queued for a KV slot.",
               lambda: scheduler.num_waiting)
         gauge("kv_cache_slots_used", "KV-cache slots in use.", lambda: scheduler.slots_used)
-        gauge("kv_cache_slots_total", "KV-cache slots.", lambda: scheduler.gen.cache.slots)
+        gauge("kv_cache_slots_total", "KV-cache slots.", lambda: scheduler.slots)
         gauge("prefix_cache_kept_slots", "Free KV-cache slots keeping a finished request's "
-              "rows for the prefix cache.", lambda: len(scheduler.gen.cache.kept))
+              "rows for the prefix cache.", lambda: scheduler.slots_kept)
 
         def counter(name, doc, extra=()):
             return Counter(P + name, doc, [*labels, *extra], registry=r)
@@ -71,7 +71,7 @@ class ServerMetrics:
     def observe(self, report: StepReport) -> None:
         """Runs on the scheduler thread after every step."""
         lb = self.labels
-        prefix = self.scheduler.gen.prefix_cache is not None
+        prefix = self.scheduler.prefix_caching
         for r in report.admitted:
             n, cached = len(r.stream.prompt_ids), r.stream.stats.cached_tokens
             self._prompt.labels(**lb).inc(n)

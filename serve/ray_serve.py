@@ -42,9 +42,8 @@ import ray
 from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
-from trt_spec.runtime.settings import RuntimeConfig
+from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
 from trt_spec.serve.options import RayOptions, ServeOptions
-from trt_spec.serve.server import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -196,8 +195,8 @@ class EngineReplica:
                                    max_body_bytes=config.max_body_bytes)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
-        self._metrics_server, _ = start_http_server(0, addr=host,
-                                                    registry=self.http_app.state.metrics.registry)
+        registry = self.http_app.state.served.metrics.registry
+        self._metrics_server, _ = start_http_server(0, addr=host, registry=registry)
         self.metrics_url = f"http://{host}:{self._metrics_server.server_port}/metrics"
         self.info = {"metrics_url": self.metrics_url, "pid": os.getpid(), "node_ip": host,
                      "engine": str(folder), "manifest_sha256": digest}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import RuntimeConfig
+from trt_spec.runtime.stream import RequestMetrics
 
 MAX_LEN = 2048  # the most KV-cache rows one request gets
 ROWS = 64  # the cache is sized in whole blocks of this many rows
@@ -23,11 +24,14 @@ class Answer:
     text: str
     token_ids: list[int]
     finish_reason: str
-    metrics: dict  # the Generator's metrics, plus load_s
+    metrics: RequestMetrics  # the request's, from the Generator
+    load_s: float  # seconds loading the engine folder
 
     def as_dict(self) -> dict:
+        """The JSON `trt-spec generate --json` prints: the metrics with load_s among them."""
         return {"text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason, "metrics": self.metrics}
+                "finish_reason": self.finish_reason,
+                "metrics": {**self.metrics.to_dict(), "load_s": self.load_s}}
 
 
 def request_max_len(prompt_tokens: int, max_tokens: int, num_draft_tokens: int) -> int:
@@ -53,20 +57,20 @@ def generate_one(engine: str | Path, prompt: str, config: RuntimeConfig,
                                   config.speculation.num_draft_tokens)
     gen = Generator(engine, dataclasses.replace(config, max_len=max_len), tokenizer=tokenizer)
     result = generate(gen, [prompt], params, chat=chat)[0]
-    return Answer(result.text, result.token_ids, result.finish_reason,
-                  {**result.metrics.to_dict(), "load_s": gen.load_seconds})
+    return Answer(result.text, result.token_ids, result.finish_reason, result.metrics,
+                  gen.load_seconds)
 
 
 def summary_line(answer: Answer) -> str:
     """One line of what the answer cost: tokens, decode rate, first token, tau, drafts."""
     m = answer.metrics
-    rate = m["decode_tokens_per_s"]
-    line = (f"[{m['completion_tokens']} tokens, "
+    rate = m.decode_tokens_per_s
+    line = (f"[{m.completion_tokens} tokens, "
             f"{'n/a' if rate is None else f'{rate:.1f}'} tokens/s decode, "
-            f"first token {1000 * m['time_to_first_token_s']:.0f} ms, tau {m['tau']:.2f}")
-    if m["proposed_tokens"]:
-        per_pos = " ".join(f"{a:.2f}" for a in m["acceptance_per_position"])
-        line += (f", accepted {m['accepted_tokens']}/{m['proposed_tokens']} drafts "
-                 f"(by position: {per_pos}), propose {1000 * m['propose_s']:.0f} ms, "
-                 f"score {1000 * m['score_s']:.0f} ms, sample {1000 * m['sample_s']:.0f} ms")
+            f"first token {1000 * m.time_to_first_token_s:.0f} ms, tau {m.tau:.2f}")
+    if m.proposed_tokens:
+        per_pos = " ".join(f"{a:.2f}" for a in m.acceptance_per_position)
+        line += (f", accepted {m.accepted_tokens}/{m.proposed_tokens} drafts "
+                 f"(by position: {per_pos}), propose {1000 * m.propose_s:.0f} ms, "
+                 f"score {1000 * m.score_s:.0f} ms, sample {1000 * m.sample_s:.0f} ms")
     return line + f", finish: {answer.finish_reason}]"

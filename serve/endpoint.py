@@ -1,0 +1,136 @@
+"""What both generation endpoints (completions.py, chat.py) do with a request:
+
+    read_body     the body, within --max-body-bytes (413 past it)
+    check_model   the model is the one served (404)
+    check_size    a prompt whose bytes alone cannot fit the context is refused untokenized
+    answer        the request checked once and its Stream built (Scheduler.prepare, off the
+                  event loop when it compiles a grammar), queued (429 when the queue is full),
+                  then answered whole or as server-sent events (streaming.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import QueueFull, Scheduler
+from trt_spec.runtime.scheduler import Request as Job
+from trt_spec.runtime.validation import STRUCTURES, FieldError
+from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.protocol import RequestError, structure_param
+from trt_spec.serve.streaming import EventStream, Outputs, Shape, cancel, collect, events
+
+RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
+# a structure (response_format) that takes longer to compile is refused (its thread finishes
+# on its own; llguidance's parser limits bound it too)
+COMPILE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the routes read (app.state.served): set once, by create_app."""
+
+    scheduler: Scheduler
+    model_name: str
+    metrics: ServerMetrics
+    max_body_bytes: int
+
+
+def served(request: Request) -> Served:
+    return request.app.state.served
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused with 413 as soon as it is known to pass max_body_bytes."""
+    limit = served(request).max_body_bytes
+    too_large = RequestError(f"the request body is larger than {limit} bytes "
+                             "(--max-body-bytes)", status=413, code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_model(name: str, served_name: str) -> None:
+    if name != served_name:
+        raise RequestError(f"model {name!r} does not exist; this server serves "
+                           f"{served_name!r} (GET /v1/models)", "model", status=404,
+                           code="model_not_found")
+
+
+def check_size(scheduler: Scheduler, texts: list[str], param: str) -> None:
+    """A prompt whose bytes alone need more tokens than the context holds is refused before
+    it is tokenized (each token stands for at most max_token_bytes bytes)."""
+    tokenizer = scheduler.tokenizer
+    if tokenizer.normalizes:
+        return
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    least = size // tokenizer.max_token_bytes
+    if least >= scheduler.max_len:
+        raise RequestError(f"the prompt has at least {least} tokens ({size} bytes, at most "
+                           f"{tokenizer.max_token_bytes} bytes per token); the context "
+                           f"holds {scheduler.max_len} (prompt + output)", param)
+
+
+async def answer(request: Request, req, ids: list[int], params: SamplingParams, shape: Shape):
+    """The request (a CompletionRequest or ChatRequest, its prompt's ids and its params)
+    checked once, queued and answered: whole, or as server-sent events (stream: true)."""
+    ctx = served(request)
+    if req.stream_options is not None and not req.stream:
+        raise RequestError("stream_options is only allowed with stream: true",
+                           "stream_options")
+    outputs = Outputs()
+    job = await prepare(ctx.scheduler, req, ids, params, outputs.put,
+                        f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", shape.prompt_param)
+    try:
+        ctx.scheduler.enqueue(job)
+    except QueueFull as e:
+        raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    created = int(time.time())
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return EventStream(events(job, outputs, shape, ctx.model_name, created, include_usage),
+                           lambda: cancel(ctx.scheduler, job))
+    return await collect(request, ctx.scheduler, job, outputs, shape, ctx.model_name, created)
+
+
+async def prepare(scheduler: Scheduler, req, ids: list[int], params: SamplingParams,
+                  on_output, request_id: str, prompt_param: str) -> Job:
+    """Scheduler.prepare, the one check of a request: a grammar compiles (or comes from the
+    cache) on a worker thread, within COMPILE_TIMEOUT_S. RequestError naming the request's
+    field."""
+    spec = req.speculative
+    method, k = (spec.method, spec.num_draft_tokens) if spec else (None, None)
+    make = functools.partial(scheduler.prepare, ids, params, method, k, on_output, request_id)
+    try:
+        if params.structure is None:
+            return make()
+        return await asyncio.wait_for(asyncio.to_thread(make), COMPILE_TIMEOUT_S)
+    except FieldError as e:
+        raise RequestError(str(e), request_param(e.field, req, prompt_param)) from None
+    except asyncio.TimeoutError:
+        param = structure_param(req)
+        raise RequestError(f"{param} took more than {COMPILE_TIMEOUT_S:g} s to compile; "
+                           "simplify it", param) from None
+
+
+def request_param(field: str, req, prompt_param: str) -> str:
+    """The request's field (OpenAI's `param`) for a field Scheduler.prepare names."""
+    if field == "prompt":
+        return prompt_param
+    if field in STRUCTURES:
+        return structure_param(req)
+    return field  # speculative, max_tokens
