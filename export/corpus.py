@@ -35,7 +35,7 @@ DEFAULTS = {"conversations": 3000, "max_n": 8, "min_total": 3, "min_prob": 0.2}
 def sharegpt_answers(tokenizer, conversations: int, progress=print) -> list[list[int]]:
     """The assistant turns of the first `conversations` ShareGPT conversations outside the
     held-out split, as token ids (no special tokens)."""
-    from trt_spec.train.data import fetch_sharegpt, read_conversations, split
+    from trt_spec.export.sharegpt import fetch_sharegpt, read_conversations, split
 
     if conversations <= 0:
         return []
@@ -101,7 +101,7 @@ def add_corpus(folder: str | Path, conversations: int = DEFAULTS["conversations"
         for seq in sequences:  # or the sources' names, sizes and the tokenizer
             digest.update(np.asarray(seq, dtype=np.int64).tobytes() + b"|")
     else:
-        from trt_spec.train.data import SHAREGPT_REQUIREMENT
+        from trt_spec.export.sharegpt import SHAREGPT_REQUIREMENT
 
         digest.update(f"{SHAREGPT_REQUIREMENT} {conversations}".encode())
         digest.update(manifest.data["files"]["tokenizer.json"]["sha256"].encode()

@@ -8,7 +8,10 @@
   embed_tokens, <a Llama decoder layer>}` for i < num_nextn_predict_layers (MLA / MoE layers
   are refused). The target's own keys may sit beside them and are skipped.
 - trt-spec's own: `drafter.json` + `model.safetensors` under the module's own names (what the
-  trainer writes; `save_drafter`).
+  trainer writes; `save_drafter`). Its "kind" is the method's train name (runtime/methods.py).
+
+Which reader a method's checkpoint goes to is a table by method (PUBLISHED, OWN_READERS, checked
+against the registry's heads below); Eagle, a looped method, takes module 0 of MTP's layouts.
 
 Strict like the target's loader: every key is mapped, shapes are checked against the config,
 and a missing, unexpected or mis-shaped key fails with its name. What a drafter may take from
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,9 +31,11 @@ from trt_spec.export.checkpoint import StrictState, load_into
 from trt_spec.export.drafters import KINDS, Drafter, Eagle3Fc, Eagle3Step, MTPModule
 from trt_spec.export.model import TargetModel
 from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.methods import METHODS
 
 OWN_FORMAT = "trt-spec-drafter"
 OWN_VERSION = 1
+DRAFT_KIND = METHODS["vanilla"].train_name  # drafter.json "kind" of a vanilla draft model
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -147,7 +153,7 @@ def build_mtp_module(own: dict[str, torch.Tensor], config: ModelConfig, target: 
 
 def load_mtp(folder: Path, target: TargetModel, kind: str = "mtp") -> Drafter:
     """DeepSeek-V3-style MTP modules from `folder` (it may be the full target checkpoint).
-    kind="eagle" takes module 0 only (Eagle loops it)."""
+    A looped kind (Eagle) takes module 0 only."""
     folder = Path(folder)
     hf = read_config(folder)
     t = target.config
@@ -169,7 +175,7 @@ def load_mtp(folder: Path, target: TargetModel, kind: str = "mtp") -> Drafter:
     modules = []
     for i in range(n):
         p = f"model.layers.{layers + i}."
-        if kind == "eagle" and i > 0:
+        if METHODS[kind].looped and i > 0:
             state.skip([k for k in state.tensors if k.startswith(p)])
             continue
         own = take_layer(state, p, config, h)
@@ -298,7 +304,7 @@ def save_drafter(drafter: Drafter, folder: Path) -> None:
     meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": drafter.kind,
             "num_modules": len(drafter.modules),
             "layer_config": drafter.config.to_dict()}
-    if drafter.kind == "eagle3":
+    if drafter.fc is not None:  # Eagle3
         meta.update(draft_vocab_size=len(drafter.d2t), feature_layers=list(drafter.feature_layers),
                     fc_bias=drafter.fc.fc.bias is not None)
     save_file(tensors, str(folder / "model.safetensors"))
@@ -306,6 +312,7 @@ def save_drafter(drafter: Drafter, folder: Path) -> None:
 
 
 def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
+    """A drafter saved by save_drafter, read by the reader of the kind it holds (OWN_READERS)."""
     folder = Path(folder)
     meta = read_config(folder, "drafter.json")
     source = str(folder)
@@ -313,8 +320,10 @@ def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
         raise ValueError(f"{source}/drafter.json: format {meta.get('format')!r} version "
                          f"{meta.get('version')!r}; this loader reads {OWN_FORMAT!r} "
                          f"version {OWN_VERSION}")
-    if meta["kind"] != kind and not (kind == "eagle" and meta["kind"] == "mtp"):
-        raise ValueError(f"{source} holds a {meta['kind']!r} drafter, not {kind!r}")
+    held = meta["kind"]
+    # a looped method (Eagle) reads module 0 of a checkpoint of the same modules (MTP's)
+    if held != kind and not (METHODS[kind].looped and OWN_READERS.get(held) is OWN_READERS[kind]):
+        raise ValueError(f"{source} holds a {held!r} drafter, not {kind!r}")
     t = target.config
     config = ModelConfig.from_dict(meta["layer_config"])
     if config.vocab_size != t.vocab_size:
@@ -329,25 +338,20 @@ def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
         else:
             head, _, rest = key.partition(".")
             groups.setdefault(head, {})[rest or key] = value
-    n = meta["num_modules"] if kind != "eagle" else 1
-    expected = {f"modules.{i}" for i in range(meta["num_modules"])}
-    expected |= {"fc", "d2t"} if meta["kind"] == "eagle3" else set()
+    return OWN_READERS[held](groups, meta, config, target, kind, source)
+
+
+def check_groups(groups: dict, expected: set[str], source: str) -> None:
     unexpected = sorted(set(groups) - expected)
     if unexpected:
         raise KeyError(f"{source}: unexpected checkpoint keys under {unexpected}")
-    if meta["kind"] == "eagle3":
-        for name in ("modules.0", "fc", "d2t"):
-            if name not in groups:
-                raise KeyError(f"{source}: checkpoint is missing {name!r}")
-        own = groups["modules.0"]
-        if "embed_tokens.weight" not in own:
-            own["embed_tokens.weight"] = target.embed_tokens.weight.detach()
-        d2t = groups["d2t"]["d2t"].long()
-        check_vocab_map(d2t, None, t.vocab_size, source)
-        layers = eagle3_layer_ids({"eagle_aux_hidden_state_layer_ids": meta["feature_layers"]},
-                                  t, source)
-        return build_eagle3(own, groups["fc"], d2t, config, meta["draft_vocab_size"],
-                            3 * t.hidden_size, meta.get("fc_bias", False), layers, source)
+
+
+def own_modules(groups: dict, meta: dict, config: ModelConfig, target: TargetModel, kind: str,
+                source: str) -> Drafter:
+    """MTP's modules from their tensor groups (a looped kind: module 0 only)."""
+    check_groups(groups, {f"modules.{i}" for i in range(meta["num_modules"])}, source)
+    n = 1 if METHODS[kind].looped else meta["num_modules"]
     modules = []
     for i in range(n):
         if f"modules.{i}" not in groups:
@@ -355,6 +359,26 @@ def load_own(folder: Path, target: TargetModel, kind: str) -> Drafter:
         modules.append(build_mtp_module(groups[f"modules.{i}"], config, target,
                                         f"{source} module {i}"))
     return Drafter(kind, modules)
+
+
+def own_eagle3(groups: dict, meta: dict, config: ModelConfig, target: TargetModel, kind: str,
+               source: str) -> Drafter:
+    """Eagle3's step, fc and draft vocabulary from their tensor groups."""
+    t = target.config
+    check_groups(groups, {f"modules.{i}" for i in range(meta["num_modules"])} | {"fc", "d2t"},
+                 source)
+    for name in ("modules.0", "fc", "d2t"):
+        if name not in groups:
+            raise KeyError(f"{source}: checkpoint is missing {name!r}")
+    own = groups["modules.0"]
+    if "embed_tokens.weight" not in own:
+        own["embed_tokens.weight"] = target.embed_tokens.weight.detach()
+    d2t = groups["d2t"]["d2t"].long()
+    check_vocab_map(d2t, None, t.vocab_size, source)
+    layers = eagle3_layer_ids({"eagle_aux_hidden_state_layer_ids": meta["feature_layers"]},
+                              t, source)
+    return build_eagle3(own, groups["fc"], d2t, config, meta["draft_vocab_size"],
+                        3 * t.hidden_size, meta.get("fc_bias", False), layers, source)
 
 
 # --- a vanilla draft model (train/draft.py) -------------------------------------------------
@@ -369,7 +393,7 @@ def save_draft(draft: TargetModel, folder: Path, source_layers: tuple[int, ...])
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: half(v.detach().cpu()) for k, v in draft.state_dict().items()
                if k not in ("embed_tokens.weight", "lm_head.weight")}
-    meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": "draft",
+    meta = {"format": OWN_FORMAT, "version": OWN_VERSION, "kind": DRAFT_KIND,
             "model_config": draft.config.to_dict(), "source_layers": list(source_layers)}
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "drafter.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -377,14 +401,15 @@ def save_draft(draft: TargetModel, folder: Path, source_layers: tuple[int, ...])
 
 def is_draft_folder(path) -> bool:
     meta = Path(path) / "drafter.json"
-    return meta.is_file() and json.loads(meta.read_text()).get("kind") == "draft"
+    return meta.is_file() and json.loads(meta.read_text()).get("kind") == DRAFT_KIND
 
 
 def load_draft(folder, target: TargetModel) -> TargetModel:
     """A draft saved by save_draft, with the target's embedding (and head when untied)."""
     folder = Path(folder)
     meta = json.loads((folder / "drafter.json").read_text())
-    if meta.get("format") != OWN_FORMAT or meta.get("version") != OWN_VERSION or meta.get("kind") != "draft":
+    if (meta.get("format"), meta.get("version"), meta.get("kind")) != (OWN_FORMAT, OWN_VERSION,
+                                                                        DRAFT_KIND):
         raise ValueError(f"{folder}/drafter.json: not a trt-spec draft checkpoint (format "
                          f"{meta.get('format')!r}, version {meta.get('version')!r}, kind "
                          f"{meta.get('kind')!r})")
@@ -405,6 +430,15 @@ def load_draft(folder, target: TargetModel) -> TargetModel:
     return draft.eval()
 
 
+# --- by method ------------------------------------------------------------------------------
+
+# the published layout each head reads, and the reader of each kind trt-spec's format holds
+PUBLISHED = {"mtp": partial(load_mtp, kind="mtp"), "eagle": partial(load_mtp, kind="eagle"),
+             "eagle3": load_eagle3}
+OWN_READERS = {"mtp": own_modules, "eagle": own_modules, "eagle3": own_eagle3}
+assert set(PUBLISHED) == set(OWN_READERS) == set(KINDS), (PUBLISHED, OWN_READERS, KINDS)
+
+
 def load_drafter(path: str | Path, kind: str, target: TargetModel) -> Drafter:
     """`kind` from KINDS; the layout is recognised from the folder's files."""
     if kind not in KINDS:
@@ -414,6 +448,4 @@ def load_drafter(path: str | Path, kind: str, target: TargetModel) -> Drafter:
         raise FileNotFoundError(f"{kind} checkpoint {str(path)!r} is not a folder")
     if (folder / "drafter.json").exists():
         return load_own(folder, target, kind)
-    if kind == "eagle3":
-        return load_eagle3(folder, target)
-    return load_mtp(folder, target, kind)
+    return PUBLISHED[kind](folder, target)

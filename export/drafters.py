@@ -38,7 +38,7 @@ from torch import nn
 from trt_spec.export.model import DecoderLayer, add_rope_buffers, apply_head
 from trt_spec.plugins.rms_norm import rms_norm
 from trt_spec.runtime.config import ModelConfig
-from trt_spec.runtime.methods import HEAD_METHODS
+from trt_spec.runtime.methods import HEAD_METHODS, METHODS
 
 KINDS = HEAD_METHODS  # runtime/methods.py: the methods whose drafter is a head
 
@@ -190,10 +190,11 @@ class Drafter:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"drafter kind {self.kind!r}; known: {', '.join(KINDS)}")
-        if self.kind == "eagle" and len(self.modules) != 1:
-            raise ValueError(f"an eagle drafter has one module, not {len(self.modules)}")
-        if self.kind == "eagle3" and (self.fc is None or self.d2t is None):
-            raise ValueError("an eagle3 drafter needs fc and d2t")
+        method = METHODS[self.kind]
+        if method.looped and len(self.modules) != 1:
+            raise ValueError(f"an {self.kind} drafter has one module, not {len(self.modules)}")
+        if (method.fc_graph and self.fc is None) or (method.own_vocab and self.d2t is None):
+            raise ValueError(f"an {self.kind} drafter needs fc and d2t")
 
     @property
     def config(self) -> ModelConfig:

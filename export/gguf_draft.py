@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from trt_spec.runtime.files import source_stamp
+from trt_spec.runtime.methods import METHODS
+
+DRAFT_KIND = METHODS["vanilla"].train_name  # drafter.json "kind" of a vanilla draft model
 
 # our draft key (after "layers.N.") -> GGUF tensor name (after "blk.N.")
 LAYER_TENSORS = {"input_layernorm": "attn_norm.weight", "post_attention_layernorm":
@@ -89,7 +92,7 @@ def draft_to_gguf(target_gguf: str | Path, draft_dir: str | Path, out: str | Pat
     if out.is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
         return out
     meta = json.loads((draft_dir / "drafter.json").read_text())
-    if meta.get("kind") != "draft":
+    if meta.get("kind") != DRAFT_KIND:
         raise ValueError(f"{draft_dir} holds a {meta.get('kind')!r} drafter, not a vanilla "
                          "draft model")
     config = meta["model_config"]

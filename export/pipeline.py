@@ -1,4 +1,14 @@
-"""`trt-spec export`: model -> engine folder (graphs, tokenizer, manifest), written atomically."""
+"""`trt-spec export`: model -> engine folder (graphs, tokenizer, manifest), written atomically.
+
+    export_model(ExportConfig("smollm2-135m"))   # export/config.py: what is exported
+
+    the drafters shipped for a known model join config.drafters (with_shipped_drafters)
+    -> the manifest's "source" for it; a folder with the same one is up to date
+    -> the torch modules (load_models), the heads cut to the draft vocabulary, smoothed
+       (int8-rows) or halved (fp16) (prepare_models)
+    -> every graph traced, lowered, quantized and written to a temporary folder beside the
+       engine folder with the tokenizer and the manifest, then renamed to it (write_folder)
+"""
 
 from __future__ import annotations
 
@@ -9,14 +19,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from trt_spec.export.attention_rows import SPEC as ATTENTION_ROWS_SPEC
 from trt_spec.export.attention_rows import pad_attention_rows
 from trt_spec.export.checkpoint import KNOWN_MODELS, load_into, load_target, resolve_model
+from trt_spec.export.config import (DRAFT_VOCABS, DRAFTER_METHODS, FULL_VOCAB, ExportConfig,
+                                    resolve_draft_vocab)
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
-from trt_spec.export.drafters import KINDS, Drafter, head_vocab, restrict_head
+from trt_spec.export.drafters import Drafter, head_vocab, restrict_head
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_score,
                                          export_target, fc_io, save_with_external_data,
@@ -25,10 +38,8 @@ from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embed
 from trt_spec.plugins.lowering import lowering
 from trt_spec.runtime.manifest import (MANIFEST, load_manifest, relative_source_path,
                                        write_manifest)
-from trt_spec.runtime.methods import METHODS
+from trt_spec.runtime.methods import METHODS, by_train_name
 
-PRECISIONS = {"ort": ("fp32", "int8", "int4", "int4-head8", "int4-plain", "int8-rows"),
-              "trt": ("fp32", "fp16")}
 FLOAT = {"fp16": "float16"}  # the graphs' float dtype by precision; float32 otherwise
 
 # Weight form per MatMul (export/quantize.py FORMS), by precision. The head (output "logits")
@@ -49,50 +60,24 @@ FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEA
 # matrix a step reads (49152 x 576 on SmolLM2), and memory-bound. "int4-head8" is int4 with
 # the whole head at 8 bits: 2-3% slower on SmolLM2, the tail of the distribution exact.
 HEAD_RESCORE = {"int4": 128, "int4-plain": 128, "int8-rows": 128}
-BACKENDS = tuple(PRECISIONS)
 # Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
 # redoes folders made before.
 LOWERING_VERSION = 5
 
-# --draft-vocab: the vocabulary the MTP, Eagle and vanilla-draft heads draft over.
-# "eagle3": the Eagle3 head's (its d2t); "none": the target's full vocabulary.
-DRAFT_VOCABS = ("eagle3", "none")
-
-
-def resolve_draft_vocab(draft_vocab: str | None, heads: dict[str, str]) -> str:
-    """--draft-vocab's value -> one of DRAFT_VOCABS. Default (None): "eagle3" when an Eagle3
-    head is exported (reuse its draft vocabulary), else "none"."""
-    if draft_vocab is None:
-        return "eagle3" if "eagle3" in heads else "none"
-    value = str(draft_vocab).strip().lower()
-    if value.isdigit():
-        raise ValueError(
-            f"--draft-vocab {draft_vocab!r}: a draft vocabulary of N tokens needs token "
-            "frequencies, and export has no token-frequency source; use 'eagle3' (the Eagle3 "
-            "head's draft vocabulary) or 'none' (full heads)")
-    if value not in DRAFT_VOCABS:
-        raise ValueError(f"--draft-vocab {draft_vocab!r}: expected one of "
-                         f"{', '.join(DRAFT_VOCABS)}")
-    if value == "eagle3" and "eagle3" not in heads:
-        raise ValueError("--draft-vocab 'eagle3' reuses the Eagle3 head's draft vocabulary, and "
-                         "this export has no Eagle3 head (give --eagle3 DIR, or --draft-vocab "
-                         "none)")
-    return value
-
-
 def restrict_heads(draft_vocab: str, draft, drafters: dict[str, Drafter]):
-    """In place: the vanilla draft's and the MTP / Eagle heads keep only the rows of the
-    draft vocabulary `draft_vocab` (one of DRAFT_VOCABS, resolved) -> its d2t [draft_vocab]
-    int64, or None for "none". Eagle3's own head is already over it."""
+    """In place: the vanilla draft and the heads over the target's vocabulary (MTP, Eagle)
+    keep only the rows of the draft vocabulary `draft_vocab` (resolve_draft_vocab: the method
+    that lends its own, or FULL_VOCAB) -> its d2t [draft_vocab] int64, or None for
+    FULL_VOCAB. The lender's head (Eagle3's) is already over it."""
     assert draft_vocab in DRAFT_VOCABS, draft_vocab
-    if draft_vocab == "none":
+    if draft_vocab == FULL_VOCAB:
         return None
-    d2t = drafters["eagle3"].d2t
-    for kind in ("mtp", "eagle"):
-        if kind in drafters:
-            for module in drafters[kind].modules:
+    d2t = drafters[draft_vocab].d2t
+    for drafter in drafters.values():
+        if drafter.d2t is None:
+            for module in drafter.modules:
                 restrict_head(module, d2t)
-            drafters[kind].d2t = d2t
+            drafter.d2t = d2t
     if draft is not None:
         restrict_head(draft, d2t)
     return d2t
@@ -245,37 +230,131 @@ def export_drafter_graphs(drafter: Drafter, folder: Path, precision: str, backen
     return graphs, entry
 
 
-def load_models(model: str, draft_layers: int = 0, draft_model: str | None = None,
-                heads: dict[str, str] | None = None):
-    """The torch modules an engine folder is made of -> (hf_dir, target, draft or None, the
-    draft's description, {kind: Drafter}). The target's eagle3_layers follow an Eagle3 head's
-    feature layers. Export and the torch-cuda backend load through this one function."""
-    if draft_layers and draft_model:
-        raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
-    hf_dir = resolve_model(model)
+class Models(NamedTuple):
+    """The torch modules an engine folder is made of."""
+
+    hf_dir: Path  # the target's Hugging Face folder (its tokenizer)
+    target: TargetModel
+    draft: TargetModel | None  # the vanilla draft
+    draft_kind: str | None  # what the vanilla draft is (its manifest entry's "kind")
+    drafters: dict[str, Drafter]  # the heads, by method
+
+
+def load_vanilla(config: ExportConfig, target: TargetModel
+                 ) -> tuple[TargetModel | None, str | None]:
+    """The vanilla draft `config` names -> (the draft, what it is), or (None, None)."""
+    layers, model, vocab = config.draft_layers, config.draft_model, target.config.vocab_size
+    if layers:
+        return truncated_draft(target, layers), (f"self-draft: the target's first {layers} of "
+                                                 f"{target.config.num_layers} layers")
+    if model and is_draft_folder(model):
+        draft = load_draft(model, target)
+        return draft, (f"trained draft {model} ({draft.config.num_layers} layers, the target's "
+                       "embedding)")
+    if model:
+        draft, _ = load_target(resolve_model(model))
+        if draft.config.vocab_size != vocab:
+            raise ValueError(f"draft model {model!r} has vocab {draft.config.vocab_size}, "
+                             f"the target {vocab}: a vanilla draft must share it")
+        return draft, f"draft model {model}"
+    return None, None
+
+
+def load_models(config: ExportConfig) -> Models:
+    """The torch modules of the folder `config` describes. The target's eagle3_layers follow
+    an Eagle3 head's feature layers. Export and the torch-cuda backend load through this one
+    function."""
+    hf_dir = resolve_model(config.model)
     log(f"loading {hf_dir}")
-    target, config = load_target(hf_dir)
-    draft, kind = None, None
-    if draft_layers:
-        draft = truncated_draft(target, draft_layers)
-        kind = f"self-draft: the target's first {draft_layers} of {config.num_layers} layers"
-    elif draft_model and is_draft_folder(draft_model):
-        draft = load_draft(draft_model, target)
-        kind = f"trained draft {draft_model} ({draft.config.num_layers} layers, the target's embedding)"
-    elif draft_model:
-        draft, _ = load_target(resolve_model(draft_model))
-        kind = f"draft model {draft_model}"
-        if draft.config.vocab_size != config.vocab_size:
-            raise ValueError(f"draft model {draft_model!r} has vocab {draft.config.vocab_size}, "
-                             f"the target {config.vocab_size}: a vanilla draft must share it")
+    target, model_config = load_target(hf_dir)
+    draft, kind = load_vanilla(config, target)
     loaded = {}
-    for head_kind, path in (heads or {}).items():
-        log(f"loading the {head_kind} drafter from {path}")
-        loaded[head_kind] = load_drafter(path, head_kind, target).eval()
-    if "eagle3" in loaded and loaded["eagle3"].feature_layers != config.eagle3_layers:
+    for method, path in config.heads.items():
+        log(f"loading the {method} drafter from {path}")
+        loaded[method] = load_drafter(path, method, target).eval()
+    if "eagle3" in loaded and loaded["eagle3"].feature_layers != model_config.eagle3_layers:
         # the target's eagle3_features output follows the head's layers
-        target.config = dataclasses.replace(config, eagle3_layers=loaded["eagle3"].feature_layers)
-    return hf_dir, target, draft, kind, loaded
+        target.config = dataclasses.replace(model_config,
+                                            eagle3_layers=loaded["eagle3"].feature_layers)
+    return Models(hf_dir, target, draft, kind, loaded)
+
+
+def prepare_models(models: Models, precision: str, draft_vocab: str):
+    """In place, before tracing: the heads cut to the draft vocabulary (restrict_heads), the
+    target smoothed for int8-rows, every module halved for fp16 -> the draft vocabulary's
+    d2t [draft_vocab] int64 (None: the full one)."""
+    target, draft = models.target, models.draft
+    d2t = restrict_heads(draft_vocab, draft, models.drafters)
+    if d2t is not None:
+        log(f"drafting over the {draft_vocab} draft vocabulary ({len(d2t)} of "
+            f"{target.config.vocab_size} tokens) in the vanilla, mtp and eagle heads")
+    if precision == "int8-rows":  # exact in fp32: only what the 8-bit rows see changes
+        from trt_spec.export.smooth import calibration_sequences, input_maxima, smooth
+        sequences = calibration_sequences(models.hf_dir, progress=log)
+        n = smooth(target, input_maxima(target, sequences))
+        log(f"  {n} MatMul inputs smoothed (their channel scales moved into the weights)")
+    if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
+        for module in [target, draft]:
+            if module is not None:
+                module.half()
+        for drafter in models.drafters.values():
+            for module in drafter.modules + ([drafter.fc] if drafter.fc is not None else []):
+                module.half()
+    return d2t
+
+
+def export_graphs(models: Models, folder: Path, precision: str, backend: str,
+                  head_sources: dict[str, str], d2t) -> tuple[dict, dict]:
+    """Every graph of the folder (and the vocabulary maps) into `folder` -> (the manifest's
+    "graphs", its "drafters"). head_sources: each head's "source" entry, by method."""
+    target, draft, config = models.target, models.draft, models.target.config
+    shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
+    dtype = FLOAT.get(precision, "float32")
+    graphs = {"target": export_graph(lambda: export_target(target), folder, "target",
+                                     precision, backend, target_io(config, dtype), shared)}
+    if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
+        graphs["score"] = export_graph(lambda: export_score(target), folder, "score", precision,
+                                       backend, score_io(config, dtype), shared)
+    drafters = {}
+    if draft is not None:
+        name = METHODS["vanilla"].graphs()[0]
+        graphs[name] = export_graph(lambda: export_target(draft), folder, name, precision,
+                                    backend, target_io(draft.config, dtype, head_vocab(draft)),
+                                    shared)
+        drafters["vanilla"] = {"graph": name, "kind": models.draft_kind,
+                               "model_config": draft.config.to_dict(),
+                               **vocab_map_entry(d2t, folder, "vanilla")}
+    for method, drafter in models.drafters.items():
+        head_graphs, drafters[method] = export_drafter_graphs(
+            drafter, folder, precision, backend, head_sources[method], shared)
+        graphs.update(head_graphs)
+    return graphs, drafters
+
+
+def write_folder(config: ExportConfig, source: dict, models: Models, d2t) -> None:
+    """The graphs, the tokenizer and the manifest into a temporary folder beside config.out,
+    then renamed to it (replacing the folder there)."""
+    out = config.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        graphs, drafters = export_graphs(models, tmp, config.precision, config.lower_for,
+                                         source["heads"], d2t)
+        tokenizer_files = copy_tokenizer(models.hf_dir, tmp)
+        write_manifest(tmp, {
+            "name": out.name,
+            "source": source,
+            "model_config": models.target.config.to_dict(),
+            "tokenizer": {"files": tokenizer_files},
+            "graphs": graphs,
+            "drafters": drafters,
+        })
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def portable(value: str | None, folder: Path) -> str | None:
@@ -287,130 +366,58 @@ def portable(value: str | None, folder: Path) -> str | None:
     return relative_source_path(value, folder)
 
 
-def export_engine(model: str, out: Path, precision: str = "fp32", backend: str = "ort",
-                  force: bool = False, draft_layers: int = 0, draft_model: str | None = None,
-                  heads: dict[str, str] | None = None, draft_vocab: str | None = None) -> Path:
-    """Exports the target (and a vanilla draft: `draft_layers` of the target itself, or a
-    separate `draft_model` with the same vocabulary; and `heads` {"mtp" | "eagle" | "eagle3":
-    checkpoint folder}) into the engine folder `out`. `draft_vocab` (resolve_draft_vocab):
-    the vocabulary the vanilla draft's and MTP / Eagle heads draft over."""
-    heads = {k: str(v) for k, v in (heads or {}).items() if v}
-    unknown = sorted(set(heads) - set(KINDS))
-    if unknown:
-        raise ValueError(f"drafters {unknown} are not known; known: {', '.join(KINDS)}")
-    draft_vocab = resolve_draft_vocab(draft_vocab, heads)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not supported; choose from {BACKENDS}")
-    if precision not in PRECISIONS[backend]:
-        raise ValueError(f"precision {precision!r} is not supported for backend {backend!r}; "
-                         f"choose from {PRECISIONS[backend]}")
-    if draft_layers and draft_model:
-        raise ValueError("give either --draft-layers (a self-draft) or --draft-model, not both")
-    out = Path(out)
-    # local paths relative to the folder (runtime/manifest.py source_path reads them back)
-    source = {"model": portable(model, out), "precision": precision, "backend": backend,
-              "lowering": LOWERING_VERSION,
-              "draft_layers": draft_layers, "draft_model": portable(draft_model, out),
-              "heads": {k: portable(v, out) for k, v in heads.items()},
-              "draft_vocab": draft_vocab}
-    if not force and (out / MANIFEST).exists():
-        try:
-            existing = load_manifest(out, verify="size")
-            if existing.data.get("source") == source:
-                log(f"{out} is up to date (use --force to export again)")
-                return out
-        except ValueError:
-            pass  # corrupt or old: export again
-    t0 = time.time()
-    hf_dir, target, draft, kind, loaded = load_models(model, draft_layers, draft_model, heads)
-    d2t = restrict_heads(draft_vocab, draft, loaded)
-    if d2t is not None:
-        log(f"drafting over the {draft_vocab} draft vocabulary ({len(d2t)} of "
-            f"{target.config.vocab_size} tokens) in the vanilla, mtp and eagle heads")
-    config, drafters = target.config, {}
-    if precision == "int8-rows":  # exact in fp32: only what the 8-bit rows see changes
-        from trt_spec.export.smooth import calibration_sequences, input_maxima, smooth
-        n = smooth(target, input_maxima(target, calibration_sequences(hf_dir, progress=log)))
-        log(f"  {n} MatMul inputs smoothed (their channel scales moved into the weights)")
-    if precision == "fp16":  # TensorRT builds strongly typed: the graph's dtypes are its precision
-        for module in [target, draft]:
-            if module is not None:
-                module.half()
-        for drafter in loaded.values():
-            for module in drafter.modules + ([drafter.fc] if drafter.fc is not None else []):
-                module.half()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
-    shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
+def source_entry(config: ExportConfig, draft_vocab: str) -> dict:
+    """The manifest's "source": what the folder is made from, local paths relative to it
+    (runtime/manifest.py source_path reads them back)."""
+    out = config.out
+    return {"model": portable(config.model, out), "precision": config.precision,
+            "backend": config.lower_for, "lowering": LOWERING_VERSION,
+            "draft_layers": config.draft_layers, "draft_model": portable(config.draft_model, out),
+            "heads": {k: portable(v, out) for k, v in config.heads.items()},
+            "draft_vocab": draft_vocab}
+
+
+def up_to_date(out: Path, source: dict) -> bool:
+    """Whether the engine folder `out` was exported from `source` (and is whole)."""
+    if not (out / MANIFEST).exists():
+        return False
     try:
-        dtype = FLOAT.get(precision, "float32")
-        graphs = {"target": export_graph(lambda: export_target(target), tmp,
-                                         "target", precision, backend, target_io(config, dtype),
-                                         shared)}
-        if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
-            graphs["score"] = export_graph(lambda: export_score(target), tmp, "score", precision,
-                                           backend, score_io(config, dtype), shared)
-        if draft is not None:
-            name = METHODS["vanilla"].graphs()[0]
-            graphs[name] = export_graph(lambda: export_target(draft), tmp, name,
-                                        precision, backend,
-                                        target_io(draft.config, dtype, head_vocab(draft)),
-                                        shared)
-            drafters["vanilla"] = {"graph": name, "kind": kind,
-                                   "model_config": draft.config.to_dict(),
-                                   **vocab_map_entry(d2t, tmp, "vanilla")}
-        for head_kind, drafter in loaded.items():
-            head_graphs, drafters[head_kind] = export_drafter_graphs(
-                drafter, tmp, precision, backend, source["heads"][head_kind], shared)
-            graphs.update(head_graphs)
-        tokenizer_files = copy_tokenizer(hf_dir, tmp)
-        write_manifest(tmp, {
-            "name": out.name,
-            "source": source,
-            "model_config": config.to_dict(),
-            "tokenizer": {"files": tokenizer_files},
-            "graphs": graphs,
-            "drafters": drafters,
-        })
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log(f"wrote {out} in {time.time() - t0:.0f} s")
-    return out
+        return load_manifest(out, verify="size").data.get("source") == source
+    except ValueError:
+        return False  # corrupt or old: export again
 
 
-def default_out(model: str) -> Path:
-    """engines/<model name>: a .gguf's stem, a folder's or a known model's name."""
-    return Path("engines") / (Path(model).stem if model.endswith(".gguf") else Path(model).name)
+def with_shipped_drafters(config: ExportConfig) -> ExportConfig:
+    """`config` plus the drafters trained for its model and shipped in drafters/<model>/ (a
+    known model's; none for others), each where config names no other (draft_layers: a
+    vanilla draft of its own)."""
+    from trt_spec.export.checkpoint import shipped_drafters
+
+    found = shipped_drafters(config.model)  # by train name
+    if not found:
+        return config
+    log(f"shipped drafters for {config.model}: {', '.join(sorted(found))}")
+    shipped = {by_train_name(name).name: path for name, path in found.items()}
+    if config.draft_layers:
+        shipped.pop("vanilla", None)
+    return dataclasses.replace(config, drafters={
+        m: config.drafters.get(m) or shipped.get(m) for m in DRAFTER_METHODS})
 
 
-def export_model(model: str, out: str | Path | None = None, precision: str | None = None,
-                 lower_for: str = "ort", force: bool = False, draft_layers: int = 0,
-                 draft_model: str | None = None, mtp: str | None = None,
-                 eagle: str | None = None, eagle3: str | None = None,
-                 shipped_drafters: bool = True, draft_vocab: str | None = None) -> Path:
-    """`trt-spec export`: export_engine with the command's defaults. With `shipped_drafters`,
-    a known model's drafters shipped in drafters/<model>/ are exported too, each unless its
-    own argument (or `draft_layers`, for the vanilla draft) names another; `precision`
-    defaults to fp16 when lowering for TensorRT, else int4; `out` to engines/<model name>."""
-    from trt_spec.export.checkpoint import shipped_drafters as shipped_for
-
-    if shipped_drafters:
-        shipped = shipped_for(model)
-        mtp = mtp or shipped.get("mtp")
-        eagle = eagle or shipped.get("eagle")
-        eagle3 = eagle3 or shipped.get("eagle3")
-        if not (draft_layers or draft_model) and "draft" in shipped:
-            draft_model = str(shipped["draft"])
-        if shipped:
-            log(f"shipped drafters for {model}: {', '.join(sorted(shipped))}")
-    if precision is None:
-        precision = "fp16" if lower_for == "trt" else "int4"
-    out = default_out(model) if out is None else Path(out)
-    return export_engine(model, out, precision, lower_for, force, draft_layers, draft_model,
-                         heads={"mtp": mtp and str(mtp), "eagle": eagle and str(eagle),
-                                "eagle3": eagle3 and str(eagle3)},
-                         draft_vocab=draft_vocab)
+def export_model(config: ExportConfig, force: bool = False) -> Path:
+    """`trt-spec export`: the engine folder config.out made from `config` (with the drafters
+    shipped for its model, where config.shipped_drafters), or left as it is when it was made
+    from the same sources and settings (unless `force`). Returns config.out."""
+    if config.shipped_drafters:
+        config = with_shipped_drafters(config)
+    draft_vocab = resolve_draft_vocab(config.draft_vocab, config.drafters)
+    source = source_entry(config, draft_vocab)
+    if not force and up_to_date(config.out, source):
+        log(f"{config.out} is up to date (use --force to export again)")
+        return config.out
+    t0 = time.time()
+    models = load_models(config)
+    d2t = prepare_models(models, config.precision, draft_vocab)
+    write_folder(config, source, models, d2t)
+    log(f"wrote {config.out} in {time.time() - t0:.0f} s")
+    return config.out

@@ -107,7 +107,7 @@ def calibration_sequences(hf_dir, conversations: int = 32, max_tokens: int = 512
     """Chat-rendered ShareGPT conversations outside the held-out split (the training split's
     first `conversations`), each cut to `max_tokens` tokens: the text the smoothing factors
     are measured on."""
-    from trt_spec.train.data import fetch_sharegpt, load_tokenizer, read_conversations, split
+    from trt_spec.export.sharegpt import fetch_sharegpt, load_tokenizer, read_conversations, split
 
     tok = load_tokenizer(hf_dir)
     source, _ = read_conversations(fetch_sharegpt(), limit=conversations * 2)

@@ -287,6 +287,7 @@ class TorchGraphs(GraphSet, DeviceGraphs):
                       cuda_graphs: bool = True, pad: bool | None = None,
                       dtype: str = "float32") -> "TorchGraphs":
         """Loads the modules from the folder's source checkpoint (manifest "source")."""
+        from trt_spec.export.config import ExportConfig
         from trt_spec.export.pipeline import load_models, restrict_heads
         from trt_spec.runtime.manifest import source_path
 
@@ -294,10 +295,11 @@ class TorchGraphs(GraphSet, DeviceGraphs):
         if not source or "model" not in source:
             raise EngineFolderError(f"{manifest.folder}: the manifest records no source model; "
                                     "the torch-cuda backend loads the weights from it")
-        _, target, draft, _, drafters = load_models(
-            source_path(manifest, source["model"]), source.get("draft_layers", 0),
-            source_path(manifest, source.get("draft_model")),
-            {k: source_path(manifest, v) for k, v in (source.get("heads") or {}).items()})
+        heads = {k: source_path(manifest, v) for k, v in (source.get("heads") or {}).items()}
+        _, target, draft, _, drafters = load_models(ExportConfig(
+            source_path(manifest, source["model"]),
+            drafters={"vanilla": source_path(manifest, source.get("draft_model")), **heads},
+            draft_layers=source.get("draft_layers", 0), shipped_drafters=False))
         if target.config.to_dict() != manifest.config.to_dict():
             raise EngineFolderError(f"{manifest.folder}: its source model {source['model']!r} "
                                     "no longer matches the exported config; re-export")
@@ -313,11 +315,13 @@ class TorchGraphs(GraphSet, DeviceGraphs):
                    ) -> tuple["TorchGraphs", Manifest]:
         """Straight from a model (name, .gguf or HF folder) and drafter folders: the graphs
         and an in-memory Manifest (folder: the HF folder, for the tokenizer) listing them."""
+        from trt_spec.export.config import ExportConfig
         from trt_spec.export.pipeline import load_models
 
         heads = {k: str(v) for k, v in (heads or {}).items() if v}
-        hf_dir, target, draft, kind, drafters = load_models(model, draft_layers, draft_model,
-                                                            heads)
+        hf_dir, target, draft, kind, drafters = load_models(ExportConfig(
+            model, drafters={"vanilla": draft_model, **heads}, draft_layers=draft_layers,
+            shipped_drafters=False))
         entries = {}
         if draft is not None:
             entries["vanilla"] = DrafterEntry("vanilla", tuple(METHODS["vanilla"].graphs()),

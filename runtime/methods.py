@@ -8,7 +8,9 @@ proposer is built, and what export and training call it.
     METHODS["mtp"].proposer(loader, e)   -> an MtpProposer over the loaded graphs
 
 Adding a method: one Method here, plus its proposer in runtime/proposers/. Export
-(export/pipeline.py), the torch-cuda backend and the trainer read the graph names from here.
+(export/pipeline.py), the torch-cuda backend and the trainer read the graph names from here;
+a drafter's checkpoint readers (export/drafter_checkpoint.py) and its trainer
+(train/recipes.py) are tables keyed by method, checked against this registry at import.
 This module imports no proposer at import time (export reads it without the runtime core).
 """
 
@@ -133,6 +135,11 @@ class Method:
     # model), "head" (a drafter over the target's per-token outputs); None: on the host only
     device: str | None = None
     reads: str | None = None  # the target's per-token output its drafter reads
+    # Traits export and training read: how the drafter is made.
+    looped: bool = False  # its head is one module, run at every draft step (Eagle; MTP: one each)
+    # its drafter drafts over a reduced vocabulary of its own (a d2t map), which export's
+    # --draft-vocab METHOD gives the other drafters too
+    own_vocab: bool = False
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
@@ -247,10 +254,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            device="head", reads="hidden_states", make=_mtp),
     Method("eagle", "one MTP-style module, looped",
            ("graphs", "layer_config"), "eagle", "--eagle CHECKPOINT", device="head",
-           reads="hidden_states", make=_eagle),
+           reads="hidden_states", looped=True, make=_eagle),
     Method("eagle3", "one 2H-input layer over fused low/mid/high target features, a reduced "
            "draft vocabulary", ("graphs", "layer_config"), "eagle3", "--eagle3 CHECKPOINT",
-           fc_graph="eagle3_fc", device="head", reads="eagle3_features", make=_eagle3),
+           fc_graph="eagle3_fc", device="head", reads="eagle3_features", own_vocab=True,
+           make=_eagle3),
     # the heads by measured acceptance on the shipped SmolLM2 drafters (best first)
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",

@@ -80,9 +80,9 @@ def main() -> None:
     import torch
 
     from trt_spec.export.checkpoint import load_target, resolve_model
+    from trt_spec.export.sharegpt import fetch_sharegpt, load_tokenizer, read_conversations, split
     from trt_spec.train.batch_generate import BatchedGenerator
     from trt_spec.train.configs import DistillConfig
-    from trt_spec.train.data import fetch_sharegpt, load_tokenizer, read_conversations, split
     from trt_spec.train.engine_target import EngineGenerator, EngineTarget
 
     hf_dir = resolve_model(args.model)

@@ -408,12 +408,14 @@ def tensorrt_section(args) -> dict:
         return {"skipped": f"tensorrt is not importable here ({e})"}
     import tempfile
 
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
     from trt_spec.export.trt_build import build
     from trt_spec.runtime.backends.trt import TrtTarget  # noqa: F401 - imports on this machine
 
     folder = Path(tempfile.mkdtemp(prefix="gpu-check-trt-"))
-    engine_dir = export_engine(args.model, folder / "fp32", "fp32")
+    engine_dir = export_model(ExportConfig(args.model, folder / "fp32", "fp32",
+                                           shipped_drafters=False))
     info = build(engine_dir, max_batch=8, max_draft_tokens=4, log=log)
     return {"tensorrt": trt.__version__, "built": info}
 

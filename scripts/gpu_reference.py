@@ -61,9 +61,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Path(args.engine) if args.engine else None
         if engine is None:
-            from trt_spec.export.pipeline import export_engine
+            from trt_spec.export.config import ExportConfig
+            from trt_spec.export.pipeline import export_model
 
-            engine = export_engine(args.model, Path(tmp) / "fp32", "fp32")
+            engine = export_model(ExportConfig(args.model, Path(tmp) / "fp32", "fp32",
+                                               shipped_drafters=False))
         ref = reference(engine, args.model, prompts, args.max_new_tokens)
     Path(args.out).write_text(json.dumps(ref, indent=1) + "\n")
     print(f"wrote {args.out}: {len(ref['items'])} prompts x {args.max_new_tokens} tokens "

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from trt_spec.train.data import fetch_sharegpt, is_heldout, read_conversations
+from trt_spec.export.sharegpt import fetch_sharegpt, is_heldout, read_conversations
 
 BACK = {"user": "human", "assistant": "gpt", "system": "system"}
 

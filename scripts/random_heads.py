@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.random_drafters import random_eagle3, random_mtp  # noqa: E402
 from trt_spec.export.checkpoint import load_target, resolve_model  # noqa: E402
 from trt_spec.export.drafter_checkpoint import save_drafter  # noqa: E402
-from trt_spec.export.pipeline import export_engine  # noqa: E402
+from trt_spec.export.config import ExportConfig  # noqa: E402
+from trt_spec.export.pipeline import export_model  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +34,9 @@ def main() -> None:
         save_drafter(random_mtp(target, 3, seed=1), heads / "mtp")
         save_drafter(random_mtp(target, 1, seed=2, kind="eagle"), heads / "eagle")
         save_drafter(random_eagle3(target, seed=3, draft_vocab=args.draft_vocab), heads / "eagle3")
-        export_engine(args.model, Path(args.out), args.precision, force=True,
-                      heads={k: heads / k for k in ("mtp", "eagle", "eagle3")})
+        export_model(ExportConfig(args.model, args.out, args.precision,
+                                  drafters={k: heads / k for k in ("mtp", "eagle", "eagle3")},
+                                  shipped_drafters=False), force=True)
 
 
 if __name__ == "__main__":

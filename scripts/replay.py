@@ -38,7 +38,7 @@ def make_data(out: Path, conversations: int, turns: int, max_chars: int, min_cha
     >= `turns` user turns: their first `turns` user messages, each cut to `max_chars`, where
     those come to at least `min_chars` in all (long conversations: what a prefix cache is
     for)."""
-    from trt_spec.train.data import fetch_sharegpt, is_heldout, read_conversations
+    from trt_spec.export.sharegpt import fetch_sharegpt, is_heldout, read_conversations
 
     convs, _ = read_conversations(fetch_sharegpt())
     rows, bases = [], set()
@@ -71,7 +71,7 @@ def make_long_chats(out: Path, chats: int, first_tokens: int, engine: Path) -> N
     prompts and multi-turn chats, which tuning reads): each chat pastes the first user
     messages of its own conversations, and its follow-ups are their later short user turns."""
     from trt_spec.runtime.tokenizer import Tokenizer
-    from trt_spec.train.data import fetch_sharegpt, is_heldout, read_conversations
+    from trt_spec.export.sharegpt import fetch_sharegpt, is_heldout, read_conversations
 
     used = set()
     for path in (DATA, ROOT / "runtime" / "data" / "sharegpt-heldout.jsonl"):

@@ -58,30 +58,36 @@ def tiny_hf_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_spec_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target with a vanilla draft: the target plus noise, accepted ~1/3 of the time."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     draft = make_tiny_hf(tmp_path_factory.mktemp("tiny-draft"), seed=1, noisy_copy_of=tiny_hf_dir,
                          noise=0.02)
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-spec",
-                         "fp32", draft_model=str(draft))
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-spec", "fp32",
+                                     drafters={"vanilla": str(draft)}))
 
 
 @pytest.fixture(scope="session")
 def tiny_truncated_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target with a layer-truncated self-draft (its first 2 of 4 layers)."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-trunc",
-                         "fp32", draft_layers=2)
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-trunc", "fp32",
+                                     draft_layers=2))
 
 
 @pytest.fixture(scope="session")
 def tiny_self_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target whose vanilla draft is the target itself (p = q everywhere)."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-self",
-                         "fp32", draft_model=str(tiny_hf_dir))
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-self", "fp32",
+                                     drafters={"vanilla": str(tiny_hf_dir)}))
 
 
 @pytest.fixture(scope="session")
@@ -96,38 +102,47 @@ def smollm2_hf_dir():
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny model exported to an fp32 engine folder."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny", "fp32")
+    return export_model(ExportConfig(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny",
+                                     "fp32"))
 
 
 @pytest.fixture(scope="session")
 def tiny_engine_int4(tiny_hf_dir, tmp_path_factory):
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-int4", "int4")
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-int4", "int4"))
 
 
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_hf_dir, tmp_path_factory):
     """SmolLM2 exported to an fp32 engine folder (about 20 s)."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "smollm2-fp32", "fp32")
+    return export_model(ExportConfig("smollm2-135m",
+                                     tmp_path_factory.mktemp("engines") / "smollm2-fp32", "fp32",
+                                     shipped_drafters=False))
 
 
 def export_smollm2_spec(tmp_path_factory, precision: str):
     """SmolLM2 with the drafters shipped for it (a 2-layer vanilla draft, 3 MTP modules, Eagle,
     Eagle3), exported as `trt-spec export` does by default, at `precision`."""
     from trt_spec.export.checkpoint import shipped_drafters
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     shipped = shipped_drafters("smollm2-135m")
     assert set(shipped) == {"eagle3", "mtp", "eagle", "draft"}, shipped
-    return export_engine("smollm2-135m",
-                         tmp_path_factory.mktemp("engines") / f"smollm2-spec-{precision}",
-                         precision, draft_model=str(shipped["draft"]),
-                         heads={k: shipped[k] for k in ("mtp", "eagle", "eagle3")})
+    return export_model(ExportConfig(
+        "smollm2-135m", tmp_path_factory.mktemp("engines") / f"smollm2-spec-{precision}",
+        precision, drafters={"vanilla": shipped["draft"],
+                             **{k: shipped[k] for k in ("mtp", "eagle", "eagle3")}},
+        shipped_drafters=False))
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +157,8 @@ def export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, name: str, **export_kw
     from tests.random_drafters import eagle3_tensors, random_mtp, write_checkpoint
     from trt_spec.export.checkpoint import load_target
     from trt_spec.export.drafter_checkpoint import save_drafter
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     root = tmp_path_factory.mktemp("heads")
     target, config = load_target(tiny_hf_dir)
@@ -151,9 +167,10 @@ def export_tiny_with_heads(tiny_hf_dir, tmp_path_factory, name: str, **export_kw
     tensors, hf = eagle3_tensors(config, seed=13)
     hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
     write_checkpoint(root / "eagle3", tensors, hf)
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / name, "fp32",
-                         heads={k: root / k for k in ("mtp", "eagle", "eagle3")},
-                         **export_kwargs)
+    return export_model(ExportConfig(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / name,
+                                     "fp32", drafters={k: root / k for k in ("mtp", "eagle",
+                                                                             "eagle3")},
+                                     **export_kwargs))
 
 
 @pytest.fixture(scope="session")

@@ -277,7 +277,7 @@ def test_real_sharegpt_table_skips_held_out_and_stays_lossless(smollm2_int4_spec
     """SmolLM2 int4 with a table of 60 ShareGPT conversations' answers (the training split):
     held-out conversations are left out, and greedy output with it stays plain's."""
     from trt_spec.tools.bench import load_prompts
-    from trt_spec.train.data import fetch_sharegpt, read_conversations, split
+    from trt_spec.export.sharegpt import fetch_sharegpt, read_conversations, split
 
     folder = tmp_path / "smollm2-corpus"
     shutil.copytree(smollm2_int4_spec_engine, folder)

@@ -14,9 +14,9 @@ from tests.script_util import load_script
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.model import empty_cache
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
 from trt_spec.train import distill_data
 from trt_spec.train.batch_generate import BatchedGenerator, Continue, Job
-from trt_spec.train.data import load_tokenizer, read_conversations
 from trt_spec.train.distill_data import DistillConfig
 
 

@@ -16,10 +16,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from trt_spec.cli import main  # noqa: E402
 from trt_spec.export.checkpoint import load_target  # noqa: E402
+from trt_spec.export.config import resolve_draft_vocab  # noqa: E402
 from trt_spec.export.drafters import head_vocab, restrict_head  # noqa: E402
 from trt_spec.export.model import empty_cache  # noqa: E402
 from trt_spec.export.onnx_export import export_drafter, export_target  # noqa: E402
-from trt_spec.export.pipeline import resolve_draft_vocab, truncated_draft  # noqa: E402
+from trt_spec.export.pipeline import truncated_draft  # noqa: E402
 from trt_spec.runtime.backends.ort import OrtTarget  # noqa: E402
 from trt_spec.runtime.stream import Stream  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
@@ -227,7 +228,7 @@ def test_sampled_restricted_heads(tiny_vocab_engine, method):
 @pytest.mark.parametrize("value,heads,words", [
     ("8192", {"eagle3": "x"}, "'8192': a draft vocabulary of N tokens needs token frequencies"),
     ("top-8k", {"eagle3": "x"}, "'top-8k': expected one of eagle3, none"),
-    ("eagle3", {"mtp": "x"}, "this export has no Eagle3 head"),
+    ("eagle3", {"mtp": "x"}, "this export has no eagle3 drafter"),
 ])
 def test_bad_draft_vocab(value, heads, words):
     with pytest.raises(ValueError, match=words):

@@ -14,9 +14,10 @@ from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.cli import main
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
 from trt_spec.train import distill_data
 from trt_spec.train.batch_generate import BatchedGenerator, Continue, Job
-from trt_spec.train.data import Example, load_tokenizer, read_conversations, tokenize_all
+from trt_spec.train.data import Example, tokenize_all
 from trt_spec.train.distill_data import DistillConfig
 from trt_spec.train.eagle3 import train_eagle3
 from trt_spec.train.engine_target import EngineFeatures, EngineGenerator, EngineTarget

@@ -74,7 +74,8 @@ def family_engine(family_hf, tmp_path_factory):
     (2 modules), Eagle and Eagle3 heads (what `trt-spec export` does with those options)."""
     from tests.random_drafters import eagle3_tensors, random_mtp, write_checkpoint
     from trt_spec.export.drafter_checkpoint import save_drafter
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     family, folder = family_hf
     root = tmp_path_factory.mktemp(f"{family}-heads")
@@ -86,8 +87,9 @@ def family_engine(family_hf, tmp_path_factory):
     else:
         tensors, hf = eagle3_tensors(config, seed=13)
     write_checkpoint(root / "eagle3", tensors, hf)
-    engine = export_engine(str(folder), tmp_path_factory.mktemp("engines") / family, "fp32",
-                           draft_layers=1, heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
+    engine = export_model(ExportConfig(
+        str(folder), tmp_path_factory.mktemp("engines") / family, "fp32", draft_layers=1,
+        drafters={k: root / k for k in ("mtp", "eagle", "eagle3")}))
     return family, folder, engine
 
 
@@ -352,11 +354,13 @@ def test_trt_lowered_gemma3_graph_equals_torch(tmp_path_factory):
     run by onnx.reference with plugins/reference_ops.py standing in for TensorRT, equals the
     torch module over a prefill past the window, a decode and a 3-token verification."""
     from tests.test_plugins_trt_graphs import graph, run_torch, step_feeds
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     folder = make_family_hf(tmp_path_factory.mktemp("gemma3-trt"), "gemma3")
-    engine = export_engine(str(folder), tmp_path_factory.mktemp("engines") / "gemma3-trt",
-                           "fp32", backend="trt")
+    engine = export_model(ExportConfig(str(folder),
+                                       tmp_path_factory.mktemp("engines") / "gemma3-trt",
+                                       "fp32", lower_for="trt"))
     model, config = load_target(folder)
     proto, session = graph(engine, "target")
     masked = [n for n in proto.graph.node if n.op_type == "TRT_Attention"

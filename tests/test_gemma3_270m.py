@@ -33,9 +33,12 @@ def gemma_hf_dir():
 
 @pytest.fixture(scope="module")
 def gemma_engine(gemma_hf_dir, tmp_path_factory):
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine("gemma3-270m", tmp_path_factory.mktemp("engines") / "gemma-fp32", "fp32")
+    return export_model(ExportConfig("gemma3-270m",
+                                     tmp_path_factory.mktemp("engines") / "gemma-fp32", "fp32",
+                                     shipped_drafters=False))
 
 
 def running_text(tokenizer) -> list[int]:
@@ -109,7 +112,8 @@ def gemma_all_engine(gemma_hf_dir, tmp_path_factory):
     from tests.random_drafters import random_eagle3, random_mtp
     from trt_spec.export.checkpoint import load_target
     from trt_spec.export.drafter_checkpoint import save_drafter
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     root = tmp_path_factory.mktemp("gemma-heads")
     target, _ = load_target(gemma_hf_dir)
@@ -117,9 +121,10 @@ def gemma_all_engine(gemma_hf_dir, tmp_path_factory):
     save_drafter(random_mtp(target, 1, seed=2, kind="eagle"), root / "eagle")
     save_drafter(random_eagle3(target, seed=3, draft_vocab=8192), root / "eagle3")
     del target
-    return export_engine("gemma3-270m", tmp_path_factory.mktemp("engines") / "gemma-all", "int4",
-                         draft_layers=6, draft_vocab="eagle3",
-                         heads={k: root / k for k in ("mtp", "eagle", "eagle3")})
+    return export_model(ExportConfig(
+        "gemma3-270m", tmp_path_factory.mktemp("engines") / "gemma-all", "int4", draft_layers=6,
+        draft_vocab="eagle3", drafters={k: root / k for k in ("mtp", "eagle", "eagle3")},
+        shipped_drafters=False))
 
 
 def test_every_method_is_lossless(gemma_all_engine):

@@ -136,15 +136,17 @@ def tiny_int8_rows(tiny_hf_dir, tmp_path_factory, monkeypatch_module):
     """The tiny model with a noisy-copy draft, at int8-rows (random ids as calibration)."""
     from tests.conftest import make_tiny_hf
     from trt_spec.export import smooth
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     rng = np.random.default_rng(3)
     monkeypatch_module.setattr(smooth, "calibration_sequences", lambda hf_dir, progress=print: [
         rng.integers(3, 128, 40).tolist() for _ in range(4)])
     draft = make_tiny_hf(tmp_path_factory.mktemp("tiny-draft8"), seed=1,
                          noisy_copy_of=tiny_hf_dir, noise=0.02)
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-int8-rows",
-                         "int8-rows", draft_model=str(draft))
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-int8-rows",
+                                     "int8-rows", drafters={"vanilla": str(draft)}))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The layout the code promises (README, "Layout"), checked on the imports themselves:
-export and training read only the runtime's contract modules, and the serving core imports
-neither export, training, the tools nor the HTTP front end."""
+export and training read only the runtime's contract modules, export imports no training, and
+the serving core imports neither export, training, the tools nor the HTTP front end."""
 
 import ast
 from pathlib import Path
@@ -53,6 +53,14 @@ def test_export_and_training_read_only_the_contract(folder):
     assert not bad, bad
 
 
+def test_export_imports_no_training():
+    """Layers go one way: training builds on export (its models, checkpoints and ShareGPT
+    reader, export/sharegpt.py), never export on training."""
+    bad = [f"{path.relative_to(ROOT)}: {name}" for path in files("export")
+           for name in imports(path) if name.split(".")[:2] == ["trt_spec", "train"]]
+    assert not bad, bad
+
+
 def test_the_serving_core_imports_no_tool_front_end_or_exporter():
     bad = []
     for path in files("runtime"):
@@ -71,8 +79,8 @@ def test_the_contract_needs_no_torch():
 
 
 def method_name_branches(path: Path, names: set[str]) -> list[str]:
-    """Where `path` compares something called *method* (or *by*, a draft's source) with a
-    method's name, or spells two or more method names in one tuple, list or set."""
+    """Where `path` compares something called *method* or *kind* (or *by*, a draft's source)
+    with a method's name, or spells two or more method names in one tuple, list or set."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Compare):
@@ -80,7 +88,8 @@ def method_name_branches(path: Path, names: set[str]) -> list[str]:
             spelled = [c.value for side in sides for c in ast.walk(side)
                        if isinstance(c, ast.Constant) and c.value in names]
             subject = " ".join(ast.unparse(s) for s in sides)
-            if spelled and ("method" in subject or subject.startswith("by ")):
+            if spelled and ("method" in subject or "kind" in subject
+                            or subject.startswith("by ")):
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             spelled = [e.value for e in node.elts if isinstance(e, ast.Constant)
@@ -103,6 +112,23 @@ def test_the_engine_and_server_read_method_traits_not_names(tmp_path):
     probe = tmp_path / "probe.py"  # the check sees what it looks for
     probe.write_text("if s.method in ('suffix', 'hybrid'):\n    pass\nX = ('none', 'ngram')\n")
     assert len(method_name_branches(probe, names)) == 3
+
+
+def test_export_and_training_dispatch_through_the_registry(tmp_path):
+    """export/ and train/ pick what a method's drafter needs (its checkpoint reader, its
+    trainer, its module count) from the registry's traits or from tables keyed by method
+    (checked against the registry), never by comparing a method or drafter kind with a name:
+    neither a method's nor its train name ("draft")."""
+    from trt_spec.runtime.methods import METHODS, TRAIN_NAMES
+
+    names = set(METHODS) | set(TRAIN_NAMES)
+    found = [f for folder in ("export", "train") for p in files(folder)
+             for f in method_name_branches(p, names)]
+    assert not found, "\n".join(found)
+    probe = tmp_path / "probe.py"  # the check sees what it looks for
+    probe.write_text("if kind == 'eagle3':\n    pass\nif drafter.kind != 'eagle':\n    pass\n"
+                     "if 'draft' in config.methods:\n    pass\nK = ('mtp', 'eagle')\n")
+    assert len(method_name_branches(probe, names)) == 4
 
 
 def test_no_module_is_over_500_lines():

@@ -27,10 +27,12 @@ MAX_LEN = 16
 @pytest.fixture(scope="module")
 def trt_engine(tiny_hf_dir, tmp_path_factory):
     """The tiny target exported with --lower-for trt --precision fp32 (target + score)."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
-    return export_engine(str(tiny_hf_dir), tmp_path_factory.mktemp("engines") / "tiny-trt",
-                         "fp32", backend="trt")
+    return export_model(ExportConfig(str(tiny_hf_dir),
+                                     tmp_path_factory.mktemp("engines") / "tiny-trt", "fp32",
+                                     lower_for="trt"))
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,8 @@ def tree(tiny_hf_dir, tmp_path_factory):
     separate vanilla draft and a random Eagle3 head, exported from relative paths."""
     from tests.random_drafters import eagle3_tensors, write_checkpoint
     from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     root = tmp_path_factory.mktemp("tree")
     shutil.copytree(tiny_hf_dir, root / "models" / "tiny")
@@ -45,9 +46,9 @@ def tree(tiny_hf_dir, tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)  # paths as a user types them, relative to the working directory
     try:
-        export_engine("models/tiny", root / "engines" / "tiny", "fp32",
-                      draft_model=str(root / "models" / "draft"),  # and one absolute
-                      heads={"eagle3": "heads/eagle3"})
+        export_model(ExportConfig("models/tiny", root / "engines" / "tiny", "fp32",
+                                  drafters={"vanilla": str(root / "models" / "draft"),  # absolute
+                                            "eagle3": "heads/eagle3"}))
     finally:
         os.chdir(cwd)
     return root
@@ -91,13 +92,14 @@ def test_a_copied_tree_loads_on_torch_cuda(tree, tmp_path):
 
 
 def test_export_again_skips_an_up_to_date_folder(tree, capfd):
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
 
     folder = tree / "engines" / "tiny"
     before = (folder / "manifest.json").stat().st_mtime_ns
-    export_engine(str(tree / "models" / "tiny"), folder, "fp32",
-                  draft_model=str(tree / "models" / "draft"),
-                  heads={"eagle3": str(tree / "heads" / "eagle3")})
+    export_model(ExportConfig(str(tree / "models" / "tiny"), folder, "fp32",
+                              drafters={"vanilla": str(tree / "models" / "draft"),
+                                        "eagle3": str(tree / "heads" / "eagle3")}))
     assert "is up to date" in capfd.readouterr().err
     assert (folder / "manifest.json").stat().st_mtime_ns == before
 

@@ -39,11 +39,13 @@ def test_int4_fidelity_to_fp32(smollm2_engine, tmp_path_factory):
     greedy agreement >= 95% and mean next-token KL <= 0.03 nats, on the 8 shipped prompts x
     48 tokens (measured with the int8 head: 0.974 / 0.0040; the plain int4 form: 0.711 /
     0.338; on 16 held-out x 64 the rescored head moved 0.9746 / 0.0037 to 0.9717 / 0.0094)."""
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
     from trt_spec.tools.bench import load_prompts
     from trt_spec.tools.fidelity import fidelity
 
-    int4 = export_engine("smollm2-135m", tmp_path_factory.mktemp("engines") / "int4", "int4")
+    int4 = export_model(ExportConfig("smollm2-135m", tmp_path_factory.mktemp("engines") / "int4",
+                                     "int4", shipped_drafters=False))
     ref, test = Generator(smollm2_engine, max_len=512), Generator(int4, max_len=512)
     report = fidelity(ref, test, [ref.encode(p) for p in load_prompts(None)], 48)
     assert report["positions"] == 8 * 48

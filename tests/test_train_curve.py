@@ -18,8 +18,9 @@ from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.cli import main
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
 from trt_spec.train.curve import chain_accept, read_curve, tau_estimate
-from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.eagle3 import train_eagle3
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import (RunControl, TrainConfig, batch_indices, lr_factor, tokens_before,

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from tests.train_data import sharegpt_records, write_sharegpt
-from trt_spec.train.data import (Conversation, base_id, is_heldout, load_tokenizer,
-                                 read_conversations, split, tokenize, tokenize_all)
+from trt_spec.export.sharegpt import (Conversation, base_id, is_heldout, load_tokenizer,
+                                      read_conversations, split)
+from trt_spec.train.data import tokenize, tokenize_all
 
 
 def test_reads_records_and_survives_a_cut_file(tmp_path):

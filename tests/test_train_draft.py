@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.model import empty_cache
-from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.draft import draft_loss, init_draft, train_draft
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.forward import causal_forward
@@ -108,7 +109,8 @@ def test_draft_training_lowers_the_loss(trained, target, store):
 
 def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, target, tmp_path):
     from trt_spec.export.drafter_checkpoint import load_draft
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
     from trt_spec.runtime.backends.ort import OrtTarget
     from trt_spec.runtime.kv_cache import KVCache
     from trt_spec.runtime.step_inputs import SlotTokens
@@ -117,8 +119,8 @@ def test_trained_draft_exports_and_drafts_losslessly(tiny_hf_dir, trained, targe
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _, _ = trained
-    engine = export_engine(str(tiny_hf_dir), tmp_path / "engine", "fp32",
-                           draft_model=str(out / "draft"))
+    engine = export_model(ExportConfig(str(tiny_hf_dir), tmp_path / "engine", "fp32",
+                                       drafters={"vanilla": out / "draft"}))
     manifest = json.loads((engine / "manifest.json").read_text())
     assert "trained draft" in manifest["drafters"]["vanilla"]["kind"]
     # the exported draft graph computes the torch draft's logits at every prompt position

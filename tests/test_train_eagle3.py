@@ -11,7 +11,8 @@ import torch
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
-from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.eagle3 import draft_vocab, init_eagle3, target_to_draft, train_eagle3
 from trt_spec.train.loop import lr_factor
 from trt_spec.train.unroll import unroll
@@ -200,14 +201,15 @@ def test_trained_head_loads_with_the_training_numbers(target, store, trained):
 
 
 def test_trained_head_exports_and_drafts_losslessly(tiny_hf_dir, trained, tmp_path):
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.settings import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _, _ = trained
-    engine = export_engine(str(tiny_hf_dir), tmp_path / "engine", "fp32",
-                           heads={"eagle3": out / "eagle3"})
+    engine = export_model(ExportConfig(str(tiny_hf_dir), tmp_path / "engine", "fp32",
+                                       drafters={"eagle3": out / "eagle3"}))
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = generate_ids(Generator(engine, max_batch=2), prompts, params)

@@ -9,7 +9,8 @@ import torch
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.model import empty_cache
-from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.features import (ARRAYS, DiskBudgetExceeded, FeatureConfig, FeatureStore,
                                      extract, plan_shards, shard_bytes)
 

@@ -8,7 +8,8 @@ import torch
 from tests.train_data import sharegpt_records, write_sharegpt
 from trt_spec.export.checkpoint import load_target
 from trt_spec.export.drafter_checkpoint import load_drafter
-from trt_spec.train.data import load_tokenizer, read_conversations, tokenize_all
+from trt_spec.export.sharegpt import load_tokenizer, read_conversations
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.features import FeatureConfig, FeatureStore, extract
 from trt_spec.train.loop import RunControl, TrainConfig
 from trt_spec.train.mtp import init_mtp, train_mtp
@@ -113,15 +114,16 @@ def test_training_lowers_the_loss(heads, kind):
 
 
 def test_trained_modules_export_and_draft_losslessly(tiny_hf_dir, target, heads, tmp_path):
-    from trt_spec.export.pipeline import export_engine
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.settings import SpeculationConfig
     from trt_spec.runtime.sampling import SamplingParams
 
     out, _ = heads
     assert len(load_drafter(out / "mtp", "mtp", target).modules) == 3
-    engine = export_engine(str(tiny_hf_dir), tmp_path / "engine", "fp32",
-                           heads={"mtp": out / "mtp", "eagle": out / "eagle"})
+    engine = export_model(ExportConfig(str(tiny_hf_dir), tmp_path / "engine", "fp32",
+                                       drafters={"mtp": out / "mtp", "eagle": out / "eagle"}))
     prompts = [[3, 8, 9, 10, 4, 3, 6, 40, 43], [3, 8, 20, 21, 22, 4, 3, 6]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = [s.output_ids for s in generate_ids(Generator(engine, max_batch=2), prompts, params)]

@@ -37,9 +37,9 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.export.checkpoint import config_from_hf
+from trt_spec.export.sharegpt import Conversation
 from trt_spec.train.batch_generate import Continue, Job
 from trt_spec.train.configs import DistillConfig
-from trt_spec.train.data import Conversation
 
 SHARD = "shard-{:05d}.npz"
 

@@ -1,7 +1,8 @@
 """Training MTP modules and an Eagle module by self-distillation from the target.
 
 Both are export/drafters.py's MTPModule, reading the target's final-normed hidden state
-(features `hidden`) and trained with train/unroll.py's forward against the target's top-k:
+(features `hidden`) and trained with train/unroll.py's forward against the target's top-k;
+the registry's `looped` trait (runtime/methods.py) tells them apart:
 
     mtp    N modules, chained as the runtime runs them: module i, row p, reads x_{p+i+1}
            and module i-1's next hidden at row p (the target's for i = 0) and predicts
@@ -25,19 +26,21 @@ import torch
 from trt_spec.export.drafter_checkpoint import layer_config, target_head
 from trt_spec.export.drafters import Drafter, MTPModule
 from trt_spec.export.model import TargetModel
+from trt_spec.runtime.methods import METHODS
 from trt_spec.train.curve import CHAIN, chain_accept, make_curve
 from trt_spec.train.features import FeatureStore
 from trt_spec.train.loop import Batch, RunControl
 from trt_spec.train.unroll import distill_loss, top1_hits, unroll
 
-KINDS = ("mtp", "eagle")
+# the methods whose drafter is MTP modules over the target's hidden state (mtp, eagle)
+KINDS = tuple(n for n, m in METHODS.items() if m.reads == "hidden_states")
 
 
 def init_mtp(target: TargetModel, n: int, seed: int = 0, kind: str = "mtp",
              intermediate_size: int | None = None) -> Drafter:
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
-    if n < 1 or (kind == "eagle" and n != 1):
+    if n < 1 or (METHODS[kind].looped and n != 1):
         raise ValueError(f"{n} modules: mtp needs at least 1, eagle exactly 1")
     tied = target.lm_head is None
     hf = {"intermediate_size": intermediate_size} if intermediate_size else {}
@@ -65,7 +68,7 @@ def mtp_loss(drafter: Drafter, batch: Batch, steps: int, step_decay: float,
     vocab = drafter.config.vocab_size
     identity = torch.arange(vocab, device=batch.input_ids.device)
     total, metrics = 0.0, {}
-    if drafter.kind == "eagle":
+    if METHODS[drafter.kind].looped:
         outs = unroll(drafter.modules[0], batch.input_ids, batch.hidden, steps)
         weights = [step_decay ** j for j in range(steps)]
     else:
@@ -115,8 +118,8 @@ def train_mtp(store: FeatureStore, target: TargetModel, out, config, kind: str =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     drafter = (fine_tuned_mtp(init, target, kind) if init is not None else
-               init_mtp(target, num_modules if kind == "mtp" else 1, config.seed, kind,
-                        intermediate_size))
+               init_mtp(target, 1 if METHODS[kind].looped else num_modules, config.seed,
+                        kind, intermediate_size))
     for m in drafter.modules:
         m.to(run.device)
     extra = {"kind": kind, "plan": store.manifest["plan"], "shards": store.shards,

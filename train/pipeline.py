@@ -28,13 +28,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from trt_spec.export.sharegpt import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenizer,
+                                      read_conversations, split)
 # the configs are train/configs.py's; their names are the pipeline's too
 from trt_spec.train.configs import (ANSWERS, FEATURES, METHODS, DistillConfig,  # noqa: F401
                                     FeatureConfig, RegenConfig, RunConfig, ScanConfig,
                                     TrainConfig)
-from trt_spec.train.data import (HELDOUT_FRACTION, fetch_sharegpt, load_tokenizer,
-                                 read_conversations, split, tokenize_all)
+from trt_spec.train.data import tokenize_all
 from trt_spec.train.features import FeatureStore, extract
+from trt_spec.train.recipes import RECIPES, check_settings
 from trt_spec.train.scan import scan_method, scan_table, with_best, write_scan
 
 
@@ -75,15 +77,7 @@ def run(config: RunConfig, resume: bool = False, on_stage: Callable[[str, dict],
                              "another --out")
     hf_dir = resolve_model(config.model)
     target, _ = load_target(hf_dir)
-    vocab = target.config.vocab_size
-    if "eagle3" in config.methods and not 1 <= config.draft_vocab <= vocab:
-        raise ValueError(f"draft vocabulary size {config.draft_vocab}: must be in 1..{vocab} "
-                         "(the target's vocabulary)")
-    if "draft" in config.methods:
-        bad = [i for i in config.draft_layers if not 0 <= i < target.config.num_layers]
-        if not config.draft_layers or bad:
-            raise ValueError(f"--draft-layers {list(config.draft_layers)}: each must be in "
-                             f"0..{target.config.num_layers - 1}")
+    check_settings(config, target.config)
     tokenizer = load_tokenizer(hf_dir)
     engine = None
     if config.engine is not None:
@@ -239,24 +233,14 @@ def distill_stage(config: RunConfig, target, tokenizer, train_convs, heldout_con
 
 def train_method(config: RunConfig, method: str, store, target, resume, on_step,
                  max_steps, heldout=None) -> dict:
-    """One method's training on `store`; with config.train.eval_every, its learning curve on
-    `heldout` (OUT/<method>-curve.jsonl)."""
-    from trt_spec.train.draft import train_draft
-    from trt_spec.train.eagle3 import train_eagle3
+    """One method's training on `store` (train/recipes.py); with config.train.eval_every, its
+    learning curve on `heldout` (OUT/<method>-curve.jsonl)."""
     from trt_spec.train.loop import RunControl
-    from trt_spec.train.mtp import train_mtp
 
     run = RunControl(config.device, resume, on_step, max_steps,
                      config.max_minutes * 60 if config.max_minutes else None)
     init = init_folder(config, method)
-    if method == "eagle3":
-        return train_eagle3(store, target, config.out, config.train, config.draft_vocab, run,
-                            config.head_intermediate, heldout, init)
-    if method == "draft":
-        return train_draft(store, target, config.out, config.train, config.draft_layers, run,
-                           heldout, init)
-    return train_mtp(store, target, config.out, config.train, method, config.num_modules, run,
-                     config.head_intermediate, heldout, init)
+    return RECIPES[method].train(config, method, store, target, run, heldout, init)
 
 
 def init_folder(config: RunConfig, method: str) -> Path | None:
@@ -271,15 +255,8 @@ def init_folder(config: RunConfig, method: str) -> Path | None:
 
 
 def evaluate_method(config: RunConfig, method: str, store, target, head_dir) -> dict:
-    from trt_spec.train.draft import evaluate_draft
-    from trt_spec.train.eagle3 import evaluate_eagle3
-    from trt_spec.train.mtp import evaluate_mtp
-
-    if method == "eagle3":
-        return evaluate_eagle3(store, target, head_dir, config.train, config.device)
-    if method == "draft":
-        return evaluate_draft(store, target, head_dir, config.train, config.device)
-    return evaluate_mtp(store, target, head_dir, config.train, method, config.device)
+    """The drafter saved in head_dir, evaluated on `store` (train/recipes.py)."""
+    return RECIPES[method].evaluate(config, method, store, target, head_dir)
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from trt_spec.export.sharegpt import Conversation
 from trt_spec.train.configs import RegenConfig
-from trt_spec.train.data import Conversation
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`trt-spec export`: a model (and its drafters) -> an engine folder (export/pipeline.py)."""
+"""`trt-spec export`: a model (and its drafters) -> an engine folder (export/pipeline.py). The
+options map onto export/config.py ExportConfig, the drafters' onto its drafters by method."""
 
 from __future__ import annotations
 
@@ -71,12 +72,16 @@ def renamed(ctx, param, value):
 def export(model, precision, lower_for, out, draft_layers, draft_model, mtp, eagle, eagle3,
            shipped_drafters, draft_vocab, force):
     """Export a model (and optionally its drafters) to an engine folder."""
+    from trt_spec.export.config import ExportConfig
     from trt_spec.export.pipeline import export_model
 
     try:
-        path = export_model(model, out, precision, lower_for, force, draft_layers, draft_model,
-                            mtp=mtp, eagle=eagle, eagle3=eagle3,
-                            shipped_drafters=shipped_drafters, draft_vocab=draft_vocab)
+        config = ExportConfig(model, out, precision, lower_for,
+                              drafters={"vanilla": draft_model, "mtp": mtp, "eagle": eagle,
+                                        "eagle3": eagle3},
+                              draft_layers=draft_layers, draft_vocab=draft_vocab,
+                              shipped_drafters=shipped_drafters)
+        path = export_model(config, force)
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(e)
     click.echo(str(path))
