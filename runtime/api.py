@@ -12,16 +12,18 @@ batched continuously up to `max_num_seqs` KV slots.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
+from trt_spec.runtime import tool_calls
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
 from trt_spec.runtime.stream import RequestMetrics
+from trt_spec.runtime.tool_calls import Tool, ToolCall
 
 
 @dataclass
@@ -33,6 +35,8 @@ class CompletionOutput:
     # per token when SamplingParams.logprobs is set: its log-probability under the target
     # and the most likely alternatives (TokenLogprob); None otherwise
     logprobs: list[TokenLogprob] | None = None
+    # LLM.chat with tools: the calls parsed from the text (runtime/tool_calls.py); None: none
+    tool_calls: list[ToolCall] | None = None
 
 
 @dataclass
@@ -112,7 +116,7 @@ class LLM:
         return self.generator.tokenizer
 
     def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
-                chat, on_output=None) -> list[Request]:
+                chat, on_output=None, tools: list[Tool] | None = None) -> list[Request]:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
                              f"(got {type(params).__name__}; SamplingParams(**d) makes one "
@@ -122,7 +126,7 @@ class LLM:
                              "default)")
         if not prompts:
             raise ValueError("prompts is empty: expected a string, a chat or a list of these")
-        ids = [self.scheduler.encode(p, chat) for p in prompts]
+        ids = [self.scheduler.encode(p, chat, tools) for p in prompts]
         # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
         requests = [self.scheduler.prepare(p, params, method, num_draft_tokens, on_output)
                     for p in ids]
@@ -143,6 +147,10 @@ class LLM:
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         requests = self._submit(prompts, params, method, num_draft_tokens, chat)
+        return self._run(requests, prompts)
+
+    def _run(self, requests: list[Request], prompts: list[Prompt]) -> list[RequestOutput]:
+        """Steps the scheduler until every request is done; outputs in request order."""
         try:
             while not all(r.done for r in requests):
                 self.scheduler.step()
@@ -152,6 +160,34 @@ class LLM:
             if r.error:
                 raise RuntimeError(f"request {r.id} failed: {r.error}")
         return [self._output(r, p) for r, p in zip(requests, prompts)]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | None = None, *, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True,
+             method: str | None = None, num_draft_tokens: int | str | None = None
+             ) -> list[RequestOutput]:
+        """One chat (a list of messages) or a list of chats, run to completion. tools:
+        OpenAI's function tools, shown to the model in its template's format; tool_choice
+        (none, auto, required or {"type": "function", "function": {"name"}}) as OpenAI's:
+        required or a named function holds the output to a grammar of the allowed calls. Each
+        output's `tool_calls` holds the calls parsed from its text (runtime/tool_calls.py)."""
+        chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        given = tool_calls.tools(tools) if tools is not None else []
+        choice = tool_calls.tool_choice(tool_choice, given)
+        fmt = tool_calls.format_of(self.tokenizer.chat_template)
+        params = sampling_params or SamplingParams()
+        if choice.forced:
+            if params.structure is not None:
+                raise ValueError(f"tool_choice={tool_choice!r} holds the output to tool "
+                                 f"calls; sampling_params.{params.structure[0]} cannot hold "
+                                 "it too")
+            params = replace(params, grammar=fmt.grammar(given, choice, parallel_tool_calls))
+        requests = self._submit(chats, params, method, num_draft_tokens, True, tools=given)
+        outputs = self._run(requests, chats)
+        for out in outputs if given and choice.mode != "none" else ():
+            c = out.outputs[0]
+            c.tool_calls = fmt.parse(c.text, given, choice.forced)[1] or None
+        return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,
                method: str | None = None, num_draft_tokens: int | str | None = None,

@@ -22,6 +22,7 @@ from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
 from trt_spec.runtime.grammar import Grammars
 from trt_spec.runtime.stream import StopChecker, Stream
 from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.tool_calls import Tool, for_template
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
@@ -46,11 +47,15 @@ def available_methods(manifest: Manifest) -> list[str]:
                 not x.uses_any or any(h in drafters for h in x.uses_any))]
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None,
+                  tools: list[Tool] | None = None) -> list[int]:
     """Chat messages always use the chat template; plain text uses it when chat=True, or
-    when chat is None and the tokenizer has one (an instruct model)."""
+    when chat is None and the tokenizer has one (an instruct model). tools: shown to the
+    model in its template's format (runtime/tool_calls.py), as are earlier tool turns."""
     if isinstance(prompt, list):
-        return tokenizer.encode_chat(validation.chat(prompt))
+        messages, variables = for_template(tokenizer.chat_template,
+                                           validation.chat(prompt), tools or [])
+        return tokenizer.encode_chat(messages, **variables)
     if not isinstance(prompt, str):
         raise validation.FieldError("prompt", f"prompt {str(prompt)[:80]!r}: expected a "
                                               "string or a list of chat messages")
@@ -235,8 +240,9 @@ class Generator:
 
     # --- generation -----------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, chat)
+    def encode(self, prompt: Prompt, chat: bool | None = None,
+               tools: list[Tool] | None = None) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat, tools)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                num_draft_tokens: int | str | None = None) -> Stream:

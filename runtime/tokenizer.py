@@ -97,7 +97,9 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **variables) -> str:
+        """variables: more of the template's variables (tools, enable_thinking, ...)."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template; pass a plain prompt")
         for i, m in enumerate(messages):
@@ -113,10 +115,12 @@ class Tokenizer:
             env.globals["raise_exception"] = raise_exception
             env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
             self._template = env.from_string(self.chat_template)
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        return self._template.render(**variables, messages=messages,
+                                     add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], **variables) -> list[int]:
         """As transformers' apply_chat_template(tokenize=True): the template writes the special
         tokens itself, so none are added."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, **variables),
+                           add_special_tokens=False)

@@ -7,10 +7,11 @@ as is. Every message quotes the bad value and says what is allowed.
 
 from __future__ import annotations
 
+import json
 import math
 from numbers import Real
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_SEED = 2**64 - 1
 # a structured output's schema, regex, grammar or choices, as text: past this it is refused
 # (compiling is bounded too: runtime/grammar.py)
@@ -73,42 +74,98 @@ def flag(field: str, value) -> bool:
 def chat(messages, field: str = "messages") -> list[dict]:
     """A chat: a non-empty list of {"role", "content"} with a known role and text content (a
     string, or OpenAI's list of {"type": "text", "text"} parts, joined). Returns plain
-    {"role", "content": str} dicts (a "name" is kept)."""
+    {"role", "content": str} dicts (a "name" is kept). Tool turns as OpenAI's: an assistant
+    message may carry `tool_calls` (its content then may be null), whose arguments (JSON
+    text) are returned parsed, as chat templates read them; a "tool" message carries the
+    `tool_call_id` it answers."""
     if not isinstance(messages, list) or not messages:
         raise FieldError(field, f"{field}={_show(messages)}: expected a non-empty list of "
                                 "{'role', 'content'} messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"{field}[{i}]"
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise FieldError(where, f"{where}={_show(m)}: expected {{'role': ..., "
-                                    "'content': ...}")
-        extra = sorted(set(m) - {"role", "content", "name"})
-        if extra:
-            raise FieldError(f"{where}.{extra[0]}", f"{where} has unknown keys {extra}; a "
-                                                    "message has role, content and name")
-        if m["role"] not in ROLES:
-            raise FieldError(f"{where}.role", f"{where}.role={_show(m['role'])}: must be one "
-                                              f"of {', '.join(ROLES)}")
-        content = m["content"]
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise FieldError(f"{where}.content", f"{where}.content: only text parts "
-                                 '({"type": "text", "text": ...}) are supported')
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise FieldError(f"{where}.content", f"{where}.content={_show(content)}: expected "
-                                                 "a string or a list of text parts")
-        message = {"role": m["role"], "content": content}
-        name = m.get("name")
-        if name is not None:
-            if not isinstance(name, str):
-                raise FieldError(f"{where}.name", f"{where}.name={_show(name)}: expected a "
-                                                  "string")
-            message["name"] = name
-        out.append(message)
+    return [message(m, f"{field}[{i}]") for i, m in enumerate(messages)]
+
+
+MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+
+
+def message(m, where: str) -> dict:
+    """One chat message, checked (see `chat`)."""
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise FieldError(where, f"{where}={_show(m)}: expected {{'role': ..., "
+                                "'content': ...}")
+    extra = sorted(set(m) - MESSAGE_KEYS)
+    if extra:
+        raise FieldError(f"{where}.{extra[0]}", f"{where} has unknown keys {extra}; a "
+                                                "message has role, content and name (tool "
+                                                "turns: tool_calls, tool_call_id)")
+    role = m["role"]
+    if role not in ROLES:
+        raise FieldError(f"{where}.role", f"{where}.role={_show(role)}: must be one "
+                                          f"of {', '.join(ROLES)}")
+    calls = m.get("tool_calls")
+    out = {"role": role, "content": "" if m["content"] is None and calls else
+           text_content(m["content"], f"{where}.content")}
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise FieldError(f"{where}.{key}", f"{where}.{key}={_show(m[key])}: "
+                                                   "expected a string")
+            out[key] = m[key]
+    if calls is not None:
+        if role != "assistant":
+            raise FieldError(f"{where}.tool_calls", f"{where}: only an assistant message "
+                                                    "carries tool_calls")
+        out["tool_calls"] = tool_calls(calls, f"{where}.tool_calls")
+    if role == "tool" and "tool_call_id" not in out:
+        raise FieldError(f"{where}.tool_call_id", f"{where} is a tool message without "
+                                                  "tool_call_id: name the call it answers")
     return out
+
+
+def text_content(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of text parts (joined)."""
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise FieldError(where, f"{where}: only text parts "
+                             '({"type": "text", "text": ...}) are supported')
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise FieldError(where, f"{where}={_show(content)}: expected a string or a list of "
+                                "text parts")
+    return content
+
+
+def tool_calls(calls, where: str) -> list[dict]:
+    """An assistant's earlier calls: [{"id", "type": "function", "function": {"name",
+    "arguments": JSON text of an object}}] -> the same with the arguments parsed (arguments
+    already parsed are taken as they are: a chat checked twice stays the same)."""
+    if not isinstance(calls, list):
+        raise FieldError(where, f"{where}={_show(calls)}: expected a list of tool calls")
+    out = []
+    for j, c in enumerate(calls):
+        at = f"{where}[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
+                or not isinstance(f.get("arguments"), (str, dict)):
+            raise FieldError(at, f"{at}={_show(c)}: expected {{'id', 'type': 'function', "
+                                 "'function': {'name': str, 'arguments': JSON text}}")
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": f["name"],
+                                 "arguments": call_arguments(f["arguments"], at)}})
+    return out
+
+
+def call_arguments(value: str | dict, at: str) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments is not "
+                                                         f"valid JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments="
+                         f"{_show(value)}: expected a JSON object")
+    return value
 
 
 def _bounded(field: str, text: str) -> str:

@@ -1,16 +1,18 @@
-"""Structured outputs over a set of JSON schemas (default tests/data/schemas.jsonl): for each
-method, whether every answer parses and validates, whether greedy output equals plain
-decoding's under the same grammar, and decode tokens/s with grammar-forced drafting on and
-off, interleaved in one process (plain decoding without forced drafts is the baseline).
+"""Structured outputs over a set of JSON schemas (default tests/data/schemas.jsonl), or of
+tool calls (--tool-calls tests/data/tool_calls.jsonl: tool_choice required or a named
+function, the output held to the call grammar): for each method, whether every answer parses
+and validates, whether greedy output equals plain decoding's under the same grammar, and
+decode tokens/s with grammar-forced drafting on and off, interleaved in one process (plain
+decoding without forced drafts is the baseline).
 
     python scripts/structured.py --engine engines/smollm2-135m --methods none,ngram,hybrid,eagle3
+    python scripts/structured.py --tool-calls tests/data/tool_calls.jsonl --methods none,ngram,hybrid
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="engines/smollm2-135m")
     ap.add_argument("--schemas", default=str(ROOT / "tests/data/schemas.jsonl"))
+    ap.add_argument("--tool-calls", default=None,
+                    help="a JSONL of tool-call tasks (messages, tools, tool_choice) instead")
     ap.add_argument("--methods", default="none,ngram,hybrid,eagle3,mtp")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--forced-tokens", type=int, default=8)
@@ -31,14 +35,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
 
-    import jsonschema
-
     from trt_spec.runtime.generator import Generator
     from trt_spec.runtime.scheduler import generate_ids
     from trt_spec.runtime.proposers.suffix import SuffixCache
-    from trt_spec.runtime.sampling import SamplingParams
 
-    cases = [json.loads(line) for line in Path(args.schemas).read_text().splitlines() if line]
+    path = args.tool_calls or args.schemas
+    cases = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     gens = {f: Generator(args.engine, forced_tokens=f, threads=args.threads, max_len=2048,
                          prefix_cache=False) for f in (0, args.forced_tokens)}
     methods = args.methods.split(",")
@@ -50,9 +52,7 @@ def main(argv=None) -> int:
             base = None
             for method, forced in configs:  # interleaved per schema
                 gen = gens[forced]
-                params = SamplingParams(max_tokens=args.max_tokens,
-                                        json_schema=case["json_schema"])
-                ids = gen.encode(case["messages"])
+                params, ids, valid = task(gen, case, args.max_tokens)
                 gen.use_suffix_cache(SuffixCache())  # no answer of another run to match
                 t0 = time.perf_counter()
                 s = generate_ids(gen, [ids], params, method,
@@ -66,11 +66,7 @@ def main(argv=None) -> int:
                 r["masks"] += m.masks
                 r["score_s"] += m.score_s
                 r["n"] += 1
-                try:
-                    jsonschema.validate(json.loads(s.text), case["json_schema"])
-                    r["valid"] += s.finish_reason == "stop"
-                except (ValueError, jsonschema.ValidationError):
-                    pass
+                r["valid"] += s.finish_reason == "stop" and valid(s.text)
                 base = s.output_ids if base is None else base
                 r["same"] += s.output_ids == base
                 print(f"pass {rep + 1} {case['name']:16s} {method:7s} forced {forced}: "
@@ -78,7 +74,8 @@ def main(argv=None) -> int:
                       file=sys.stderr)
     plain = rows["none", 0]
     plain_rate = plain["tokens"] / plain["seconds"]
-    print(f"{len(cases)} schemas x {args.repeats}, max_tokens {args.max_tokens}, greedy\n")
+    kind = "tool-call tasks" if args.tool_calls else "schemas"
+    print(f"{len(cases)} {kind} x {args.repeats}, max_tokens {args.max_tokens}, greedy\n")
     print("| method | forced tokens | valid | = plain | tok/s | x plain | tau | mask us/step "
           "| mask % of score |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -94,6 +91,44 @@ def main(argv=None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(table, indent=1) + "\n")
     return 0
+
+
+def task(gen, case: dict, max_tokens: int):
+    """(params, prompt ids, valid(text)) of one case: a JSON schema's, or a tool call's (the
+    tools shown in the template's format, the output held to the call grammar)."""
+    import jsonschema
+
+    from trt_spec.runtime import tool_calls
+    from trt_spec.runtime.sampling import SamplingParams
+
+    def validates(value, schema) -> bool:
+        try:
+            jsonschema.validate(value, schema)
+            return True
+        except jsonschema.ValidationError:
+            return False
+
+    if "json_schema" in case:
+        def valid(text: str) -> bool:
+            try:
+                return validates(json.loads(text), case["json_schema"])
+            except ValueError:
+                return False
+
+        return (SamplingParams(max_tokens=max_tokens, json_schema=case["json_schema"]),
+                gen.encode(case["messages"]), valid)
+    tools = tool_calls.tools(case["tools"])
+    choice = tool_calls.tool_choice(case["tool_choice"], tools)
+    fmt = tool_calls.format_of(gen.tokenizer.chat_template)
+    schemas = {t.name: t.parameters for t in tools}
+
+    def valid(text: str) -> bool:
+        calls = fmt.parse(text, tools, held=True)[1]
+        return bool(calls) and all(validates(json.loads(c.arguments), schemas[c.name])
+                                   for c in calls)
+
+    params = SamplingParams(max_tokens=max_tokens, grammar=fmt.grammar(tools, choice, False))
+    return params, gen.encode(case["messages"], tools=tools), valid
 
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
 """POST /v1/chat/completions: chat messages through the model's chat template, as OpenAI's
-chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs."""
+chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs, and
+tool calling (tools, tool_choice, parallel_tool_calls: runtime/tool_calls.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from fastapi import APIRouter, Request
 
-from trt_spec.runtime.sampling import TokenLogprob
+from trt_spec.runtime import tool_calls
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.endpoint import answer, check_model, check_size, read_body, served
 from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, parse_body, \
-    sampling_params
+    sampling_params, structure_param
 from trt_spec.serve.streaming import Shape, token_piece
 
 router = APIRouter()
@@ -25,14 +29,43 @@ async def chat_completions(request: Request):
     check_model(req.model, ctx.model_name)
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")
+    tools, choice = tool_request(req)
     try:  # the template and the tokenizer, off the event loop
-        ids = await asyncio.to_thread(scheduler.encode, messages)
+        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools)
     except ValueError as e:  # no chat template, or the template refused the messages
         raise RequestError(str(e), "messages") from None
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
-    shape = ChatShape(scheduler.tokenizer, params.logprobs is not None)
+    fmt = tool_calls.format_of(scheduler.tokenizer.chat_template)
+    if choice.forced:
+        params = held_to_calls(req, params, fmt.grammar(tools, choice,
+                                                        req.parallel_tool_calls is not False))
+    logprobs = params.logprobs is not None
+    shape = (ToolChatShape(scheduler.tokenizer, logprobs, fmt, tools, choice.forced)
+             if tools and choice.mode != "none" else ChatShape(scheduler.tokenizer, logprobs))
     return await answer(request, req, ids, params, shape)
+
+
+def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
+    """The request's tools and tool_choice, checked (a 400 naming the field)."""
+    try:
+        tools = [] if req.tools is None else tool_calls.tools(req.tools)
+        return tools, tool_calls.tool_choice(req.tool_choice, tools)
+    except FieldError as e:
+        raise RequestError(str(e), e.field) from None
+
+
+def held_to_calls(req: ChatRequest, params: SamplingParams, grammar: str) -> SamplingParams:
+    """tool_choice required or a named function: the output held to the call grammar (the
+    request may not hold it to another structure too)."""
+    if params.structure is not None:
+        param = structure_param(req)
+        raise RequestError(f"tool_choice={req.tool_choice!r} holds the output to tool calls; "
+                           f"it cannot also be held to {param}", "tool_choice")
+    try:
+        return dataclasses.replace(params, grammar=grammar)
+    except FieldError as e:
+        raise RequestError(f"the tools' schemas: {e}", "tools") from None
 
 
 class ChatShape(Shape):
@@ -55,6 +88,61 @@ class ChatShape(Shape):
 
     def content_logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:
         return chat_logprobs(self.tokenizer, logprobs) if self.with_logprobs else None
+
+
+class ToolChatShape(ChatShape):
+    """A chat answer that may call tools: text streams as content until a call opens; from
+    there it is held, and parsed when the answer ends into `tool_calls` (finish_reason
+    "tool_calls"), or handed back as content where it does not parse."""
+
+    def __init__(self, tokenizer: Tokenizer, logprobs: bool, fmt: tool_calls.Format,
+                 tools: list[tool_calls.Tool], held: bool):
+        """held: the output is held to the call grammar (tool_choice required or named)."""
+        super().__init__(tokenizer, logprobs)
+        self.fmt, self.tools, self.held = fmt, tools, held
+        self.text, self.sent = "", 0  # the answer so far; how much of it went out as content
+
+    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
+        self.text += text
+        if finish_reason is None:
+            end = held_from(self.text, self.sent)
+            out, self.sent = self.text[self.sent:end], max(self.sent, end)
+            return {"index": 0, "delta": {"content": out} if out or logprobs else {},
+                    "logprobs": self.content_logprobs(logprobs), "finish_reason": None}
+        content, calls = self.fmt.parse(self.text, self.tools, self.held)
+        if not calls:  # no call, or one that does not parse: the rest is content
+            rest, self.sent = self.text[self.sent:], len(self.text)
+            return {"index": 0, "delta": {"content": rest} if rest or logprobs else {},
+                    "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+        delta = {"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
+        return {"index": 0, "delta": delta, "logprobs": self.content_logprobs(logprobs),
+                "finish_reason": calls_finish(finish_reason)}
+
+    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
+        content, calls = self.fmt.parse(text, self.tools, self.held)
+        if not calls:
+            return super().whole(text, logprobs, finish_reason)
+        message = {"role": "assistant", "content": content,
+                   "tool_calls": [c.to_dict() for c in calls]}
+        return {"index": 0, "message": message, "logprobs": self.content_logprobs(logprobs),
+                "finish_reason": calls_finish(finish_reason)}
+
+
+def calls_finish(finish_reason: str) -> str:
+    """An answer of calls finishes with "tool_calls", or "length" where max_tokens cut it."""
+    return "length" if finish_reason == "length" else "tool_calls"
+
+
+def held_from(text: str, sent: int) -> int:
+    """Where the content that may go out ends: at a call's opening tag, or before a tail that
+    may yet become one."""
+    at = text.find(tool_calls.OPEN, sent)
+    if at >= 0:
+        return at
+    for n in range(min(len(tool_calls.OPEN) - 1, len(text) - sent), 0, -1):
+        if tool_calls.OPEN.startswith(text[len(text) - n:]):
+            return len(text) - n
+    return len(text)
 
 
 def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict:

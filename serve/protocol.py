@@ -88,6 +88,10 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0..20, with logprobs: true
+    # tool calling (runtime/tool_calls.py checks them)
+    tools: Any = None
+    tool_choice: Any = None  # none | auto | required | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None  # default true
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
@@ -255,9 +259,12 @@ def structure(req: _Request) -> dict:
 
 
 def structure_param(req: _Request) -> str:
-    """The request field that asked for the structure (what a 400 about it names)."""
-    return next((name for name in GUIDED if getattr(req, name) is not None),
-                "response_format")
+    """The request field that asked for the structure (what a 400 about it names): a guided_*
+    field, response_format, or the tools whose call grammar holds the output."""
+    named = next((name for name in GUIDED if getattr(req, name) is not None), None)
+    if named is None and req.response_format is None and getattr(req, "tools", None):
+        return "tools"
+    return named or "response_format"
 
 
 def response_format(value) -> dict | None:
