@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: chat messages through the model's chat template, as OpenAI's
-chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs."""
+chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs, and
+vLLM's prompt_logprobs (the templated prompt's tokens, in the response beside choices)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from trt_spec.runtime.sampling import TokenLogprob
+from trt_spec.runtime.scheduler import Output
+from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.serve.endpoint import answer, check_model, check_size, read_body, served
+from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
 from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, parse_body, \
     sampling_params
-from trt_spec.serve.streaming import Shape, token_piece
+from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 router = APIRouter()
 
@@ -32,7 +35,7 @@ async def chat_completions(request: Request):
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
     shape = ChatShape(scheduler.tokenizer, params.logprobs is not None)
-    return await answer(request, req, ids, params, shape)
+    return await answer(request, req, [Prompted(ids, params, shape)])
 
 
 class ChatShape(Shape):
@@ -42,16 +45,25 @@ class ChatShape(Shape):
     prompt_param = "messages"
 
     def opening(self) -> dict:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+        return {"index": self.index, "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None}
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
-        return {"index": 0, "delta": {"content": text} if text or logprobs else {},
-                "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+    def delta(self, job: Job, out: Output) -> dict:
+        return {"index": self.index,
+                "delta": {"content": out.text} if out.text or out.logprobs else {},
+                "logprobs": self.content_logprobs(out.logprobs),
+                "finish_reason": out.finish_reason}
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+    def whole(self, job: Job) -> dict:
+        s = job.stream
+        return {"index": self.index, "message": {"role": "assistant", "content": s.text},
+                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
+
+    def response_fields(self, job: Job) -> dict:
+        """vLLM's prompt_logprobs of the templated prompt, when asked for."""
+        if job.stream.params.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs(self.tokenizer, job.stream.prompt_logprobs)}
 
     def content_logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:
         return chat_logprobs(self.tokenizer, logprobs) if self.with_logprobs else None
