@@ -197,8 +197,21 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
     """logits: [vocab] -> the token's TokenLogprob with its n most likely alternatives."""
-    logp = log_softmax(logits)  # [vocab]
-    top = np.argsort(-logp, kind="stable")[:n] if n else np.zeros(0, dtype=np.int64)
-    rank = 1 + int(np.count_nonzero(logp > logp[token]))
-    return TokenLogprob(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top),
-                        rank)
+    return token_logprobs(logits[None], [token], n)[0]
+
+
+def token_logprobs(logits: np.ndarray, tokens, n: int) -> list[TokenLogprob]:
+    """logits: [rows, vocab], tokens: [rows] -> each row's token's TokenLogprob with the row's
+    n most likely tokens (most likely first; ties: the lower id first). Batched: a prompt's
+    logprobs are a chunk of rows at a time."""
+    logp = log_softmax(logits)  # [rows, vocab]
+    tokens = np.asarray(tokens, dtype=np.int64)
+    own = logp[np.arange(len(tokens)), tokens]  # [rows]
+    ranks = 1 + np.count_nonzero(logp > own[:, None], axis=-1)  # [rows]
+    top = np.zeros((len(tokens), 0), dtype=np.int64)  # [rows, n]
+    if n:
+        top = np.argpartition(-logp, min(n, logp.shape[-1]) - 1, axis=-1)[:, :n]
+        values = np.take_along_axis(logp, top, -1)
+        top = np.take_along_axis(top, np.lexsort((top, -values), axis=-1), -1)
+    return [TokenLogprob(int(t), float(v), tuple((int(i), float(row[i])) for i in ids), int(r))
+            for t, v, ids, row, r in zip(tokens, own, top, logp, ranks)]

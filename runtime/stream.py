@@ -16,7 +16,7 @@ import numpy as np
 
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import PLAIN
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob, token_logprobs
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -240,8 +240,8 @@ def record_prompt_logprobs(s: Stream, start: int, logits: np.ndarray) -> None:
     if start == 0:
         s.prompt_logprobs = [None]
     assert len(s.prompt_logprobs) == start + 1, (len(s.prompt_logprobs), start)
-    for i, row in enumerate(logits[:len(prompt) - 1 - start]):
-        s.prompt_logprobs.append(token_logprob(row, prompt[start + i + 1], n))
+    rows = logits[:len(prompt) - 1 - start]
+    s.prompt_logprobs += token_logprobs(rows, prompt[start + 1:start + 1 + len(rows)], n)
 
 
 def finish_unsampled(s: Stream) -> None:
