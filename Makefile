@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: eval setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -137,6 +137,14 @@ bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs tran
 	$(BIN)/trt-spec bench --engine $(ENGINE) --methods none,ngram,eagle3,mtp --peers $(PEERS) \
 		--num-draft-tokens 2,4 --prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 \
 		--max-new-tokens 128 --repeats 2 --json bench-peers.json --plot bench-peers.png
+
+# lm-evaluation-harness (lm_eval, the dev extra) against `trt-spec serve`: 214 multiple-choice
+# items by loglikelihood (local-completions; int4 beside transformers fp32, and the fp32 engine
+# where it was exported) and 20 greedy answers through local-chat-completions, --method none
+# against speculation. Tasks and items: tests/data/eval/. ~6 min on 2 cores.
+eval: export  ## lm-evaluation-harness against serve: multiple choice vs transformers fp32, answers none vs speculation -> eval.json
+	$(BIN)/python scripts/eval_harness.py --engine $(ENGINE) \
+		$(if $(wildcard $(ENGINE)-fp32/manifest.json),--fp32-engine $(ENGINE)-fp32) --json eval.json
 
 # The int4 engine, exported only where it is missing (bench-peers reads it, never rewrites it).
 $(ENGINE)/manifest.json: | setup

@@ -47,6 +47,10 @@ class RequestOutput:
     outputs: list[CompletionOutput]  # one (n = 1)
     finished: bool
     metrics: RequestMetrics  # method, k, tau, acceptance per position, timings (seconds)
+    # when SamplingParams.prompt_logprobs is set, as vLLM's: per prompt token, None for the
+    # first, then its TokenLogprob (log-probability given the tokens before it, rank, and the
+    # most likely alternatives); None otherwise
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -130,7 +134,7 @@ class LLM:
         # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
         requests = [self.scheduler.prepare(p, params, method, num_draft_tokens, on_output)
                     for p in ids]
-        return [self.scheduler.enqueue(r) for r in requests]
+        return self.scheduler.enqueue_all(requests)
 
     def _cancel(self, requests: list[Request]) -> None:
         left = [r for r in requests if not r.done]
@@ -219,4 +223,6 @@ class LLM:
                              [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason,
                                                list(s.logprobs) if s.params.logprobs is not None
                                                else None)],
-                             s.finished, s.metrics())
+                             s.finished, s.metrics(),
+                             list(s.prompt_logprobs) if s.params.prompt_logprobs is not None
+                             else None)

@@ -45,7 +45,8 @@ from trt_spec.runtime.speculation.planner import (ProposerSource, SpeculationPla
                                                   StepTimes, Verified)
 from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.stream import (StepMetrics, StopChecker, Stream, append, cached_tokens,
-                                     count_positions, prefill_chunks)
+                                     count_positions, finish_unsampled, prefill_chunks,
+                                     record_prompt_logprobs)
 from trt_spec.runtime.verify import verify_batch
 
 # one worker for the grammar's masks, made while the target's forward runs (engine.decode)
@@ -101,8 +102,10 @@ class Engine:
         if self.prefix is None or not reuse:
             s.slot = self.cache.allocate()
         else:
+            # a prompt whose logprobs are asked for is read whole: its rows' logits are needed
             hit = self.prefix.find(s.prompt_ids, {slot: (r.id, cached_tokens(r, self.cache))
-                                                  for slot, r in self.running.items()})
+                                                  for slot, r in self.running.items()}) \
+                if s.params.prompt_logprobs is None else None
             s.slot = self.prefix.take(hit)
             n = 0 if hit is None else hit.tokens
             if n and p is not None:
@@ -158,15 +161,24 @@ class Engine:
         requests = []
         for s, n in chunks:
             last = s.prefill_pos + n == len(s.prompt_ids)
+            # prompt logprobs: the logits of every row, from this same forward
+            at = list(range(n)) if s.params.prompt_logprobs is not None else \
+                [n - 1] if last else []
             requests.append(SlotTokens(s.slot, s.prompt_ids[s.prefill_pos:s.prefill_pos + n],
-                                       [n - 1] if last else []))
+                                       at))
         out = self.target.step(self.cache, requests, self.reads([s for s, _ in chunks]))
         for i, ((s, n), logits) in enumerate(zip(chunks, out.logits)):
             start, s.prefill_pos = s.prefill_pos, s.prefill_pos + n
             self.observe(s, start, out.rows, i)
+            if s.params.prompt_logprobs is not None:
+                record_prompt_logprobs(s, start, logits)
             if s.prefill_pos < len(s.prompt_ids):
                 continue  # more chunks to come
             s.stats.record(0, 0)
+            if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
+                finish_unsampled(s)
+                self.release(s)
+                continue
             row = logits[-1:]
             if s.guide is not None:  # the first token under the grammar too
                 row = row.copy()

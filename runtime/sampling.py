@@ -20,7 +20,7 @@ MAX_LOGPROBS = 20  # most likely alternatives per token, as OpenAI's top_logprob
 class SamplingParams:
     """Names follow vLLM's SamplingParams. temperature 0 means greedy."""
 
-    max_tokens: int = 128
+    max_tokens: int = 128  # 0: no new token, the prompt is only read (for prompt_logprobs)
     temperature: float = 0.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
@@ -31,6 +31,10 @@ class SamplingParams:
     # None: no logprobs; n >= 0: each emitted token's log-probability under the target and
     # its n most likely alternatives (vLLM's meaning; OpenAI's top_logprobs)
     logprobs: int | None = None
+    # None: none; n >= 0: each prompt token's log-probability given the tokens before it (the
+    # first has none) and its n most likely alternatives, from the prefill's own logits
+    # (vLLM's prompt_logprobs); such a prompt is read whole, never from the prefix cache
+    prompt_logprobs: int | None = None
     # structured output (runtime/grammar.py), at most one: the output is held to a JSON schema
     # (a dict or its JSON text; kept as JSON text), a regular expression, a grammar
     # in llguidance's Lark dialect, or one of a list of strings
@@ -43,7 +47,8 @@ class SamplingParams:
         """Every field checked, types included (runtime/validation.py: the server's checks
         too); a FieldError (a ValueError) names the field and what is allowed."""
         set_ = object.__setattr__
-        set_(self, "max_tokens", v.integer("max_tokens", self.max_tokens, 1))
+        set_(self, "max_tokens", v.integer("max_tokens", self.max_tokens, 0,
+                                           allowed=" (0: the prompt is only read)"))
         set_(self, "temperature", v.real("temperature", self.temperature, ">= 0 (0 = greedy)",
                                          lo=0))
         set_(self, "top_k", v.integer("top_k", self.top_k, 0, allowed=" (0 = off)"))
@@ -63,6 +68,9 @@ class SamplingParams:
         set_(self, "logprobs", None if self.logprobs is None else
              v.integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
                        " (None: none; 0: the chosen token's only)"))
+        set_(self, "prompt_logprobs", None if self.prompt_logprobs is None else
+             v.integer("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS,
+                       " (None: none; 0: each prompt token's only)"))
         set_(self, "json_schema", v.json_schema(self.json_schema))
         set_(self, "regex", v.text("regex", self.regex))
         set_(self, "grammar", v.text("grammar", self.grammar))
@@ -176,6 +184,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+    rank: int = 1  # 1 + how many tokens are more likely (vLLM's Logprob.rank)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -188,6 +197,21 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
     """logits: [vocab] -> the token's TokenLogprob with its n most likely alternatives."""
-    logp = log_softmax(logits)  # [vocab]
-    top = np.argsort(-logp, kind="stable")[:n] if n else np.zeros(0, dtype=np.int64)
-    return TokenLogprob(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
+    return token_logprobs(logits[None], [token], n)[0]
+
+
+def token_logprobs(logits: np.ndarray, tokens, n: int) -> list[TokenLogprob]:
+    """logits: [rows, vocab], tokens: [rows] -> each row's token's TokenLogprob with the row's
+    n most likely tokens (most likely first; ties: the lower id first). Batched: a prompt's
+    logprobs are a chunk of rows at a time."""
+    logp = log_softmax(logits)  # [rows, vocab]
+    tokens = np.asarray(tokens, dtype=np.int64)
+    own = logp[np.arange(len(tokens)), tokens]  # [rows]
+    ranks = 1 + np.count_nonzero(logp > own[:, None], axis=-1)  # [rows]
+    top = np.zeros((len(tokens), 0), dtype=np.int64)  # [rows, n]
+    if n:
+        top = np.argpartition(-logp, min(n, logp.shape[-1]) - 1, axis=-1)[:, :n]
+        values = np.take_along_axis(logp, top, -1)
+        top = np.take_along_axis(top, np.lexsort((top, -values), axis=-1), -1)
+    return [TokenLogprob(int(t), float(v), tuple((int(i), float(row[i])) for i in ids), int(r))
+            for t, v, ids, row, r in zip(tokens, own, top, logp, ranks)]

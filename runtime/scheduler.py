@@ -185,16 +185,26 @@ class Scheduler:
     def enqueue(self, r: Request) -> Request:
         """Queues a prepared request; QueueFull past the waiting queue's bound or once the
         scheduler is stopping."""
+        return self.enqueue_all([r])[0]
+
+    def enqueue_all(self, requests: list[Request]) -> list[Request]:
+        """Queues prepared requests together (the prompts of one HTTP request): all of them,
+        or none and QueueFull when they would pass the waiting queue's bound or the scheduler
+        is stopping."""
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are already waiting (the "
-                                f"bound is {self.max_waiting}); retry later")
-            r.t_submitted = time.perf_counter()
-            self._waiting.append(r)
+            waiting, n = len(self._waiting), len(requests)
+            if self.max_waiting is not None and waiting + n > self.max_waiting:
+                room = "" if n == 1 else f", no room for {n} more (one per prompt)"
+                raise QueueFull(f"{waiting} requests are already waiting (the bound is "
+                                f"{self.max_waiting}){room}; retry later")
+            now = time.perf_counter()
+            for r in requests:
+                r.t_submitted = now
+                self._waiting.append(r)
             self._cond.notify()
-        return r
+        return requests
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                num_draft_tokens: int | str | None = None,

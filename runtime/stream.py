@@ -16,7 +16,7 @@ import numpy as np
 
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import PLAIN
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob, token_logprobs
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -101,6 +101,9 @@ class Stream:
     rng: np.random.Generator = None
     # per output token, when params.logprobs is set: its log-probability under the target
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # per prompt token, when params.prompt_logprobs is set: its log-probability given the
+    # tokens before it (None for the first), filled chunk by chunk as the prompt is read
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
     guide: object = None  # runtime/grammar.py Guide: the structure the output is held to
 
@@ -227,6 +230,24 @@ def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
         if s.finished:
             return n
     return len(tokens)
+
+
+def record_prompt_logprobs(s: Stream, start: int, logits: np.ndarray) -> None:
+    """Prompt logprobs from a prefill chunk's logits: logits [n, vocab] at positions start ..
+    start+n-1, each predicting the token after it (the chunk's last row, at the prompt's last
+    token, predicts the first output token: not a prompt token's)."""
+    prompt, n = s.prompt_ids, s.params.prompt_logprobs
+    if start == 0:
+        s.prompt_logprobs = [None]
+    assert len(s.prompt_logprobs) == start + 1, (len(s.prompt_logprobs), start)
+    rows = logits[:len(prompt) - 1 - start]
+    s.prompt_logprobs += token_logprobs(rows, prompt[start + 1:start + 1 + len(rows)], n)
+
+
+def finish_unsampled(s: Stream) -> None:
+    """A stream of max_tokens 0, its prompt read: finished with no new token ("length")."""
+    s.finish_reason = "length"
+    s.stats.t_finished = time.perf_counter()
 
 
 def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:

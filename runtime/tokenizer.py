@@ -41,6 +41,8 @@ class Tokenizer:
         self.chat_template: str | None = cfg.get("chat_template")
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
+        self.pad_token = _token_text(cfg.get("pad_token"))
+        self.unk_token = _token_text(cfg.get("unk_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._template = None
         self._max_token_bytes: int | None = None
@@ -60,6 +62,11 @@ class Tokenizer:
             if all(c in table for c in piece):
                 return bytes(table[c] for c in piece)
         return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def piece(self, token_id: int) -> str | None:
+        """The token as the vocabulary spells it (byte-level: "Ġthe"), as transformers'
+        convert_ids_to_tokens; None for an id outside it."""
+        return self._tok.id_to_token(token_id)
 
     @property
     def max_token_bytes(self) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trt_spec import LLM, SamplingParams
 
-METHODS = ("none", "vanilla", "ngram", "suffix", "mtp", "eagle", "eagle3", "hybrid")
+METHODS = ("none", "vanilla", "ngram", "suffix", "mtp", "eagle", "eagle3", "hybrid", "auto")
 
 
 def prompts(path: Path, n: int) -> list[list[dict]]:
@@ -27,9 +27,9 @@ def prompts(path: Path, n: int) -> list[list[dict]]:
     return [r["messages"][:1] for r in rows[:n]]
 
 
-def runs(engine: str, chats, max_tokens: int, batch: int) -> dict:
+def runs(engine: str, chats, max_tokens: int, batch: int, methods) -> dict:
     out = {}
-    for method in METHODS:
+    for method in methods:
         for k in ((0,) if method == "none" else (2, 4)):
             llm = LLM(engine, method=method, num_draft_tokens=max(k, 1), spec_fallback=False,
                       max_num_seqs=batch)
@@ -49,11 +49,13 @@ def runs(engine: str, chats, max_tokens: int, batch: int) -> dict:
 def compare(now: dict, before: dict) -> int:
     bad = 0
     for key, run in before.items():
+        if key not in now:
+            continue
         for field, value in run.items():
             if now.get(key, {}).get(field) != value:
                 bad += 1
                 print(f"DIFFERS: {key} {field}")
-    plain = now["none k=0"]["greedy"]
+    plain = now.get("none k=0", before.get("none k=0"))["greedy"]
     for key, run in now.items():
         same = sum(a == b for a, b in zip(run["greedy"], plain))
         print(f"{key:14s} greedy equal to plain {same}/{len(plain)}")
@@ -68,11 +70,17 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch", type=int, default=4, help="KV slots (streams batched)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma-separated, of {', '.join(METHODS)}")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--compare", type=Path)
     args = ap.parse_args()
+    methods = args.methods.split(",")
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        ap.error(f"--methods {','.join(bad)}: expected some of {', '.join(METHODS)}")
     now = runs(args.engine, prompts(args.prompts, args.num_prompts), args.max_tokens,
-               args.batch)
+               args.batch, methods)
     args.out.write_text(json.dumps(now))
     if args.compare:
         return 1 if compare(now, json.loads(args.compare.read_text())) else 0

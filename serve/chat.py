@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: chat messages through the model's chat template, as OpenAI's
 chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs, and
-tool calling (tools, tool_choice, parallel_tool_calls: runtime/tool_calls.py)."""
+tool calling (tools, tool_choice, parallel_tool_calls: runtime/tool_calls.py), and vLLM's
+prompt_logprobs (the templated prompt's tokens, in the response beside choices)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from fastapi import APIRouter, Request
 
 from trt_spec.runtime import tool_calls
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime.scheduler import Output
+from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
 from trt_spec.runtime.validation import FieldError
-from trt_spec.serve.endpoint import answer, check_model, check_size, read_body, served
+from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
 from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, parse_body, \
     sampling_params, structure_param
-from trt_spec.serve.streaming import Shape, token_piece
+from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 router = APIRouter()
 
@@ -43,7 +46,7 @@ async def chat_completions(request: Request):
     logprobs = params.logprobs is not None
     shape = (ToolChatShape(scheduler.tokenizer, logprobs, fmt, tools, choice.forced)
              if tools and choice.mode != "none" else ChatShape(scheduler.tokenizer, logprobs))
-    return await answer(request, req, ids, params, shape)
+    return await answer(request, req, [Prompted(ids, params, shape)])
 
 
 def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
@@ -75,16 +78,25 @@ class ChatShape(Shape):
     prompt_param = "messages"
 
     def opening(self) -> dict:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+        return {"index": self.index, "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None}
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
-        return {"index": 0, "delta": {"content": text} if text or logprobs else {},
-                "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+    def delta(self, job: Job, out: Output) -> dict:
+        return {"index": self.index,
+                "delta": {"content": out.text} if out.text or out.logprobs else {},
+                "logprobs": self.content_logprobs(out.logprobs),
+                "finish_reason": out.finish_reason}
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+    def whole(self, job: Job) -> dict:
+        s = job.stream
+        return {"index": self.index, "message": {"role": "assistant", "content": s.text},
+                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
+
+    def response_fields(self, job: Job) -> dict:
+        """vLLM's prompt_logprobs of the templated prompt, when asked for."""
+        if job.stream.params.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs(self.tokenizer, job.stream.prompt_logprobs)}
 
     def content_logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:
         return chat_logprobs(self.tokenizer, logprobs) if self.with_logprobs else None
@@ -96,36 +108,39 @@ class ToolChatShape(ChatShape):
     "tool_calls"), or handed back as content where it does not parse."""
 
     def __init__(self, tokenizer: Tokenizer, logprobs: bool, fmt: tool_calls.Format,
-                 tools: list[tool_calls.Tool], held: bool):
+                 tools: list[tool_calls.Tool], held: bool, index: int = 0):
         """held: the output is held to the call grammar (tool_choice required or named)."""
-        super().__init__(tokenizer, logprobs)
+        super().__init__(tokenizer, logprobs, index)
         self.fmt, self.tools, self.held = fmt, tools, held
         self.text, self.sent = "", 0  # the answer so far; how much of it went out as content
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
-        self.text += text
-        if finish_reason is None:
+    def delta(self, job: Job, out: Output) -> dict:
+        self.text += out.text
+        lp = self.content_logprobs(out.logprobs)
+        if out.finish_reason is None:
             end = held_from(self.text, self.sent)
-            out, self.sent = self.text[self.sent:end], max(self.sent, end)
-            return {"index": 0, "delta": {"content": out} if out or logprobs else {},
-                    "logprobs": self.content_logprobs(logprobs), "finish_reason": None}
+            text, self.sent = self.text[self.sent:end], max(self.sent, end)
+            return {"index": self.index, "delta": {"content": text} if text or lp else {},
+                    "logprobs": lp, "finish_reason": None}
         content, calls = self.fmt.parse(self.text, self.tools, self.held)
         if not calls:  # no call, or one that does not parse: the rest is content
             rest, self.sent = self.text[self.sent:], len(self.text)
-            return {"index": 0, "delta": {"content": rest} if rest or logprobs else {},
-                    "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
+            return {"index": self.index, "delta": {"content": rest} if rest or lp else {},
+                    "logprobs": lp, "finish_reason": out.finish_reason}
         delta = {"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
-        return {"index": 0, "delta": delta, "logprobs": self.content_logprobs(logprobs),
-                "finish_reason": calls_finish(finish_reason)}
+        return {"index": self.index, "delta": delta, "logprobs": lp,
+                "finish_reason": calls_finish(out.finish_reason)}
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        content, calls = self.fmt.parse(text, self.tools, self.held)
+    def whole(self, job: Job) -> dict:
+        s = job.stream
+        content, calls = self.fmt.parse(s.text, self.tools, self.held)
         if not calls:
-            return super().whole(text, logprobs, finish_reason)
+            return super().whole(job)
         message = {"role": "assistant", "content": content,
                    "tool_calls": [c.to_dict() for c in calls]}
-        return {"index": 0, "message": message, "logprobs": self.content_logprobs(logprobs),
-                "finish_reason": calls_finish(finish_reason)}
+        return {"index": self.index, "message": message,
+                "logprobs": self.content_logprobs(s.logprobs),
+                "finish_reason": calls_finish(s.finish_reason)}
 
 
 def calls_finish(finish_reason: str) -> str:

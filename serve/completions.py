@@ -1,5 +1,9 @@
-"""POST /v1/completions: a prompt (text, or token ids) continued, as OpenAI's legacy
-completions API; `logprobs` is the number of alternatives per token."""
+"""POST /v1/completions: prompts (text, or token ids) continued, as OpenAI's legacy
+completions API: one choice per prompt, `logprobs` the number of alternatives per token,
+`echo` the prompt before the completion. With echo and logprobs every prompt token has its
+log-probability too (null for the first), from the prefill's own logits: what evaluation
+harnesses (lm-evaluation-harness's local-completions) score loglikelihoods with, at
+max_tokens 0 or 1."""
 
 from __future__ import annotations
 
@@ -8,11 +12,13 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from trt_spec.runtime.sampling import TokenLogprob
+from trt_spec.runtime.scheduler import Output
+from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.serve.endpoint import answer, check_model, check_size, read_body, served
-from trt_spec.serve.protocol import CompletionRequest, completion_prompt, parse_body, \
-    sampling_params
-from trt_spec.serve.streaming import Shape, token_piece
+from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
+from trt_spec.serve.protocol import (CompletionRequest, RequestError, completion_prompts,
+                                     parse_body, sampling_params)
+from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions (chat: the rest of the context)
 
@@ -25,16 +31,29 @@ async def completions(request: Request):
     scheduler = ctx.scheduler
     req = parse_body(await read_body(request), CompletionRequest)
     check_model(req.model, ctx.model_name)
-    prompt = completion_prompt(req)
-    if isinstance(prompt, list):
-        ids = prompt
-    else:
-        check_size(scheduler, [prompt], "prompt")
-        ids = await asyncio.to_thread(scheduler.encode, prompt, False)  # off the event loop
-    default = min(DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
-    params = sampling_params(req, req.max_tokens, max(default, 1))
-    shape = CompletionShape(scheduler.tokenizer, params.logprobs is not None)
-    return await answer(request, req, ids, params, shape)
+    prompts = completion_prompts(req)
+    bound = scheduler.max_waiting
+    if bound is not None and len(prompts) > bound:
+        raise RequestError(f"prompt holds {len(prompts)} prompts; this server queues at most "
+                           f"{bound} requests (--max-waiting), so at most {bound} per request",
+                           "prompt")
+    texts = [p for p in prompts if isinstance(p, str)]
+    for text in texts:
+        check_size(scheduler, [text], "prompt")
+    # the texts tokenized together, off the event loop (encode_batch releases the GIL)
+    encoded = iter(await asyncio.to_thread(scheduler.tokenizer.encode_batch, texts)
+                   if texts else [])
+    choices = []
+    for i, p in enumerate(prompts):
+        ids = next(encoded) if isinstance(p, str) else p
+        default = min(DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
+        params = sampling_params(req, req.max_tokens, max(default, 1))
+        echo = None if not req.echo else p if isinstance(p, str) else \
+            scheduler.tokenizer.decode(ids, skip_special_tokens=False)
+        shape = CompletionShape(scheduler.tokenizer, params.logprobs, i, echo,
+                                req.prompt_logprobs is not None)
+        choices.append(Prompted(ids, params, shape))
+    return await answer(request, req, choices)
 
 
 class CompletionShape(Shape):
@@ -42,30 +61,60 @@ class CompletionShape(Shape):
     id_prefix = "cmpl"
     prompt_param = "prompt"
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: bool):
-        super().__init__(tokenizer, logprobs)
+    def __init__(self, tokenizer: Tokenizer, logprobs: int | None, index: int,
+                 echo: str | None, with_prompt_logprobs: bool):
+        """logprobs: alternatives per token (None: no logprobs); echo: the prompt's text when
+        the request echoes it; with_prompt_logprobs: vLLM's prompt_logprobs asked for."""
+        super().__init__(tokenizer, logprobs is not None, index)
+        self.top = logprobs or 0
+        self.echo = echo
+        self.with_prompt_logprobs = with_prompt_logprobs
         self.offset = 0  # text_offset of the next streamed token
+        self.started = False  # a chunk of this choice was streamed (the echo goes first)
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
+    def wants_chunk(self, out: Output) -> bool:
+        return super().wants_chunk(out) or (self.echo is not None and not self.started)
+
+    def delta(self, job: Job, out: Output) -> dict:
+        first, self.started = not self.started, True
+        return self.choice(job, out.text, out.logprobs, out.finish_reason, first)
+
+    def whole(self, job: Job) -> dict:
+        s = job.stream
+        return self.choice(job, s.text, s.logprobs, s.finish_reason, True)
+
+    def choice(self, job: Job, text: str, logprobs: list[TokenLogprob],
+               finish_reason: str | None, first: bool) -> dict:
+        """A choice's text and logprobs; `first`: its first piece (the echo leads it)."""
+        s = job.stream
+        echo = self.echo is not None and first
         lp = None
         if self.with_logprobs:
-            lp = completion_logprobs(self.tokenizer, logprobs, self.offset)
+            ids, lps = [t.token_id for t in logprobs], list(logprobs)
+            if echo:  # the prompt's tokens first: the first has no log-probability
+                ids, lps = s.prompt_ids + ids, s.prompt_logprobs + lps
+            lp = completion_logprobs(self.tokenizer, ids, lps, self.offset, self.top)
             self.offset += sum(len(t) for t in lp["tokens"])
-        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish_reason}
+        out = {"index": self.index, "text": (self.echo if echo else "") + (text or ""),
+               "logprobs": lp, "finish_reason": finish_reason}
+        if self.with_prompt_logprobs and first:
+            out["prompt_logprobs"] = prompt_logprobs(self.tokenizer, s.prompt_logprobs)
+        return out
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        lp = completion_logprobs(self.tokenizer, logprobs, 0) if self.with_logprobs else None
-        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
 
-
-def completion_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob], offset: int) -> dict:
-    """OpenAI's completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens = [token_piece(tokenizer, lp.token_id)[0] for lp in logprobs]
+def completion_logprobs(tokenizer: Tokenizer, ids: list[int],
+                        logprobs: list[TokenLogprob | None], offset: int, top: int) -> dict:
+    """OpenAI's completions `logprobs`: tokens, token_logprobs, top_logprobs (the `top` most
+    likely, by text), text_offset; a token without a log-probability (an echoed prompt's
+    first) has null for both."""
+    tokens = [token_piece(tokenizer, t)[0] for t in ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{token_piece(tokenizer, t)[0]: v for t, v in lp.top}
+    return {"tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.logprob for lp in logprobs],
+            "top_logprobs": [None if lp is None else
+                             {token_piece(tokenizer, t)[0]: v for t, v in lp.top[:top]}
                              for lp in logprobs],
             "text_offset": offsets}

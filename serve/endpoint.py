@@ -3,15 +3,17 @@
     read_body     the body, within --max-body-bytes (413 past it)
     check_model   the model is the one served (404)
     check_size    a prompt whose bytes alone cannot fit the context is refused untokenized
-    answer        the request checked once and its Stream built (Scheduler.prepare, off the
-                  event loop when it compiles a grammar), queued (429 when the queue is full),
-                  then answered whole or as server-sent events (streaming.py)
+    answer        each of the request's prompts checked once and its Stream built
+                  (Scheduler.prepare, off the event loop when it compiles a grammar), all
+                  queued together (429 when the queue has no room for all), then answered
+                  whole or as server-sent events (streaming.py)
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,9 +25,11 @@ from trt_spec.runtime.scheduler import QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.validation import STRUCTURES, FieldError
 from trt_spec.serve.metrics import ServerMetrics
-from trt_spec.serve.protocol import RequestError, structure_param
-from trt_spec.serve.streaming import EventStream, Outputs, Shape, cancel, collect, events
+from trt_spec.serve.protocol import IGNORED, RequestError, ignored_fields, structure_param
+from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, cancel, collect,
+                                      events)
 
+log = logging.getLogger("trt_spec.server")
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
 # a structure (response_format) that takes longer to compile is refused (its thread finishes
 # on its own; llguidance's parser limits bound it too)
@@ -84,34 +88,52 @@ def check_size(scheduler: Scheduler, texts: list[str], param: str) -> None:
                            f"holds {scheduler.max_len} (prompt + output)", param)
 
 
-async def answer(request: Request, req, ids: list[int], params: SamplingParams, shape: Shape):
-    """The request (a CompletionRequest or ChatRequest, its prompt's ids and its params)
-    checked once, queued and answered: whole, or as server-sent events (stream: true)."""
+@dataclass(frozen=True)
+class Prompted:
+    """One choice to make: its prompt's token ids, its sampling params, how it looks."""
+
+    ids: list[int]
+    params: SamplingParams
+    shape: Shape
+
+
+async def answer(request: Request, req, prompts: list[Prompted]):
+    """The request (a CompletionRequest or ChatRequest) answered: each of its prompts checked
+    once and queued as a request of its own (all of them, or a 429), then the choices
+    answered together, whole or as server-sent events (stream: true)."""
     ctx = served(request)
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream: true",
                            "stream_options")
+    note_ignored(req)
     outputs = Outputs()
-    job = await prepare(ctx.scheduler, req, ids, params, outputs.put,
-                        f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", shape.prompt_param)
+    rid = f"{prompts[0].shape.id_prefix}-{uuid.uuid4().hex[:24]}"
+    choices = []
+    for i, p in enumerate(prompts):
+        job_id = rid if len(prompts) == 1 else f"{rid}-{i}"
+        name = p.shape.prompt_param if len(prompts) == 1 else f"{p.shape.prompt_param}[{i}]"
+        job = await prepare(ctx.scheduler, req, p.ids, p.params, outputs.put, job_id, name)
+        choices.append(Choice(job, p.shape))
     try:
-        ctx.scheduler.enqueue(job)
+        ctx.scheduler.enqueue_all([c.job for c in choices])
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     created = int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStream(events(job, outputs, shape, ctx.model_name, created, include_usage),
-                           lambda: cancel(ctx.scheduler, job))
-    return await collect(request, ctx.scheduler, job, outputs, shape, ctx.model_name, created)
+        return EventStream(events(rid, choices, outputs, ctx.model_name, created,
+                                  include_usage),
+                           lambda: cancel(ctx.scheduler, [c.job for c in choices]))
+    return await collect(request, ctx.scheduler, rid, choices, outputs, ctx.model_name,
+                         created)
 
 
 async def prepare(scheduler: Scheduler, req, ids: list[int], params: SamplingParams,
-                  on_output, request_id: str, prompt_param: str) -> Job:
+                  on_output, request_id: str, prompt_name: str) -> Job:
     """Scheduler.prepare, the one check of a request: a grammar compiles (or comes from the
     cache) on a worker thread, within COMPILE_TIMEOUT_S. RequestError naming the request's
-    field."""
+    field (a prompt's problem quotes which prompt: prompt[i] of several)."""
     spec = req.speculative
     method, k = (spec.method, spec.num_draft_tokens) if spec else (None, None)
     make = functools.partial(scheduler.prepare, ids, params, method, k, on_output, request_id)
@@ -120,11 +142,26 @@ async def prepare(scheduler: Scheduler, req, ids: list[int], params: SamplingPar
             return make()
         return await asyncio.wait_for(asyncio.to_thread(make), COMPILE_TIMEOUT_S)
     except FieldError as e:
-        raise RequestError(str(e), request_param(e.field, req, prompt_param)) from None
+        param = request_param(e.field, req, prompt_name.split("[")[0])
+        message = str(e) if "[" not in prompt_name or e.field != "prompt" else \
+            f"{prompt_name}: {e}"
+        raise RequestError(message, param) from None
     except asyncio.TimeoutError:
         param = structure_param(req)
         raise RequestError(f"{param} took more than {COMPILE_TIMEOUT_S:g} s to compile; "
                            "simplify it", param) from None
+
+
+_noted: set[str] = set()  # IGNORED fields already logged by this process
+
+
+def note_ignored(req) -> None:
+    """Logs the IGNORED fields a request sets: the first time each is seen, as a warning."""
+    for name in ignored_fields(req):
+        if name not in _noted:
+            _noted.add(name)
+            log.warning("request field %r is accepted and ignored: %s (logged once)", name,
+                        IGNORED[name])
 
 
 def request_param(field: str, req, prompt_param: str) -> str:

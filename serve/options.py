@@ -3,11 +3,42 @@ line reads its defaults without importing the server."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_spec.runtime.options import option
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
+
+
+ORIGIN = re.compile(r"https?://[^/\s]+")  # scheme://host[:port], no path
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call the server, checked on every request (serve/access.py): an API key that
+    every route but /health (and /metrics, unless protect_metrics) requires as
+    `Authorization: Bearer KEY`, and the browser origins CORS answers for."""
+
+    api_key: str | None = field(default=None, repr=False)  # None: no key needed
+    allowed_origins: tuple[str, ...] = ()  # "*": any; (): no CORS headers
+    protect_metrics: bool = False  # /metrics needs the key too
+
+    def __post_init__(self):
+        key = self.api_key
+        if key is not None and (not isinstance(key, str) or not key or key != key.strip()
+                                or any(c.isspace() or not c.isprintable() for c in key)):
+            raise ValueError("the API key must be a non-empty string of printable characters "
+                             "without spaces (--api-key or TRT_SPEC_API_KEY)")
+        origins = tuple(self.allowed_origins)
+        for origin in origins:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(f"allowed origin {origin!r}: expected scheme://host[:port] "
+                                 "(e.g. https://app.example.com, no path) or *")
+        object.__setattr__(self, "allowed_origins", origins)
+        if self.protect_metrics and key is None:
+            raise ValueError("--protect-metrics needs an API key (--api-key or "
+                             "TRT_SPEC_API_KEY)")
 
 
 @dataclass(frozen=True)
@@ -23,6 +54,16 @@ class ServeOptions:
     shutdown_timeout: float = 60.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     debug_step_delay: float = 0.0
+    api_key: str | None = field(default=None, repr=False)  # Access's fields, flat (the CLI's)
+    allowed_origins: tuple[str, ...] = ()
+    protect_metrics: bool = False
+
+    def __post_init__(self):
+        self.access  # noqa: B018 - checked once, here
+
+    @property
+    def access(self) -> Access:
+        return Access(self.api_key, self.allowed_origins, self.protect_metrics)
 
     @property
     def model_name(self) -> str:

@@ -16,6 +16,10 @@ from trt_spec.runtime import validation
 from trt_spec.runtime.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP = 4  # stop strings per request, as OpenAI
+# prompts in one /v1/completions request (a list of strings or of token-id lists; each is
+# one choice, queued as a request of its own): evaluation harnesses batch 16-64; the waiting
+# queue's bound (--max-waiting) caps it too
+MAX_PROMPTS = 128
 MAX_STOP_CHARS = 256
 MAX_DEPTH = 32  # JSON nesting: a request needs 4 ({"messages": [{"content": [{...}]}]})
 STRICT = ConfigDict(extra="forbid", strict=True)  # no coercion: "max_tokens": true is a 400
@@ -63,7 +67,15 @@ class _Request(BaseModel):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    user: str | None = None  # accepted, unused
+    # accepted and ignored (IGNORED says why; the server logs the first of each)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # vLLM's: per prompt token, its log-probability and the n most likely alternatives
+    prompt_logprobs: int | None = None
     # extensions (vLLM's names)
     top_k: int | None = None  # default 0 (off)
     ignore_eos: bool | None = None
@@ -78,9 +90,21 @@ class _Request(BaseModel):
     guided_choice: Any = None  # a list of strings
 
 
+# Fields OpenAI's clients send that change nothing here, and why (docs/serving.md's table)
+IGNORED = {
+    "user": "no per-user accounting: log it in front of the server",
+    "metadata": "nothing is stored to tag",
+    "store": "nothing is stored",
+    "service_tier": "one tier: every request is served alike",
+    "prompt_cache_key": "the prefix cache matches prompts by their tokens, unasked",
+    "safety_identifier": "no abuse monitoring here",
+}
+
+
 class CompletionRequest(_Request):
-    prompt: Any  # str | list[int] | [str]
+    prompt: Any  # str | [str] | [int] | [[int]]: one choice per prompt (completion_prompts)
     logprobs: int | bool | None = None  # alternatives per token, 0..20; false / null: none
+    echo: bool | None = None  # the prompt (with logprobs: its tokens' too) before the text
 
 
 class ChatRequest(_Request):
@@ -169,20 +193,41 @@ def chat_messages(req: ChatRequest) -> list[dict]:
         raise RequestError(str(e), e.field) from None
 
 
-def completion_prompt(req: CompletionRequest) -> str | list[int]:
-    """The prompt as text, or as token ids."""
+PROMPT_FORMS = ("a string, a list of strings, a list of token ids, or a list of token-id "
+                "lists")
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts, each as text or token ids: a string or a list of token ids is
+    one prompt; a list of strings or of token-id lists, one each (at most MAX_PROMPTS)."""
     p = req.prompt
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        p = p[0]
-    if isinstance(p, str):
-        if not p:
-            raise RequestError("prompt is empty: at least one token is needed", "prompt")
-        return p
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
-                                         for t in p):
-        return p
-    raise RequestError(f"prompt {str(p)[:80]!r}: expected a non-empty string, one string in a "
-                       "list, or a list of token ids (one prompt per request)", "prompt")
+    if isinstance(p, str) or (isinstance(p, list) and p and all(map(is_token, p))):
+        prompts = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        prompts = p
+    else:
+        raise RequestError(f"prompt={json.dumps(p)[:80]}: expected {PROMPT_FORMS}", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise RequestError(f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} are "
+                           "allowed per request", "prompt")
+    for i, x in enumerate(prompts):
+        name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not x:
+            raise RequestError(f"{name} is empty: at least one token is needed", "prompt")
+        if isinstance(x, list) and not all(map(is_token, x)):
+            bad = next(t for t in x if not is_token(t))
+            raise RequestError(f"{name} holds {json.dumps(bad)[:40]}: a token-id list holds "
+                               f"integers only (prompt: {PROMPT_FORMS})", "prompt")
+    return prompts
+
+
+def is_token(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def ignored_fields(req: _Request) -> list[str]:
+    """The IGNORED fields the request sets."""
+    return [name for name in IGNORED if getattr(req, name) is not None]
 
 
 def stop_strings(stop) -> tuple[str, ...]:
@@ -216,6 +261,19 @@ def logprobs_asked(req: _Request) -> int | None:
     return None if req.logprobs is False else req.logprobs
 
 
+def prompt_logprobs_asked(req: _Request) -> int | None:
+    """Alternatives per prompt token wanted (0..20), or None: vLLM's prompt_logprobs, or on
+    completions echo with logprobs (the echoed tokens' logprobs); the larger of both."""
+    asked = [req.prompt_logprobs]
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs not in (None, False):
+        asked.append(req.logprobs)
+    asked = [n for n in asked if n is not None]
+    if req.stream and req.prompt_logprobs is not None:
+        raise RequestError("prompt_logprobs is not available with stream: true (as vLLM); "
+                           "on /v1/completions echo with logprobs streams them", "prompt_logprobs")
+    return max(asked) if asked else None
+
+
 def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: int) \
         -> SamplingParams:
     """The request's SamplingParams: the server's own limits here (n, penalties, OpenAI's stop
@@ -234,11 +292,13 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
-            logprobs=logprobs_asked(req), **structure(req))
+            logprobs=logprobs_asked(req), prompt_logprobs=prompt_logprobs_asked(req),
+            **structure(req))
     except validation.FieldError as e:
         param = (field if e.field == "logprobs" else
                  structure_param(req) if e.field in validation.STRUCTURES else e.field)
-        raise RequestError(str(e).replace("logprobs=", f"{param}=", 1), param) from None
+        message = str(e).replace("logprobs=", f"{param}=", 1) if e.field == "logprobs" else str(e)
+        raise RequestError(message, param) from None
 
 
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex",

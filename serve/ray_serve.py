@@ -43,7 +43,7 @@ from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
-from trt_spec.serve.options import RayOptions, ServeOptions
+from trt_spec.serve.options import Access, RayOptions, ServeOptions
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -63,6 +63,7 @@ class ReplicaConfig:
     debug_step_delay: float = 0.0
     engine_checksum: str | None = None  # manifest digest every replica must match
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    access: Access = Access()  # the API key and CORS origins, as `trt-spec serve`'s
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class EngineReplica:
         gen.cache.reserve()  # resident from the start, as the single-process server's
         self.scheduler = Scheduler(gen, config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
-                                   max_body_bytes=config.max_body_bytes)
+                                   max_body_bytes=config.max_body_bytes, access=config.access)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
         registry = self.http_app.state.served.metrics.registry
@@ -312,7 +313,8 @@ def replica_config(options: ServeOptions, engine_checksum: str | None = None) ->
     runtime = options.runtime.replace(verify="sha256", threads=options.runtime.threads or 1)
     return ReplicaConfig(model_name=options.model_name, runtime=runtime,
                          debug_step_delay=options.debug_step_delay,
-                         engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes)
+                         engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes,
+                         access=options.access)
 
 
 def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:

@@ -1,6 +1,7 @@
 """`trt-spec serve`: an OpenAI-compatible HTTP server on FastAPI + uvicorn.
 
     POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
+    POST /tokenize, /detokenize; GET /tokenizer_info   (vLLM's tokenizer routes)
     GET  /v1/models, /health, /metrics            (Prometheus text)
 
 Every request goes to one Scheduler, whose loop runs in its own thread: the event loop only
@@ -20,6 +21,8 @@ tokenizing, and a long prompt is prefilled in chunks (Scheduler.max_prefill_toke
                     stopped with the app), error handlers, /health, /metrics, /v1/models;
                     serve / serve_engine (uvicorn)
     completions.py  POST /v1/completions        chat.py  POST /v1/chat/completions
+    tokenize.py     POST /tokenize, /detokenize, GET /tokenizer_info
+    access.py       the API key (--api-key) and CORS (--allowed-origins), as middleware
     endpoint.py     what both do with a request: body, size, the one check, queue, answer
     streaming.py    the answer from the scheduler's Outputs: server-sent events or one body
     protocol.py     request bodies and their checks; metrics.py: Prometheus
@@ -39,21 +42,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_spec.runtime.scheduler import Scheduler
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
-from trt_spec.serve import chat, completions
+from trt_spec.serve import chat, completions, tokenize
 from trt_spec.serve.endpoint import Served, served
 from trt_spec.serve.metrics import ServerMetrics
-from trt_spec.serve.options import ServeOptions
+from trt_spec.serve.access import add_access
+from trt_spec.serve.options import Access, ServeOptions
 from trt_spec.serve.protocol import RequestError
 
 log = logging.getLogger("trt_spec.server")
-ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, " \
-         "GET /metrics"
+ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, " \
+         "POST /detokenize, GET /tokenizer_info, GET /health, GET /metrics"
 
 
 def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access()
+               ) -> FastAPI:
     """The FastAPI app serving `scheduler` as `model_name`; its lifespan starts the
-    scheduler's thread (start_loop; False: the caller steps it) and stops it."""
+    scheduler's thread (start_loop; False: the caller steps it) and stops it. access: the
+    API key and CORS origins (serve/access.py)."""
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
     metrics = ServerMetrics(scheduler, model_name)
@@ -68,7 +74,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     app = FastAPI(title="trt-spec", lifespan=lifespan)
     app.state.served = Served(scheduler, model_name, metrics, max_body_bytes)
     add_error_handlers(app, metrics)
-    for routes in (router, completions.router, chat.router):
+    add_access(app, access, metrics)
+    for routes in (router, completions.router, chat.router, tokenize.router):
         app.include_router(routes)
     return app
 
@@ -123,7 +130,8 @@ async def models(request: Request):
 
 
 def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
-          shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+          shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          access: Access = Access()) -> None:
     """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown)."""
     import uvicorn
 
@@ -139,7 +147,7 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
             finally:
                 timer.cancel()
 
-    app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes)
+    app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes, access=access)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=shutdown_timeout + 10)
     # uvicorn handles the signal while it runs, then raises it again under the handlers it
@@ -163,4 +171,4 @@ def serve_engine(options: ServeOptions, say=print) -> None:
     say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
         f"http://{options.host}:{options.port}")
     serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
-          options.max_body_bytes)
+          options.max_body_bytes, options.access)

@@ -1,9 +1,13 @@
 """A request's answer, from the scheduler's Outputs: server-sent events, or one response.
 
     scheduler thread   on_output(out) -> loop.call_soon_threadsafe(queue.put_nowait, out)
-    event loop         events():  a chunk per delta; the last carries this server's metrics,
-                                  then usage (stream_options.include_usage) and [DONE]
-                       collect(): waits for the last Output, then answers in one body
+    event loop         events():  a chunk per delta; each choice's last carries this server's
+                                  metrics, then usage (stream_options.include_usage) and [DONE]
+                       collect(): waits for every choice's last Output, then answers in one
+                                  body
+
+An answer has one choice per queued request (a completions request with several prompts
+has several), all fed into one Outputs queue; each choice has its own Shape (its index).
 
 What a choice looks like is the endpoint's own (a Shape: chat.py, completions.py); what every
 answer carries besides (usage, metrics, the error event of an aborted stream) is here.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -30,36 +35,68 @@ SHUTDOWN = ("the request was cancelled: the server is shutting down and --shutdo
 
 
 class Shape:
-    """How one endpoint's answers look: their object names and their choices. One per
-    request: completions' logprobs count text offsets across its chunks."""
+    """How one endpoint's choices look: their object names and their content. One per
+    choice: it carries the choice's index, and completions' logprobs count text offsets
+    across its chunks."""
 
     object: str  # a whole response's "object"
     chunk_object: str  # a streamed chunk's
     id_prefix: str  # of the request's id
     prompt_param: str  # the request field holding the prompt (what a 400 about it names)
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: bool):
-        """logprobs: the request asked for them (SamplingParams.logprobs is not None)."""
+    def __init__(self, tokenizer: Tokenizer, logprobs: bool, index: int = 0):
+        """logprobs: the request asked for them (SamplingParams.logprobs is not None);
+        index: the choice's (prompt-major: prompt i's j-th of n is i * n + j)."""
         self.tokenizer = tokenizer
         self.with_logprobs = logprobs
+        self.index = index
 
     def opening(self) -> dict | None:
         """The choice streamed before any token (chat: the role), or None."""
         return None
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
+    def wants_chunk(self, out: Output) -> bool:
+        """Whether a delta that does not finish the choice is worth a chunk."""
+        return bool(out.text or out.logprobs)
+
+    def delta(self, job: Job, out: Output) -> dict:
         """A streamed chunk's choice: the new text and its tokens' logprobs."""
         raise NotImplementedError
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        """A whole response's choice."""
+    def whole(self, job: Job) -> dict:
+        """A whole response's choice, from its finished stream."""
         raise NotImplementedError
+
+    def response_fields(self, job: Job) -> dict:
+        """Fields of a whole response besides choices (chat: prompt_logprobs)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice of an answer: the queued request that makes it and how it looks."""
+
+    job: Job
+    shape: Shape
 
 
 def token_piece(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
     """A token's text (invalid UTF-8 replaced) and its bytes, as OpenAI's logprobs show it."""
     raw = tokenizer.token_bytes(token_id)
     return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def prompt_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob | None]) -> list:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}} for the token itself and its most likely alternatives."""
+    def entry(token_id: int, logprob: float, rank: int) -> tuple[str, dict]:
+        return str(token_id), {"logprob": logprob, "rank": rank,
+                               "decoded_token": token_piece(tokenizer, token_id)[0]}
+
+    return [None if lp is None else dict(
+        [entry(lp.token_id, lp.logprob, lp.rank)]
+        + [entry(t, v, r) for r, (t, v) in enumerate(lp.top, 1) if t != lp.token_id])
+        for lp in logprobs]
 
 
 class Outputs:
@@ -79,11 +116,18 @@ class Outputs:
         return await self.queue.get()
 
 
-def usage(m: RequestMetrics) -> dict:
-    """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
-    return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
-            "total_tokens": m.prompt_tokens + m.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": m.cached_tokens}}
+def usage(ms: list[RequestMetrics]) -> dict:
+    """OpenAI's usage, over every choice; cached_tokens: prompt tokens whose KV came from
+    the prefix cache."""
+    prompt, completion = sum(m.prompt_tokens for m in ms), sum(m.completion_tokens for m in ms)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(m.cached_tokens for m in ms)}}
+
+
+def answer_metrics(ms: list[RequestMetrics]) -> dict | list[dict]:
+    """The `metrics` extension of an answer: one choice's, or a list in choice order."""
+    return response_metrics(ms[0]) if len(ms) == 1 else [response_metrics(m) for m in ms]
 
 
 def response_metrics(m: RequestMetrics) -> dict:
@@ -100,27 +144,37 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def events(job: Job, outputs: Outputs, shape: Shape, model: str, created: int,
+async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, created: int,
                  include_usage: bool):
-    """The server-sent events of a streamed answer: a chunk per delta, the last with the
-    finish reason and metrics; with include_usage (as OpenAI) a chunk of empty choices and
-    usage; then [DONE]. An abort or error ends with an error event and [DONE]."""
-    head = {"id": job.id, "object": shape.chunk_object, "created": created, "model": model}
-    if (choice := shape.opening()) is not None:
-        yield sse({**head, "choices": [choice]})
-    while not (out := await outputs.get()).finished:
-        if out.text or out.logprobs:
-            yield sse({**head, "choices": [shape.delta(out.text, out.logprobs, None)]})
-    if out.finish_reason in ("abort", "error"):
-        yield sse({"error": {"message": job.error or SHUTDOWN, "type": "server_error",
-                             "param": None, "code": out.finish_reason}})
-        yield DONE
-        return
-    m = job.stream.metrics()
-    yield sse({**head, "choices": [shape.delta(out.text, out.logprobs, out.finish_reason)],
-               "metrics": response_metrics(m)})
+    """The server-sent events of a streamed answer: a chunk per delta of any choice, each
+    choice's last with its finish reason and metrics; with include_usage (as OpenAI) a chunk
+    of empty choices and usage; then [DONE]. An abort or error ends with an error event and
+    [DONE] (the other choices are cancelled as the response closes)."""
+    head = {"id": rid, "object": choices[0].shape.chunk_object, "created": created,
+            "model": model}
+    by_id = {c.job.id: c for c in choices}
+    for c in choices:
+        if (opening := c.shape.opening()) is not None:
+            yield sse({**head, "choices": [opening]})
+    left = len(choices)
+    while left:
+        out = await outputs.get()
+        c = by_id[out.request.id]
+        if not out.finished:
+            if c.shape.wants_chunk(out):
+                yield sse({**head, "choices": [c.shape.delta(c.job, out)]})
+            continue
+        left -= 1
+        if out.finish_reason in ("abort", "error"):
+            yield sse({"error": {"message": c.job.error or SHUTDOWN, "type": "server_error",
+                                 "param": None, "code": out.finish_reason}})
+            yield DONE
+            return
+        yield sse({**head, "choices": [c.shape.delta(c.job, out)],
+                   "metrics": response_metrics(c.job.stream.metrics())})
     if include_usage:
-        yield sse({**head, "choices": [], "usage": usage(m)})
+        yield sse({**head, "choices": [], "usage": usage([c.job.stream.metrics()
+                                                           for c in choices])})
     yield DONE
 
 
@@ -140,34 +194,40 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-def cancel(scheduler: Scheduler, job: Job) -> None:
-    """Frees the request's slot at the next step, unless it has finished."""
-    if not job.done:
-        scheduler.cancel(job.id)
+def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
+    """Frees the slots of the requests that have not finished, at the next step."""
+    for job in jobs:
+        if not job.done:
+            scheduler.cancel(job.id)
 
 
-async def collect(request: Request, scheduler: Scheduler, job: Job, outputs: Outputs,
-                  shape: Shape, model: str, created: int) -> dict:
-    """The whole answer, once the last Output is in; a client that disconnects first cancels
-    the request. An error is a 500, an abort (shutdown) a 503."""
+async def collect(request: Request, scheduler: Scheduler, rid: str, choices: list[Choice],
+                  outputs: Outputs, model: str, created: int) -> dict:
+    """The whole answer, once every choice's last Output is in; a client that disconnects
+    first cancels its requests. An error is a 500, an abort (shutdown) a 503."""
+    jobs = [c.job for c in choices]
+
     async def watch_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        scheduler.cancel(job.id)
+        cancel(scheduler, jobs)
 
     watcher = asyncio.create_task(watch_disconnect())
+    left = len(jobs)
     try:
-        while not (out := await outputs.get()).finished:
-            pass
+        while left:
+            left -= (await outputs.get()).finished
     finally:
         watcher.cancel()
-        cancel(scheduler, job)
-    if out.finish_reason == "error":
+        cancel(scheduler, jobs)
+    reasons = [j.stream.finish_reason for j in jobs]
+    if "error" in reasons:
+        job = jobs[reasons.index("error")]
         raise RequestError(f"generation failed: {job.error}", status=500, code="error")
-    if out.finish_reason == "abort":
+    if "abort" in reasons:
         raise RequestError("the request was cancelled", status=503, code="abort")
-    s = job.stream
-    m = s.metrics()
-    return {"id": job.id, "object": shape.object, "created": created, "model": model,
-            "choices": [shape.whole(s.text, s.logprobs, s.finish_reason)], "usage": usage(m),
-            "metrics": response_metrics(m)}
+    ms = [j.stream.metrics() for j in jobs]
+    shape = choices[0].shape
+    return {"id": rid, "object": shape.object, "created": created, "model": model,
+            "choices": [c.shape.whole(c.job) for c in choices], "usage": usage(ms),
+            "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}

@@ -40,7 +40,8 @@ def test_seeded_sampling_is_reproducible_and_matches_distribution():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"max_tokens": -1}, "max_tokens=-1"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs=21: must be an integer in 0..20"),
     ({"temperature": -1.0}, "temperature=-1.0"),
     ({"temperature": float("nan")}, "temperature=nan"),
     ({"top_p": 0.0}, r"top_p=0.0: must be a finite number in \(0, 1\]"),

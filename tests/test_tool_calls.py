@@ -153,24 +153,36 @@ class Tok:
     pass
 
 
+def out(text: str, finish: str | None = None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
+
+
+def finished(text: str, finish: str = "stop"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(stream=SimpleNamespace(text=text, logprobs=[], finish_reason=finish))
+
+
 def test_a_streamed_call_is_held_then_sent_as_tool_calls():
     shape = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False)
     pieces = ["Sure. <to", "ol_call>{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": "
               "\"Oslo\"}}</tool_call>"]
-    deltas = [shape.delta(p, [], None)["delta"] for p in pieces]
+    deltas = [shape.delta(None, out(p))["delta"] for p in pieces]
     assert deltas == [{"content": "Sure. "}, {}, {}]
-    last = shape.delta("", [], "stop")
+    last = shape.delta(None, out("", "stop"))
     assert last["finish_reason"] == "tool_calls" and "content" not in last["delta"]
     (c,) = last["delta"]["tool_calls"]
     assert c["index"] == 0 and c["function"] == {"name": "get_weather",
                                                  "arguments": '{"city": "Oslo"}'}
     # text that only looked like a call comes out as content, whole
     shape = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False)
-    sent = [shape.delta(p, [], None)["delta"].get("content", "") for p in ["a <to", "y> b"]]
-    sent.append(shape.delta("", [], "stop")["delta"].get("content", ""))
+    sent = [shape.delta(None, out(p))["delta"].get("content", "") for p in ["a <to", "y> b"]]
+    sent.append(shape.delta(None, out("", "stop"))["delta"].get("content", ""))
     assert "".join(sent) == "a <toy> b"
     whole = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False).whole(
-        "x " + call("get_weather", city="Oslo"), [], "stop")
+        finished("x " + call("get_weather", city="Oslo")))
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "x"
 
 

@@ -16,14 +16,21 @@ from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.scheduler import generate_ids
 
 
-def score(gen, ids: list[int], start: int) -> np.ndarray:
-    """Logits for positions start-1 .. len(ids)-2 (each predicts ids[i + 1]): [n, vocab]."""
+def score(gen, ids: list[int], start: int, chunk: int | None = None) -> np.ndarray:
+    """Logits for positions start-1 .. len(ids)-2 (each predicts ids[i + 1]): [n, vocab].
+    chunk: ids read `chunk` tokens per forward, as the scheduler prefills a prompt under
+    max_prefill_tokens (None: one forward); each forward returns its rows' logits."""
+    assert 1 <= start < len(ids) and (chunk is None or chunk >= 1), (start, len(ids), chunk)
     slot = gen.cache.allocate()
+    size, rows = chunk or len(ids), []
     try:
-        out = gen.target.step(gen.cache, [SlotTokens(slot, ids, list(range(start - 1, len(ids) - 1)))])
+        for a in range(0, len(ids), size):
+            b = min(a + size, len(ids))
+            at = [i - a for i in range(max(a, start - 1), min(b, len(ids) - 1))]
+            rows.append(gen.target.step(gen.cache, [SlotTokens(slot, ids[a:b], at)]).logits[0])
     finally:
         gen.cache.release(slot)
-    return out.logits[0]
+    return np.concatenate(rows)
 
 
 def teacher_forced(reference, prompts_ids: list[list[int]], new_tokens: int

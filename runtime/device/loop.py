@@ -65,8 +65,11 @@ def unsupported(gen, streams: list[Stream]) -> str | None:
         return "one method and one k per run"
     if any(s.adaptive for s in streams):
         return "auto k plans on the host"
-    if any(s.params.logprobs is not None for s in streams):
+    if any(s.params.logprobs is not None or s.params.prompt_logprobs is not None
+           for s in streams):
         return "logprobs need the target's logits on the host"
+    if any(s.params.max_tokens == 0 for s in streams):
+        return "max_tokens 0 reads the prompt only (the host loop's prefill)"
     if any(s.guide is not None for s in streams):
         return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
     spec = gen.speculation

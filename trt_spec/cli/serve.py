@@ -64,6 +64,14 @@ def default_method(engine: str) -> str:
                    "reads them instead of timing its first requests.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=SERVE["max_body_bytes"],
               show_default=True, help="Largest request body; past it, 413.")
+@click.option("--api-key", envvar="TRT_SPEC_API_KEY", show_envvar=True, default=None,
+              help="Require `Authorization: Bearer KEY` on every route but /health and "
+                   "/metrics (401 otherwise).")
+@click.option("--protect-metrics", is_flag=True,
+              help="/metrics needs the API key too.")
+@click.option("--allowed-origins", multiple=True, metavar="ORIGINS",
+              help="CORS: browser origins allowed to call the server, comma-separated or "
+                   "repeated (https://app.example.com, or * for any) [default: none].")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0),
               default=SERVE["debug_step_delay"], hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
@@ -103,7 +111,8 @@ def default_method(engine: str) -> str:
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, method, use_ray, engine_checksum, **options):
     """Serve ENGINE over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics); with --ray, as replicas on Ray Serve."""
+    /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics); with --ray, as
+    replicas on Ray Serve."""
     from trt_spec.serve.server import serve_engine
 
     # the other options are fields of RuntimeConfig, ServeOptions and RayOptions, by name
@@ -111,7 +120,13 @@ def serve(engine, method, use_ray, engine_checksum, **options):
         runtime = runtime_config({**options, "method": method or default_method(engine)})
     except ValueError as e:
         fail(e)
-    serve_options = from_options(ServeOptions, options, engine=engine, runtime=runtime)
+    origins = tuple(o.strip() for given in options.pop("allowed_origins")
+                    for o in given.split(",") if o.strip())
+    try:
+        serve_options = from_options(ServeOptions, options, engine=engine, runtime=runtime,
+                                     allowed_origins=origins)
+    except ValueError as e:
+        fail(e)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if not use_ray:
         try:

@@ -1,0 +1,61 @@
+"""Who may call the server: the API key (`--api-key`) and CORS (`--allowed-origins`), as two
+ASGI middlewares around the app (serve/server.py), outermost first:
+
+    CORS      answers browsers' preflight requests (OPTIONS) and adds the Access-Control
+              headers for the allowed origins, to every answer, a 401 included
+    ApiKey    every route but /health (and /metrics, unless --protect-metrics) needs
+              `Authorization: Bearer KEY`; else a 401 in OpenAI's error shape, counted in
+              /metrics as request_rejected_total{reason="unauthorized"}
+
+The key is compared in constant time (hmac.compare_digest) and never echoed.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
+
+from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.options import Access
+from trt_spec.serve.protocol import RequestError
+
+OPEN = frozenset({"/health"})  # liveness probes carry no key
+
+
+class ApiKey:
+    """ASGI middleware: a request to a guarded path without the key gets a 401."""
+
+    def __init__(self, app, access: Access, metrics: ServerMetrics):
+        self.app = app
+        self.key = access.api_key.encode("utf-8")
+        self.open = OPEN if access.protect_metrics else OPEN | {"/metrics"}
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.open:
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization")
+        scheme, _, token = (given or b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            return await self.app(scope, receive, send)
+        self.metrics.rejected("unauthorized")
+        why = ("no API key: send the header Authorization: Bearer <key>" if given is None
+               else "invalid API key in the Authorization header (expected: Bearer <key>)")
+        error = RequestError(why, status=401, code="invalid_api_key")
+        response = JSONResponse(error.body(), status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+def add_access(app: FastAPI, access: Access, metrics: ServerMetrics) -> None:
+    """The key check, then CORS outside it (a preflight needs no key; a 401 carries CORS
+    headers, so a browser client can read why)."""
+    if access.api_key is not None:
+        app.add_middleware(ApiKey, access=access, metrics=metrics)
+    if access.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(access.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
