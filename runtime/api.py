@@ -40,9 +40,10 @@ class RequestOutput:
     request_id: str
     prompt: Prompt
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]  # one (n = 1)
+    outputs: list[CompletionOutput]  # SamplingParams.n of them, by index
     finished: bool
-    metrics: RequestMetrics  # method, k, tau, acceptance per position, timings (seconds)
+    # method, k, tau, acceptance per position, timings (seconds): the first output's
+    metrics: RequestMetrics
 
     @property
     def text(self) -> str:
@@ -129,36 +130,41 @@ class LLM:
         return [self.scheduler.enqueue(r) for r in requests]
 
     def _cancel(self, requests: list[Request]) -> None:
-        left = [r for r in requests if not r.done]
+        left = [r for r in requests if not all(c.done for c in r.choices)]
         for r in left:
-            self.scheduler.cancel(r.id)
+            self.scheduler.cancel(r.id)  # every choice of it
         if left:
             self.scheduler.step()  # applies the cancellations: frees the KV slots
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | None
                  = None, *, method: str | None = None, num_draft_tokens: int | str | None = None,
                  chat: bool | None = None) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs in prompt order. Plain strings go through
-        the chat template when the model has one (chat=False: raw text)."""
+        """Runs every prompt to completion; outputs in prompt order, each with
+        SamplingParams.n completions (the prompt read once). Plain strings go through the chat
+        template when the model has one (chat=False: raw text)."""
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         requests = self._submit(prompts, params, method, num_draft_tokens, chat)
         try:
-            while not all(r.done for r in requests):
+            while not all(c.done for r in requests for c in r.choices):
                 self.scheduler.step()
         finally:
             self._cancel(requests)
-        for r in requests:
-            if r.error:
-                raise RuntimeError(f"request {r.id} failed: {r.error}")
+        for c in (c for r in requests for c in r.choices):
+            if c.error:
+                raise RuntimeError(f"request {c.id} failed: {c.error}")
         return [self._output(r, p) for r, p in zip(requests, prompts)]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,
                method: str | None = None, num_draft_tokens: int | str | None = None,
                chat: bool | None = None) -> Iterator[str]:
         """Yields the text as it is generated, in deltas (whole characters, never past a stop
-        string); their concatenation is `generate`'s text. Breaking out frees the slot."""
+        string); their concatenation is `generate`'s text. Breaking out frees the slot. One
+        completion: n > 1 is `generate`'s."""
         params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: stream() yields one completion's text; "
+                             "generate() returns n")
         pending: deque[Output] = deque()
         request = self._submit([prompt], params, method, num_draft_tokens, chat,
                                pending.append)[0]
@@ -178,9 +184,9 @@ class LLM:
 
     @staticmethod
     def _output(r: Request, prompt: Prompt) -> RequestOutput:
-        s = r.stream
-        return RequestOutput(r.id, prompt, s.prompt_ids,
-                             [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason,
-                                               list(s.logprobs) if s.params.logprobs is not None
-                                               else None)],
-                             s.finished, s.metrics())
+        outputs = [CompletionOutput(c.index, c.stream.text, list(c.stream.output_ids),
+                                    c.stream.finish_reason, list(c.stream.logprobs)
+                                    if c.stream.params.logprobs is not None else None)
+                   for c in r.choices]
+        return RequestOutput(r.id, prompt, r.stream.prompt_ids, outputs,
+                             all(c.stream.finished for c in r.choices), r.stream.metrics())

@@ -16,7 +16,7 @@ import numpy as np
 
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import PLAIN
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob
+from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, process_logits, token_logprob
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -103,6 +103,9 @@ class Stream:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
     guide: object = None  # runtime/grammar.py Guide: the structure the output is held to
+    # another choice of the same request (n > 1) whose prompt rows this one starts from, once
+    # it has read them (Engine.fork); None: none, or forked already
+    fork_of: "Stream | None" = None
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -227,6 +230,13 @@ def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray) -> int:
         if s.finished:
             return n
     return len(tokens)
+
+
+def controlled(s: Stream, logits: np.ndarray, drafts=()) -> np.ndarray:
+    """The target's rows for s, logits [R, vocab] over [last, d1..d(R-1)] (R = 1: the next
+    token), after its logits controls (runtime/sampling.py process_logits: row j counts the
+    output so far and drafts[:j]); `logits` itself when it uses none."""
+    return process_logits(logits, s.params, s.prompt_ids, s.output_ids, drafts)
 
 
 def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:
