@@ -41,16 +41,18 @@ class ChatShape(Shape):
     id_prefix = "chatcmpl"
     prompt_param = "messages"
 
-    def opening(self) -> dict:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+    def opening(self, index: int) -> dict:
+        return {"index": index, "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None}
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
-        return {"index": 0, "delta": {"content": text} if text or logprobs else {},
+    def delta(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str | None) -> dict:
+        return {"index": index, "delta": {"content": text} if text or logprobs else {},
                 "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
+    def whole(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str) -> dict:
+        return {"index": index, "message": {"role": "assistant", "content": text},
                 "logprobs": self.content_logprobs(logprobs), "finish_reason": finish_reason}
 
     def content_logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:

@@ -44,18 +44,22 @@ class CompletionShape(Shape):
 
     def __init__(self, tokenizer: Tokenizer, logprobs: bool):
         super().__init__(tokenizer, logprobs)
-        self.offset = 0  # text_offset of the next streamed token
+        self.offsets: dict[int, int] = {}  # per choice, text_offset of its next streamed token
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
+    def delta(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str | None) -> dict:
         lp = None
         if self.with_logprobs:
-            lp = completion_logprobs(self.tokenizer, logprobs, self.offset)
-            self.offset += sum(len(t) for t in lp["tokens"])
-        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish_reason}
+            offset = self.offsets.get(index, 0)
+            lp = completion_logprobs(self.tokenizer, logprobs, offset)
+            self.offsets[index] = offset + sum(len(t) for t in lp["tokens"])
+        return {"index": index, "text": text or "", "logprobs": lp,
+                "finish_reason": finish_reason}
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
+    def whole(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str) -> dict:
         lp = completion_logprobs(self.tokenizer, logprobs, 0) if self.with_logprobs else None
-        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
 
 
 def completion_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob], offset: int) -> dict:

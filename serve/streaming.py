@@ -1,9 +1,12 @@
 """A request's answer, from the scheduler's Outputs: server-sent events, or one response.
 
     scheduler thread   on_output(out) -> loop.call_soon_threadsafe(queue.put_nowait, out)
-    event loop         events():  a chunk per delta; the last carries this server's metrics,
-                                  then usage (stream_options.include_usage) and [DONE]
-                       collect(): waits for the last Output, then answers in one body
+    event loop         events():  a chunk per delta, each naming its choice's index (n > 1:
+                                  the choices' chunks interleave as they come, as OpenAI's);
+                                  the last carries this server's metrics, then usage
+                                  (stream_options.include_usage) and [DONE]
+                       collect(): waits for every choice's last Output, then answers in one
+                                  body
 
 What a choice looks like is the endpoint's own (a Shape: chat.py, completions.py); what every
 answer carries besides (usage, metrics, the error event of an aborted stream) is here.
@@ -43,16 +46,18 @@ class Shape:
         self.tokenizer = tokenizer
         self.with_logprobs = logprobs
 
-    def opening(self) -> dict | None:
-        """The choice streamed before any token (chat: the role), or None."""
+    def opening(self, index: int) -> dict | None:
+        """Choice `index` streamed before any token (chat: the role), or None."""
         return None
 
-    def delta(self, text: str, logprobs: list[TokenLogprob], finish_reason: str | None) -> dict:
-        """A streamed chunk's choice: the new text and its tokens' logprobs."""
+    def delta(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str | None) -> dict:
+        """A streamed chunk's choice `index`: the new text and its tokens' logprobs."""
         raise NotImplementedError
 
-    def whole(self, text: str, logprobs: list[TokenLogprob], finish_reason: str) -> dict:
-        """A whole response's choice."""
+    def whole(self, index: int, text: str, logprobs: list[TokenLogprob],
+              finish_reason: str) -> dict:
+        """A whole response's choice `index`."""
         raise NotImplementedError
 
 
@@ -79,11 +84,19 @@ class Outputs:
         return await self.queue.get()
 
 
-def usage(m: RequestMetrics) -> dict:
-    """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
-    return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
-            "total_tokens": m.prompt_tokens + m.completion_tokens,
+def usage(choices: list[RequestMetrics]) -> dict:
+    """OpenAI's usage over a request's choices: the prompt once, the completions' tokens
+    summed; cached_tokens: the first choice's prompt tokens whose KV came from the prefix
+    cache (the others start from its rows)."""
+    m = choices[0]
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": m.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": m.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": m.cached_tokens}}
+
+
+def choice_metrics(job: Job) -> list[RequestMetrics]:
+    return [c.stream.metrics() for c in job.choices]
 
 
 def response_metrics(m: RequestMetrics) -> dict:
@@ -102,25 +115,33 @@ def sse(obj: dict) -> str:
 
 async def events(job: Job, outputs: Outputs, shape: Shape, model: str, created: int,
                  include_usage: bool):
-    """The server-sent events of a streamed answer: a chunk per delta, the last with the
-    finish reason and metrics; with include_usage (as OpenAI) a chunk of empty choices and
-    usage; then [DONE]. An abort or error ends with an error event and [DONE]."""
+    """The server-sent events of a streamed answer: per choice a chunk per delta, its last
+    with the finish reason; the request's last chunk carries the metrics (of choice 0); with
+    include_usage (as OpenAI) a chunk of empty choices and usage; then [DONE]. An abort or
+    error ends with an error event and [DONE]."""
     head = {"id": job.id, "object": shape.chunk_object, "created": created, "model": model}
-    if (choice := shape.opening()) is not None:
-        yield sse({**head, "choices": [choice]})
-    while not (out := await outputs.get()).finished:
-        if out.text or out.logprobs:
-            yield sse({**head, "choices": [shape.delta(out.text, out.logprobs, None)]})
-    if out.finish_reason in ("abort", "error"):
-        yield sse({"error": {"message": job.error or SHUTDOWN, "type": "server_error",
-                             "param": None, "code": out.finish_reason}})
-        yield DONE
-        return
-    m = job.stream.metrics()
-    yield sse({**head, "choices": [shape.delta(out.text, out.logprobs, out.finish_reason)],
-               "metrics": response_metrics(m)})
+    for c in job.choices:
+        if (choice := shape.opening(c.index)) is not None:
+            yield sse({**head, "choices": [choice]})
+    left = len(job.choices)
+    while left:
+        out = await outputs.get()
+        if out.finish_reason in ("abort", "error"):
+            yield sse({"error": {"message": out.request.error or SHUTDOWN,
+                                 "type": "server_error", "param": None,
+                                 "code": out.finish_reason}})
+            yield DONE
+            return
+        left -= out.finished
+        if not (out.finished or out.text or out.logprobs):
+            continue
+        chunk = {**head, "choices": [shape.delta(out.request.index, out.text, out.logprobs,
+                                                 out.finish_reason)]}
+        if not left:
+            chunk["metrics"] = response_metrics(job.stream.metrics())
+        yield sse(chunk)
     if include_usage:
-        yield sse({**head, "choices": [], "usage": usage(m)})
+        yield sse({**head, "choices": [], "usage": usage(choice_metrics(job))})
     yield DONE
 
 
@@ -141,33 +162,37 @@ class EventStream(StreamingResponse):
 
 
 def cancel(scheduler: Scheduler, job: Job) -> None:
-    """Frees the request's slot at the next step, unless it has finished."""
-    if not job.done:
+    """Frees the request's slots (every choice's) at the next step, unless it has finished."""
+    if not all(c.done for c in job.choices):
         scheduler.cancel(job.id)
 
 
 async def collect(request: Request, scheduler: Scheduler, job: Job, outputs: Outputs,
                   shape: Shape, model: str, created: int) -> dict:
-    """The whole answer, once the last Output is in; a client that disconnects first cancels
-    the request. An error is a 500, an abort (shutdown) a 503."""
+    """The whole answer, once every choice's last Output is in; a client that disconnects
+    first cancels the request. An error is a 500, an abort (shutdown) a 503."""
     async def watch_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
         scheduler.cancel(job.id)
 
     watcher = asyncio.create_task(watch_disconnect())
+    left = len(job.choices)
     try:
-        while not (out := await outputs.get()).finished:
-            pass
+        while left:
+            out = await outputs.get()
+            left -= out.finished
+            if out.finish_reason in ("error", "abort"):
+                break
     finally:
         watcher.cancel()
         cancel(scheduler, job)
     if out.finish_reason == "error":
-        raise RequestError(f"generation failed: {job.error}", status=500, code="error")
+        raise RequestError(f"generation failed: {out.request.error}", status=500, code="error")
     if out.finish_reason == "abort":
         raise RequestError("the request was cancelled", status=503, code="abort")
-    s = job.stream
-    m = s.metrics()
+    choices = [shape.whole(c.index, c.stream.text, c.stream.logprobs, c.stream.finish_reason)
+               for c in job.choices]
     return {"id": job.id, "object": shape.object, "created": created, "model": model,
-            "choices": [shape.whole(s.text, s.logprobs, s.finish_reason)], "usage": usage(m),
-            "metrics": response_metrics(m)}
+            "choices": choices, "usage": usage(choice_metrics(job)),
+            "metrics": response_metrics(job.stream.metrics())}

@@ -110,3 +110,14 @@ def test_llm_returns_n_outputs(tiny_spec_engine):
     with pytest.raises(ValueError, match="n=2: generate / generate_ids answer each prompt once"):
         generate_ids(llm.generator, [PROMPT], SamplingParams(n=2))
     assert llm.scheduler.num_running == 0 and llm.generator.cache.free_slots == 4
+
+
+def test_each_choice_holds_to_the_structure_with_its_own_guide(tiny_spec_engine):
+    """A grammar's matcher state is per stream: every choice gets its own guide."""
+    pytest.importorskip("llguidance")
+    llm = LLM(tiny_spec_engine, method="vanilla", max_num_seqs=3)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=3, n=3,
+                            choice=["rst", "uv", "q"], logit_bias={5: 2.0})
+    out = llm.generate("a b", params, chat=False)[0]
+    assert all(o.text.replace(" ", "") in ("rst", "uv", "q") for o in out.outputs), out.outputs
+    assert all(o.finish_reason == "stop" for o in out.outputs)
