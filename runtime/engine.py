@@ -6,7 +6,8 @@ its draft cache, each keyed by the stream).
     step(streams, max_prefill_tokens):
         prefill(new streams)          one ragged target forward, at most max_prefill_tokens
                                       prompt tokens (a long prompt is read in chunks over
-                                      several steps; its first token is sampled after its last)
+                                      several steps; its first token is sampled after its last;
+                                      a request's other choices then fork its prompt's rows)
         decode(the others)            one target forward for every stream, whatever its method
 
     decode(streams):                  the loop of speculative sampling (Leviathan et al., 2023)

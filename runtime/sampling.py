@@ -7,8 +7,9 @@ to the target (p) and the draft (q) at every verified position:
                        the argmax too, so greedy decoding takes them as well
     probs_from_logits  temperature, min-p, top-k, top-p: the distribution a token is drawn from
 
-The order, on a row predicting the token after prompt + output + d1..d(j-1) (a grammar's mask,
-runtime/guided_step.py, comes first: a token it forbids stays at -inf through every step):
+The order, on row j of a verification [last, d1..dk], which predicts the token after the
+prompt, the output so far and d1..dj (a grammar's mask, runtime/guided_step.py, comes first:
+a token it forbids stays at -inf through every step):
 
     logit_bias          z[t] += bias[t]
     repetition_penalty  z[t] / r if z[t] > 0 else z[t] * r, for t in the prompt or the row's
@@ -124,7 +125,8 @@ class SamplingParams:
 
     @property
     def controls(self) -> tuple[str, ...]:
-        """The names of the controls on beyond temperature, top-k and top-p."""
+        """The names of the controls on besides temperature, top-k and top-p (what the device
+        loop does not apply yet)."""
         off = {"logit_bias": (), "presence_penalty": 0, "frequency_penalty": 0,
                "repetition_penalty": 1, "min_p": 0}
         return tuple(k for k, v in off.items() if getattr(self, k) != v)
