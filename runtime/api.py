@@ -44,9 +44,10 @@ class RequestOutput:
     request_id: str
     prompt: Prompt
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]  # one (n = 1)
+    outputs: list[CompletionOutput]  # SamplingParams.n of them, by index
     finished: bool
-    metrics: RequestMetrics  # method, k, tau, acceptance per position, timings (seconds)
+    # method, k, tau, acceptance per position, timings (seconds): the first output's
+    metrics: RequestMetrics
     # when SamplingParams.prompt_logprobs is set, as vLLM's: per prompt token, None for the
     # first, then its TokenLogprob (log-probability given the tokens before it, rank, and the
     # most likely alternatives); None otherwise
@@ -137,17 +138,18 @@ class LLM:
         return self.scheduler.enqueue_all(requests)
 
     def _cancel(self, requests: list[Request]) -> None:
-        left = [r for r in requests if not r.done]
+        left = [r for r in requests if not all(c.done for c in r.choices)]
         for r in left:
-            self.scheduler.cancel(r.id)
+            self.scheduler.cancel(r.id)  # every choice of it
         if left:
             self.scheduler.step()  # applies the cancellations: frees the KV slots
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | None
                  = None, *, method: str | None = None, num_draft_tokens: int | str | None = None,
                  chat: bool | None = None) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs in prompt order. Plain strings go through
-        the chat template when the model has one (chat=False: raw text)."""
+        """Runs every prompt to completion; outputs in prompt order, each with
+        SamplingParams.n completions (the prompt read once). Plain strings go through the chat
+        template when the model has one (chat=False: raw text)."""
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         requests = self._submit(prompts, params, method, num_draft_tokens, chat)
@@ -156,13 +158,13 @@ class LLM:
     def _run(self, requests: list[Request], prompts: list[Prompt]) -> list[RequestOutput]:
         """Steps the scheduler until every request is done; outputs in request order."""
         try:
-            while not all(r.done for r in requests):
+            while not all(c.done for r in requests for c in r.choices):
                 self.scheduler.step()
         finally:
             self._cancel(requests)
-        for r in requests:
-            if r.error:
-                raise RuntimeError(f"request {r.id} failed: {r.error}")
+        for c in (c for r in requests for c in r.choices):
+            if c.error:
+                raise RuntimeError(f"request {c.id} failed: {c.error}")
         return [self._output(r, p) for r, p in zip(requests, prompts)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -188,8 +190,8 @@ class LLM:
             params = replace(params, grammar=fmt.grammar(given, choice, parallel_tool_calls))
         requests = self._submit(chats, params, method, num_draft_tokens, True, tools=given)
         outputs = self._run(requests, chats)
-        for out in outputs if given and choice.mode != "none" else ():
-            c = out.outputs[0]
+        for c in (c for out in outputs for c in out.outputs) if given and \
+                choice.mode != "none" else ():
             c.tool_calls = fmt.parse(c.text, given, choice.forced)[1] or None
         return outputs
 
@@ -197,8 +199,12 @@ class LLM:
                method: str | None = None, num_draft_tokens: int | str | None = None,
                chat: bool | None = None) -> Iterator[str]:
         """Yields the text as it is generated, in deltas (whole characters, never past a stop
-        string); their concatenation is `generate`'s text. Breaking out frees the slot."""
+        string); their concatenation is `generate`'s text. Breaking out frees the slot. One
+        completion: n > 1 is `generate`'s."""
         params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: stream() yields one completion's text; "
+                             "generate() returns n")
         pending: deque[Output] = deque()
         request = self._submit([prompt], params, method, num_draft_tokens, chat,
                                pending.append)[0]
@@ -219,10 +225,11 @@ class LLM:
     @staticmethod
     def _output(r: Request, prompt: Prompt) -> RequestOutput:
         s = r.stream
-        return RequestOutput(r.id, prompt, s.prompt_ids,
-                             [CompletionOutput(0, s.text, list(s.output_ids), s.finish_reason,
-                                               list(s.logprobs) if s.params.logprobs is not None
-                                               else None)],
-                             s.finished, s.metrics(),
+        outputs = [CompletionOutput(c.index, c.stream.text, list(c.stream.output_ids),
+                                    c.stream.finish_reason, list(c.stream.logprobs)
+                                    if c.stream.params.logprobs is not None else None)
+                   for c in r.choices]
+        return RequestOutput(r.id, prompt, s.prompt_ids, outputs,
+                             all(c.stream.finished for c in r.choices), s.metrics(),
                              list(s.prompt_logprobs) if s.params.prompt_logprobs is not None
                              else None)

@@ -6,7 +6,8 @@ its draft cache, each keyed by the stream).
     step(streams, max_prefill_tokens):
         prefill(new streams)          one ragged target forward, at most max_prefill_tokens
                                       prompt tokens (a long prompt is read in chunks over
-                                      several steps; its first token is sampled after its last)
+                                      several steps; its first token is sampled after its last;
+                                      a request's other choices then fork its prompt's rows)
         decode(the others)            one target forward for every stream, whatever its method
 
     decode(streams):                  the loop of speculative sampling (Leviathan et al., 2023)
@@ -45,8 +46,8 @@ from trt_spec.runtime.speculation.planner import (ProposerSource, SpeculationPla
                                                   StepTimes, Verified)
 from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.stream import (StepMetrics, StopChecker, Stream, append, cached_tokens,
-                                     count_positions, finish_unsampled, prefill_chunks,
-                                     record_prompt_logprobs)
+                                     controlled, count_drafted, count_positions,
+                                     finish_unsampled, prefill_chunks, record_prompt_logprobs)
 from trt_spec.runtime.verify import verify_batch
 
 # one worker for the grammar's masks, made while the target's forward runs (engine.decode)
@@ -91,14 +92,24 @@ class Engine:
         names = {p.reads for p in map(self.proposer, streams) if p is not None and p.reads}
         return tuple(sorted(names))
 
-    def admit(self, s: Stream, reuse: bool = True) -> None:
+    def admit(self, s: Stream, reuse: bool = True, source: Stream | None = None) -> None:
         """Gives s a KV slot: with a prefix cache and `reuse`, the one whose rows its prompt
-        starts with (runtime/prefix_cache.py); s's prefill then starts after them."""
+        starts with (runtime/prefix_cache.py); s's prefill then starts after them. source:
+        another choice of the same request (n > 1), running: s starts from its prompt's rows
+        once it has read them (`fork`), and reads only the prompt's last token itself."""
         if len(s.prompt_ids) >= self.cache.max_len:
             raise ValueError(f"the prompt has {len(s.prompt_ids)} tokens; this engine's context "
                              f"holds {self.cache.max_len} (prompt + output)")
         p = self.proposer(s)  # a drafter that fails to load fails this request, now
         s.stats.t_added = time.perf_counter()
+        if source is not None and source.slot is not None:
+            assert source.prompt_ids == s.prompt_ids, "choices of one request share a prompt"
+            s.slot = self.cache.allocate() if self.prefix is None else self.prefix.take(None)
+            s.fork_of = source
+            self.running[s.slot] = s
+            if source.prefill_pos == len(source.prompt_ids):
+                self.fork(s)
+            return
         if self.prefix is None or not reuse:
             s.slot = self.cache.allocate()
         else:
@@ -114,10 +125,27 @@ class Engine:
             self.prefix.record(len(s.prompt_ids), n)
         self.running[s.slot] = s
 
+    def fork(self, s: Stream) -> None:
+        """s starts from the rows of its prompt that s.fork_of has read: copied into s's slot,
+        all but the last (read again, for s's own first token's logits)."""
+        source, n = s.fork_of, len(s.prompt_ids) - 1
+        self.cache.copy_rows(source.slot, s.slot, n)
+        p = self.proposer(s)
+        if n and p is not None:
+            n = p.adopt(s, source.slot, n, source.id)
+        self.cache.lengths[s.slot] = s.prefill_pos = s.stats.cached_tokens = n
+        s.prompt_logprobs = source.prompt_logprobs[:n + 1]  # the rows copied: their logprobs
+        s.fork_of = None
+        if self.prefix is not None:
+            self.prefix.record(len(s.prompt_ids), n)
+
     def release(self, s: Stream, keep: bool = True) -> None:
         """Frees s's slot; with a prefix cache and `keep`, the slot keeps its valid rows for a
         later prompt that starts with the same tokens."""
         if s.slot is not None:
+            for c in self.running.values():  # choices waiting on s read their prompt whole
+                if c.fork_of is s:
+                    c.fork_of = None
             p = self.proposer(s)
             if p is not None:
                 p.release(s)
@@ -141,7 +169,7 @@ class Engine:
         assert max_prefill_tokens is None or max_prefill_tokens >= 0, max_prefill_tokens
         t0 = time.perf_counter()
         active = [s for s in streams if not s.finished]
-        new = [s for s in active if not s.prefilled]
+        new = [s for s in active if not s.prefilled and s.fork_of is None]
         old = [s for s in active if s.prefilled]
         chunks = prefill_chunks(new, max_prefill_tokens)
         m = StepMetrics(len(chunks), sum(n for _, n in chunks), len(old))
@@ -174,6 +202,8 @@ class Engine:
                 record_prompt_logprobs(s, start, logits)
             if s.prefill_pos < len(s.prompt_ids):
                 continue  # more chunks to come
+            for c in [c for c in self.running.values() if c.fork_of is s]:
+                self.fork(c)  # the request's other choices start from these rows
             s.stats.record(0, 0)
             if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
                 finish_unsampled(s)
@@ -183,7 +213,8 @@ class Engine:
             if s.guide is not None:  # the first token under the grammar too
                 row = row.copy()
                 s.guide.apply(row, s.guide.masks([]))
-            append(s, [next_token(row[0], s.params, s.rng)], self.stops, logits[-1:])
+            token = next_token(controlled(s, row)[0], s.params, s.rng)
+            append(s, [token], self.stops, logits[-1:])
             if s.finished:
                 self.release(s)
 
@@ -220,11 +251,13 @@ class Engine:
                raw: dict[int, np.ndarray]) -> StepResult:
         """Streams that drafted: their accepted prefix and one token more (runtime/verify.py);
         the others take the target's next token as plain decoding samples it (the same draw
-        from the same distribution as verifying no drafts). raw: logits before the grammar's
-        masks, where logprobs report them."""
+        from the same distribution as verifying no drafts). Each row is under its stream's
+        sampling controls, counting the drafts before it (stream.controlled). raw: logits
+        before the grammar's masks, where logprobs report them."""
         spec = [i for i, d in enumerate(drafts) if len(d)]
         out = verify_batch([drafts[i].tokens for i in spec], [drafts[i].q for i in spec],
-                           [scores.logits[i] for i in spec], [streams[i].params for i in spec],
+                           [controlled(streams[i], scores.logits[i], drafts[i].tokens)
+                            for i in spec], [streams[i].params for i in spec],
                            [streams[i].rng for i in spec])
         row = {i: r for r, i in enumerate(spec)}
         verified = []
@@ -234,7 +267,7 @@ class Engine:
                 verified.append(Verified(len(drafts[i]), int(out.num_accepted[r]),
                                          out.tokens[r, :out.num_emitted[r]]))
             else:
-                token = next_token(scores.logits[i][-1], s.params, s.rng)
+                token = next_token(controlled(s, scores.logits[i][-1:])[0], s.params, s.rng)
                 verified.append(Verified(0, 0, [token]))
         logits = [raw.get(i, x) for i, x in enumerate(scores.logits)]
         return StepResult(verified, logits, scores.rows)
@@ -261,9 +294,3 @@ class Engine:
             if p is not None:
                 p.commit(s)
 
-
-def count_drafted(streams: list[Stream], drafts: list[Draft]) -> None:
-    """Per stream, the steps that drafted, by who drafted (hybrid: lookup or head; grammar)."""
-    for s, d in zip(streams, drafts):
-        if len(d):
-            s.stats.drafted_by[d.source] = s.stats.drafted_by.get(d.source, 0) + 1

@@ -249,6 +249,7 @@ class Generator:
         """A Stream for a request; None takes the configured method and k. num_draft_tokens:
         k, or "auto" / "auto:K" (adaptive)."""
         method, k, adaptive = self.resolve(method, num_draft_tokens)
+        validation.bias_in_vocabulary(params.logit_bias, self.config.vocab_size)
         guide = self.grammars.guide(params) if params.structure is not None else None
         return Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
 

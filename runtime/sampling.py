@@ -1,8 +1,27 @@
 """Sampling parameters and the logits -> token step shared by every engine.
 
-`probs_from_logits` is the one place temperature, top-k and top-p are applied, so a
-speculative sampler can apply them identically to the target (p) and the draft (q). Its torch
-twin, for the torch backends (batched, one setting per row), is runtime/sampling_torch.py.
+Two functions hold every sampling control, so a speculative sampler applies them identically
+to the target (p) and the draft (q) at every verified position:
+
+    process_logits     the controls that read the tokens so far (and logit_bias): they change
+                       the argmax too, so greedy decoding takes them as well
+    probs_from_logits  temperature, min-p, top-k, top-p: the distribution a token is drawn from
+
+The order, on row j of a verification [last, d1..dk], which predicts the token after the
+prompt, the output so far and d1..dj (a grammar's mask, runtime/guided_step.py, comes first:
+a token it forbids stays at -inf through every step):
+
+    logit_bias          z[t] += bias[t]
+    repetition_penalty  z[t] / r if z[t] > 0 else z[t] * r, for t in the prompt or the row's
+                        output (vLLM's definition)
+    frequency_penalty   z[t] -= f * count[t], count over the row's output (OpenAI's)
+    presence_penalty    z[t] -= pp * (count[t] > 0)
+    temperature         z / T                                  (greedy: argmax of z instead)
+    min-p               drop t where p(t) < min_p * max p
+    top-k, softmax, top-p
+
+(vLLM's order.) Their torch twin, for the torch backends (batched, one setting per row), is
+runtime/sampling_torch.py.
 """
 
 from __future__ import annotations
@@ -42,6 +61,18 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     choice: tuple[str, ...] = ()  # (): none
+    # completions per prompt (OpenAI's choices); the prompt is read once and choice i draws
+    # with seed + i (runtime/scheduler.py)
+    n: int = 1
+    # logits controls (process_logits), OpenAI's and vLLM's definitions: a bias per token id
+    # (a dict {id: bias}, kept as sorted (id, bias) pairs), penalties over the output so far
+    # (frequency, presence: OpenAI's) or the prompt and output (repetition: vLLM's), and
+    # min-p (probs_from_logits)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (): none; bias in -100..100
+    presence_penalty: float = 0.0  # -2..2 (0: off)
+    frequency_penalty: float = 0.0  # -2..2 (0: off)
+    repetition_penalty: float = 1.0  # > 0 (1: off)
+    min_p: float = 0.0  # 0..1 (0: off)
 
     def __post_init__(self):
         """Every field checked, types included (runtime/validation.py: the server's checks
@@ -76,6 +107,13 @@ class SamplingParams:
         set_(self, "grammar", v.text("grammar", self.grammar))
         set_(self, "choice", v.choice(self.choice))
         v.one_structure({k: getattr(self, k) for k in v.STRUCTURES})
+        set_(self, "n", v.integer("n", self.n, 1))
+        set_(self, "logit_bias", v.logit_bias(self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(self, name, v.real(name, getattr(self, name), "in -2..2 (0 = off)", -2, 2))
+        set_(self, "repetition_penalty", v.real("repetition_penalty", self.repetition_penalty,
+                                                "> 0 (1 = off)", lo=0, lo_open=True))
+        set_(self, "min_p", v.real("min_p", self.min_p, "in 0..1 (0 = off)", 0, 1))
 
     @property
     def structure(self) -> tuple[str, str | tuple[str, ...]] | None:
@@ -87,28 +125,94 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def processes_logits(self) -> bool:
+        """Some control of process_logits is on (a bias or a penalty)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or \
+            self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def controls(self) -> tuple[str, ...]:
+        """The names of the controls on besides temperature, top-k and top-p (what the device
+        loop does not apply yet)."""
+        off = {"logit_bias": (), "presence_penalty": 0, "frequency_penalty": 0,
+               "repetition_penalty": 1, "min_p": 0}
+        return tuple(k for k, v in off.items() if getattr(self, k) != v)
+
+
+def process_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids,
+                   drafts=()) -> np.ndarray:
+    """logits [R, vocab] of R rows, row j predicting the token after output_ids + drafts[:j]
+    (a verification's [last, d1..dk]; R = 1: one next token) -> the rows after logit_bias and
+    the penalties (the module docstring's order), float64; `logits` itself when none is on,
+    so the default path's arithmetic is untouched. The penalties count the output so far and
+    the row's draft prefix, as plain decoding would have counted them by then."""
+    if not params.processes_logits:
+        return logits
+    assert logits.ndim == 2 and len(drafts) >= len(logits) - 1, (logits.shape, len(drafts))
+    z = np.array(logits, dtype=np.float64)  # [R, V] a copy
+    if params.logit_bias:
+        ids, bias = (np.asarray(c) for c in zip(*params.logit_bias))
+        z[:, ids] += bias
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
+        penalize_(z, params, prompt_ids, output_ids, drafts)
+    return z
+
+
+def penalize_(z: np.ndarray, params: SamplingParams, prompt_ids, output_ids, drafts) -> None:
+    """z [R, V], in place: repetition, frequency and presence penalties, row j over
+    output_ids + drafts[:j] (repetition: and the prompt). Only the columns of tokens seen are
+    touched."""
+    rows = len(z)
+    tokens = np.asarray([*output_ids, *drafts[:rows - 1]], dtype=np.int64)  # [O + R - 1]
+    prompt = np.asarray(prompt_ids if params.repetition_penalty != 1 else (), dtype=np.int64)
+    cols = np.unique(np.concatenate([tokens, prompt]))  # [C] the token ids touched
+    at = np.searchsorted(cols, tokens)
+    n_out = len(output_ids)
+    counts = np.tile(np.bincount(at[:n_out], minlength=len(cols)), (rows, 1))  # [R, C]
+    for j in range(1, rows):  # row j also counts d1..dj
+        counts[j:, at[n_out + j - 1]] += 1
+    x = z[:, cols]  # [R, C]
+    if params.repetition_penalty != 1:
+        r = params.repetition_penalty
+        seen = (counts > 0) | np.isin(cols, prompt)[None, :]
+        x = np.where(seen, np.where(x > 0, x / r, x * r), x)
+    x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    z[:, cols] = x
+
 
 def probs_from_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
-                      top_p: float = 1.0) -> np.ndarray:
+                      top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
     """logits: [..., vocab] -> probabilities [..., vocab] (float64). The steps, in order
     (runtime/sampling_torch.py's probs_from_logits takes the same ones, batched per row):
 
         temperature   z = logits / T                                         T > 0
+        min-p         drop the tokens less likely than min_p times the most
+                      likely one                                             min_p = 0: off
         top-k         keep the k largest z (ties with the k-th kept too)      k = 0: off
         softmax
         top-p         keep the smallest set of tokens, most likely first, whose
                       probability reaches p (the first token always stays)    p = 1: off
 
-    A new per-request control is one more step here and one there, at the same place in the
-    order; tests/test_sampling_torch.py holds the two to each other."""
+    A new per-request control is one more step here (or in process_logits, when it reads the
+    tokens so far or changes the argmax) and one there, at the same place in the order;
+    tests/test_sampling_torch.py holds the two to each other."""
     assert temperature > 0, temperature
     # every step in place on one float64 copy: a full-vocabulary temporary per operation
     # cost ~3x the arithmetic (fresh pages each time)
     x = logits.astype(np.float64)
     np.divide(x, temperature, out=x)
+    mask_min_p_(x, min_p)
     mask_top_k_(x, top_k)
     softmax_(x)
     return keep_top_p(x, top_p)
+
+
+def mask_min_p_(z: np.ndarray, min_p: float) -> None:
+    """z: [..., vocab], in place: a token whose probability is below min_p times the largest
+    becomes -inf (0: off). p(t) / max p = exp(z[t] - max z), so the test needs no softmax."""
+    if min_p > 0:
+        z[z < z.max(-1, keepdims=True) + np.log(min_p)] = -np.inf
 
 
 def mask_top_k_(z: np.ndarray, top_k: int) -> None:
@@ -168,12 +272,17 @@ def sample_from_probs(p: np.ndarray, rng: np.random.Generator) -> int:
     return b * SAMPLE_BLOCK + i
 
 
+def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """probs_from_logits with the request's temperature, min-p, top-k and top-p."""
+    return probs_from_logits(logits, params.temperature, params.top_k, params.top_p,
+                             params.min_p)
+
+
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """logits: [vocab] -> token id."""
+    """logits: [vocab] (after process_logits) -> token id."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample_from_probs(probs_from_logits(logits, params.temperature, params.top_k,
-                                               params.top_p), rng)
+    return sample_from_probs(probs(logits, params), rng)
 
 
 @dataclass(frozen=True)

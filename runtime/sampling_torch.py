@@ -2,7 +2,10 @@
 one setting per row, for the device loop (runtime/device/) and the SpecVerify op
 (plugins/spec_verify.py). The steps, in the same order as the NumPy one:
 
+    process_logits   logit_bias, then the repetition, frequency and presence penalties over
+                     each row's token counts (prompt, output so far, the drafts before it)
     temperature   z = logits / T
+    min-p         drop the tokens less likely than min_p times the most likely   0: off
     top-k         keep the k largest z (ties with the k-th kept too)           k = 0: off
     top-p         keep the smallest set of tokens, most likely first, whose
                   probability reaches p (the first token always stays)         p = 1: off
@@ -31,6 +34,47 @@ def temperature_or_one(temperature: torch.Tensor, greedy: torch.Tensor) -> torch
     return torch.where(greedy, torch.ones_like(temperature), temperature)
 
 
+def row_counts(output_counts: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """output_counts [B, V] (each token's count in the output so far), drafts [B, k] -> the
+    counts row j of a verification [last, d1..dk] sees, [B, k + 1, V]: the output's plus
+    d1..dj (runtime/sampling.py's process_logits counts the same)."""
+    onehot = torch.nn.functional.one_hot(drafts, output_counts.shape[-1]).to(output_counts.dtype)
+    before = torch.cumsum(onehot, 1)  # [B, k, V] d1..dj
+    zero = torch.zeros_like(output_counts)[:, None]
+    return output_counts[:, None] + torch.cat([zero, before], 1)
+
+
+def process_logits(logits: torch.Tensor, bias: torch.Tensor | None = None,
+                   counts: torch.Tensor | None = None, prompt_seen: torch.Tensor | None = None,
+                   repetition: torch.Tensor | None = None, frequency: torch.Tensor | None = None,
+                   presence: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, R, V] -> z [B, R, V] after logit_bias (bias [B, V], 0 where none) and the
+    penalties (counts [B, R, V] of each row's output and drafts before it, row_counts;
+    prompt_seen [B, V] bool; repetition [B] (1: off), frequency and presence [B] (0: off)).
+    bias None: no row has one; counts None: no row penalizes. Computes in the logits' dtype
+    promoted to at least float32, as probs_from_logits."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if bias is not None:
+        z = z + bias.to(z.dtype)[:, None]
+    if counts is not None:
+        counts = counts.to(z.dtype)
+        seen = (counts > 0) | prompt_seen[:, None]
+        r = repetition.to(z.dtype).view(-1, 1, 1)
+        z = torch.where(seen, torch.where(z > 0, z / r, z * r), z)
+        penalty = (frequency.to(z.dtype).view(-1, 1, 1) * counts
+                   + presence.to(z.dtype).view(-1, 1, 1) * (counts > 0))
+        z = z - penalty
+    return z
+
+
+def mask_min_p(z: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """z [B, R, V], min_p [B] in [0, 1] (0: off) -> z with every token whose probability is
+    below min_p times the largest at -inf (p(t) / max p = exp(z[t] - max z); log 0 = -inf
+    masks nothing)."""
+    floor = z.max(-1, keepdim=True).values + torch.log(min_p.to(z.dtype)).view(-1, 1, 1)
+    return torch.where(z < floor, torch.full_like(z, float("-inf")), z)
+
+
 def mask_top_k(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     """z [B, R, V], top_k [B] int (0, or >= V: off) -> z with every token below the k-th
     largest at -inf (ties with the k-th stay, as runtime/sampling.py's)."""
@@ -57,9 +101,13 @@ def mask_top_p(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 def filter_logits(z: torch.Tensor, top_k: torch.Tensor | None = None,
-                  top_p: torch.Tensor | None = None) -> torch.Tensor:
+                  top_p: torch.Tensor | None = None,
+                  min_p: torch.Tensor | None = None) -> torch.Tensor:
     """z [B, R, V] (already divided by the temperature) -> z with the filtered-out tokens at
-    -inf: top-k, then top-p. A setting of None skips its step (no row uses it: a sort less)."""
+    -inf: min-p, top-k, then top-p. A setting of None skips its step (no row uses it: a sort
+    less)."""
+    if min_p is not None:
+        z = mask_min_p(z, min_p)
     if top_k is not None:
         z = mask_top_k(z, top_k)
     if top_p is not None:
@@ -69,13 +117,14 @@ def filter_logits(z: torch.Tensor, top_k: torch.Tensor | None = None,
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor,
                       top_k: torch.Tensor | None = None,
-                      top_p: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [B, R, V] -> probabilities [B, R, V] after each row's temperature [B] (> 0;
-    temperature_or_one for greedy rows), top-k [B] and top-p [B] (None: no row filters).
-    Computes in the logits' dtype promoted to at least float32."""
+                      top_p: torch.Tensor | None = None,
+                      min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, R, V] (after process_logits) -> probabilities [B, R, V] after each row's
+    temperature [B] (> 0; temperature_or_one for greedy rows), min-p [B], top-k [B] and top-p
+    [B] (None: no row filters). Computes in the logits' dtype promoted to at least float32."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     z = logits.to(dtype) / temperature.to(dtype).view(-1, 1, 1)
-    return torch.softmax(filter_logits(z, top_k, top_p), dim=-1)
+    return torch.softmax(filter_logits(z, top_k, top_p, min_p), dim=-1)
 
 
 def race(r: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -1,11 +1,16 @@
 """The scheduler: the one loop under the Python API (`LLM`) and the HTTP server.
 
     prepare(prompt ids, params, method, k) -> a Request, checked once (FieldError naming
-                                               the field) with its Stream and grammar guide
-    enqueue(request)                 -> the waiting queue (bounded: past it, QueueFull)
+                                               the field) with its Stream and grammar guide;
+                                               params.n > 1: one Request per choice
+    enqueue(request)                 -> the waiting queue, every choice or none (bounded:
+                                        past it, QueueFull)
     step():                          # one iteration
         apply cancellations                      (a running stream's KV slot is freed now)
-        admit waiting requests while a KV slot is free            (continuous batching)
+        admit waiting requests while a KV slot is free            (continuous batching;
+                                                                  choice i > 0 of a request
+                                                                  starts from choice 0's
+                                                                  prompt rows: Engine.fork)
         engine.step(running streams, max_prefill_tokens)          (one engine, every method:
             prefill, then one target forward for every decode/verify row; a long prompt is
             read in chunks over several steps while the other streams keep decoding)
@@ -25,6 +30,7 @@ engine: each stream carries its method and k.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -38,7 +44,7 @@ from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.validation import FieldError
+from trt_spec.runtime.validation import MAX_SEED, FieldError, bias_in_vocabulary
 
 log = logging.getLogger("trt_spec.scheduler")
 _ids = itertools.count()
@@ -65,6 +71,9 @@ class Output:
 
 @dataclass(eq=False)
 class Request:
+    """One choice of a request (OpenAI's `choices[index]`; n = 1: the request). The n
+    choices share the id (cancel ends them all), the prompt and on_output."""
+
     id: str
     stream: Stream  # its method and k, tokens, slot
     detok: IncrementalDetokenizer | None  # None: nobody reads its text as it comes (run)
@@ -73,6 +82,13 @@ class Request:
     sent_tokens: int = 0
     done: bool = False  # the final Output was handed out
     error: str | None = None
+    index: int = 0  # of the choice, 0..n-1
+    # every choice of the request in index order, this one included (one list, shared)
+    choices: list["Request"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.choices:
+            self.choices = [self]
 
     @property
     def method(self) -> str:
@@ -145,33 +161,48 @@ class Scheduler:
         """A request checked, here and only here, and its Stream built, not yet queued
         (`enqueue`): its method and k resolved (None takes the configured default), its prompt
         and max_tokens fitted to the context, its structure compiled into the Stream's guide
-        (slow the first time: the server calls this off its event loop). FieldError naming
-        what is wrong: "speculative" (the method or k), "prompt", "max_tokens", or the
-        structure's field (runtime/validation.py STRUCTURES)."""
+        (slow the first time: the server calls this off its event loop). params.n > 1: the
+        Request of choice 0, its `choices` all n, choice i seeded with seed + i (mod 2^64;
+        no seed: each its own). FieldError naming what is wrong: "speculative" (the method or
+        k), "prompt", "max_tokens", "n", "logit_bias", or the structure's field
+        (runtime/validation.py STRUCTURES)."""
         try:
             method, k, adaptive = self.gen.resolve(method, num_draft_tokens)
         except ValueError as e:
             raise FieldError("speculative", str(e)) from None
         self._check_fits(prompt_ids, params)
+        request_id = request_id or f"req-{next(_ids)}"
+        choices = []
+        for i in range(params.n):
+            p = params if i == 0 or params.seed is None else \
+                dataclasses.replace(params, seed=(params.seed + i) % (MAX_SEED + 1))
+            stream = Stream(list(prompt_ids), p, method, k, adaptive=adaptive,
+                            guide=self._guide(p))
+            choices.append(Request(request_id, stream, IncrementalDetokenizer(
+                self.gen.tokenizer, p.stop), on_output, index=i))
+        for c in choices:
+            c.choices = choices
+        return choices[0]
+
+    def _guide(self, params: SamplingParams):
+        """The request's structure compiled into a guide (one per choice), or None."""
         try:
-            guide = self.gen.grammars.guide(params) if params.structure is not None else None
+            return self.gen.grammars.guide(params) if params.structure is not None else None
         except FieldError:
             raise
         except ValueError as e:  # llguidance is not installed
             raise FieldError(params.structure[0], str(e)) from None
-        stream = Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
-        return Request(request_id or f"req-{next(_ids)}", stream,
-                       IncrementalDetokenizer(self.gen.tokenizer, params.stop), on_output)
 
     def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """FieldError unless the prompt's ids are in the vocabulary and it and max_tokens fit
-        the context."""
+        """FieldError unless the prompt's ids and logit_bias's are in the vocabulary and the
+        prompt and max_tokens fit the context."""
         vocab = self.gen.config.vocab_size
         if not prompt_ids:
             raise FieldError("prompt", "the prompt is empty: at least one token is needed")
         bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise FieldError("prompt", f"prompt token ids {bad[:4]} are outside 0..{vocab - 1}")
+        bias_in_vocabulary(params.logit_bias, vocab)
         n = len(prompt_ids)
         if n >= self.max_len:
             raise FieldError("prompt", f"the prompt has {n} tokens; the context holds "
@@ -181,28 +212,36 @@ class Scheduler:
             raise FieldError("max_tokens", f"max_tokens={params.max_tokens}: the prompt has {n} "
                              f"tokens and the context holds {self.max_len}, so at most "
                              f"{self.max_len - n} new tokens")
+        most = min(self.slots, self.max_waiting or self.slots)
+        if params.n > most:
+            bound = f"--max-num-seqs {self.slots}" + (
+                f", --max-waiting {self.max_waiting}" if most < self.slots else "")
+            raise FieldError("n", f"n={params.n}: at most {most} choices per request ({bound}; "
+                                  "each choice decodes in a KV slot of its own)")
 
     def enqueue(self, r: Request) -> Request:
-        """Queues a prepared request; QueueFull past the waiting queue's bound or once the
-        scheduler is stopping."""
+        """Queues a prepared request, all its choices or none; QueueFull past the waiting
+        queue's bound (each choice counts) or once the scheduler is stopping."""
         return self.enqueue_all([r])[0]
 
     def enqueue_all(self, requests: list[Request]) -> list[Request]:
-        """Queues prepared requests together (the prompts of one HTTP request): all of them,
-        or none and QueueFull when they would pass the waiting queue's bound or the scheduler
-        is stopping."""
+        """Queues prepared requests together (the prompts of one HTTP request), every choice
+        of each: all of them, or none and QueueFull when they would pass the waiting queue's
+        bound or the scheduler is stopping."""
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            waiting, n = len(self._waiting), len(requests)
+            choices = [c for r in requests for c in r.choices]
+            waiting, n = len(self._waiting), len(choices)
             if self.max_waiting is not None and waiting + n > self.max_waiting:
-                room = "" if n == 1 else f", no room for {n} more (one per prompt)"
+                more = "" if n == 1 else (f"; this one has {n} choices" if len(requests) == 1
+                                          else f"; these {n} (one per prompt and choice)")
                 raise QueueFull(f"{waiting} requests are already waiting (the bound is "
-                                f"{self.max_waiting}){room}; retry later")
+                                f"{self.max_waiting}{more}); retry later")
             now = time.perf_counter()
-            for r in requests:
-                r.t_submitted = now
-                self._waiting.append(r)
+            for c in choices:
+                c.t_submitted = now
+                self._waiting.append(c)
             self._cond.notify()
         return requests
 
@@ -294,8 +333,8 @@ class Scheduler:
                     report.admitted.append(self._waiting.popleft())
         engine = self.gen.engine
         for r in report.admitted:
-            try:
-                engine.admit(r.stream)
+            try:  # choice i > 0 starts from choice 0's prompt rows (Engine.fork)
+                engine.admit(r.stream, source=r.choices[0].stream if r.index else None)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 if self._raise:
@@ -421,6 +460,9 @@ def generate_ids(gen: Generator, prompts_ids: list[list[int]], params: SamplingP
     """Runs every prompt to completion, at most `cache.slots` at a time: on the device loop
     where it covers the run, else through Scheduler.run (the admission and steps the server
     and LLM run, on this thread). None takes the configured method and k."""
+    if params.n != 1:
+        raise ValueError(f"n={params.n}: generate / generate_ids answer each prompt once; "
+                         "n choices per prompt come from LLM.generate or the server")
     streams = [gen.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
     loop = gen.device_loop(streams)
     if loop is not None:

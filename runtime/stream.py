@@ -16,7 +16,8 @@ import numpy as np
 
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import PLAIN
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob, token_logprob, token_logprobs
+from trt_spec.runtime.sampling import (SamplingParams, TokenLogprob, process_logits,
+                                       token_logprob, token_logprobs)
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -106,6 +107,9 @@ class Stream:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
     guide: object = None  # runtime/grammar.py Guide: the structure the output is held to
+    # another choice of the same request (n > 1) whose prompt rows this one starts from, once
+    # it has read them (Engine.fork); None: none, or forked already
+    fork_of: "Stream | None" = None
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -250,6 +254,13 @@ def finish_unsampled(s: Stream) -> None:
     s.stats.t_finished = time.perf_counter()
 
 
+def controlled(s: Stream, logits: np.ndarray, drafts=()) -> np.ndarray:
+    """The target's rows for s, logits [R, vocab] over [last, d1..d(R-1)] (R = 1: the next
+    token), after its logits controls (runtime/sampling.py process_logits: row j counts the
+    output so far and drafts[:j]); `logits` itself when it uses none."""
+    return process_logits(logits, s.params, s.prompt_ids, s.output_ids, drafts)
+
+
 def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:
     """(stream, prompt tokens to read this step) for the streams not yet prefilled, in order,
     within `budget` tokens in all (None: no bound)."""
@@ -270,3 +281,10 @@ def cached_tokens(s: Stream, cache: KVCache) -> list[int]:
     may still count in the length until the rewind; the last emitted token has no row yet."""
     seq = s.prompt_ids + s.output_ids
     return seq[:min(int(cache.lengths[s.slot]), max(len(seq) - 1, s.prefill_pos))]
+
+
+def count_drafted(streams: list[Stream], drafts: list) -> None:
+    """Per stream, the steps that drafted, by who drafted (hybrid: lookup or head; grammar)."""
+    for s, d in zip(streams, drafts):
+        if len(d):
+            s.stats.drafted_by[d.source] = s.stats.drafted_by.get(d.source, 0) + 1

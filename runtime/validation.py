@@ -222,3 +222,43 @@ def one_structure(given: dict) -> None:
     if len(set_) > 1:
         raise FieldError(set_[1], f"{' and '.join(set_)} are given; a request holds its output "
                                   "to one of json_schema, regex, grammar or choice")
+
+
+MAX_LOGIT_BIAS = 100.0  # |bias| per token, as OpenAI's logit_bias
+
+
+def logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {token id: bias in -100..100} (ids as ints or, as JSON sends them,
+    decimal strings: "1234"), or its (id, bias) pairs -> pairs sorted by id. Whether each id
+    is in the vocabulary is the engine's check (Scheduler.prepare)."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, dict) else value
+    if not isinstance(items, (list, tuple, type({}.items()))):
+        raise FieldError("logit_bias", f"logit_bias={_show(value)}: expected an object of "
+                                       "token id -> bias")
+    out = {}
+    for pair in items:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise FieldError("logit_bias", f"logit_bias={_show(value)}: expected an object of "
+                                           "token id -> bias")
+        key, bias = pair
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise FieldError("logit_bias", f"logit_bias key {_show(key)}: expected a token id "
+                                           "(an integer >= 0, or its decimal string)")
+        if not (isinstance(bias, Real) and not isinstance(bias, bool) and math.isfinite(bias)
+                and abs(bias) <= MAX_LOGIT_BIAS):
+            raise FieldError("logit_bias", f"logit_bias[{token}]={_show(bias)}: must be a "
+                                           f"finite number in -{MAX_LOGIT_BIAS:g}.."
+                                           f"{MAX_LOGIT_BIAS:g}")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def bias_in_vocabulary(bias: tuple[tuple[int, float], ...], vocab: int) -> None:
+    """FieldError unless every logit_bias token id is below the vocabulary size."""
+    outside = [t for t, _ in bias if t >= vocab]
+    if outside:
+        raise FieldError("logit_bias", f"logit_bias has token ids {outside[:4]} outside the "
+                                       f"vocabulary 0..{vocab - 1}")

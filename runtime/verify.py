@@ -1,8 +1,10 @@
 """Speculative verification: which drafted tokens to keep, and the token that follows them.
 
 Terms, used throughout:
-    p            the target's next-token distribution at a position (after temperature,
-                 top-k and top-p, applied by `probs_from_logits` exactly as for q)
+    p            the target's next-token distribution at a position (after the sampling
+                 controls, runtime/sampling.py: process_logits with the row's own context,
+                 the output so far and the drafts before it, then temperature, min-p, top-k
+                 and top-p; applied exactly as for q)
     q            the drafter's distribution the draft token was sampled from; a deterministic
                  drafter (n-gram, greedy draft) has q = one-hot of its token
     accepted     a drafted token the verifier keeps; drafts are kept as a prefix
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import SamplingParams, probs_from_logits, sample_from_probs
+from trt_spec.runtime.sampling import SamplingParams, probs, sample_from_probs
 
 PLACEHOLDER = -1  # fills fixed-shape token outputs past what a row emitted
 Q_FLOOR = 1e-10  # q(x) is never below this in a division
@@ -64,10 +66,9 @@ def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
                       target_logits: np.ndarray, params: SamplingParams,
                       rng: np.random.Generator) -> tuple[int, list[int]]:
     """drafts: [k]; draft_probs: [k, vocab] (q at each draft position) or None for a
-    deterministic drafter; target_logits: [k + 1, vocab]."""
+    deterministic drafter; target_logits: [k + 1, vocab] (after process_logits)."""
     def p(i: int) -> np.ndarray:  # row by row: rows after the first rejection are never read
-        return probs_from_logits(target_logits[i], params.temperature, params.top_k,
-                                 params.top_p)
+        return probs(target_logits[i], params)
 
     out = []
     for i, x in enumerate(int(d) for d in drafts):
@@ -86,8 +87,9 @@ def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
 def verify_batch(drafts: list[np.ndarray], draft_probs: list[np.ndarray | None],
                  target_logits: list[np.ndarray], params: list[SamplingParams],
                  rngs: list[np.random.Generator]) -> SampleResult:
-    """Per row: drafts [k_i], draft_probs [k_i, vocab] | None, target_logits [k_i + 1, vocab].
-    Rows may have different k (k_i = 0 is a plain decode step)."""
+    """Per row: drafts [k_i], draft_probs [k_i, vocab] | None, target_logits [k_i + 1, vocab]
+    (each row after its process_logits: runtime/sampling.py). Rows may have different k
+    (k_i = 0 is a plain decode step)."""
     batch = len(drafts)
     k_max = max((len(d) for d in drafts), default=0)
     tokens = np.full((batch, k_max + 1), PLACEHOLDER, dtype=np.int64)

@@ -1,5 +1,5 @@
 """POST /v1/completions: prompts (text, or token ids) continued, as OpenAI's legacy
-completions API: one choice per prompt, `logprobs` the number of alternatives per token,
+completions API: n choices per prompt (prompt-major), `logprobs` the number of alternatives per token,
 `echo` the prompt before the completion. With echo and logprobs every prompt token has its
 log-probability too (null for the first), from the prefill's own logits: what evaluation
 harnesses (lm-evaluation-harness's local-completions) score loglikelihoods with, at
@@ -32,11 +32,12 @@ async def completions(request: Request):
     req = parse_body(await read_body(request), CompletionRequest)
     check_model(req.model, ctx.model_name)
     prompts = completion_prompts(req)
-    bound = scheduler.max_waiting
-    if bound is not None and len(prompts) > bound:
-        raise RequestError(f"prompt holds {len(prompts)} prompts; this server queues at most "
-                           f"{bound} requests (--max-waiting), so at most {bound} per request",
-                           "prompt")
+    bound, n = scheduler.max_waiting, req.n if isinstance(req.n, int) and req.n > 1 else 1
+    if bound is not None and n <= bound < len(prompts) * n:  # n past it: a 400 naming n
+        each = "" if n == 1 else f" of {n} choices each"
+        raise RequestError(f"prompt holds {len(prompts)} prompts{each}; this server queues at "
+                           f"most {bound} requests (--max-waiting), so at most {bound // n} "
+                           "per request", "prompt")
     texts = [p for p in prompts if isinstance(p, str)]
     for text in texts:
         check_size(scheduler, [text], "prompt")

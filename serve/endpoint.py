@@ -3,10 +3,11 @@
     read_body     the body, within --max-body-bytes (413 past it)
     check_model   the model is the one served (404)
     check_size    a prompt whose bytes alone cannot fit the context is refused untokenized
-    answer        each of the request's prompts checked once and its Stream built
-                  (Scheduler.prepare, off the event loop when it compiles a grammar), all
-                  queued together (429 when the queue has no room for all), then answered
-                  whole or as server-sent events (streaming.py)
+    answer        each of the request's prompts checked once and its n choices' Streams
+                  built (Scheduler.prepare, off the event loop when it compiles a grammar),
+                  all queued together (429 when the queue has no room for all), then
+                  answered whole or as server-sent events (streaming.py); choices by index,
+                  prompt-major (prompt i's j-th of n is i * n + j)
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def check_size(scheduler: Scheduler, texts: list[str], param: str) -> None:
 
 @dataclass(frozen=True)
 class Prompted:
-    """One choice to make: its prompt's token ids, its sampling params, how it looks."""
+    """One prompt to answer: its token ids, its sampling params (params.n choices), how its
+    choices look (`shape`, copied per choice: Shape.for_index)."""
 
     ids: list[int]
     params: SamplingParams
@@ -99,8 +101,8 @@ class Prompted:
 
 async def answer(request: Request, req, prompts: list[Prompted]):
     """The request (a CompletionRequest or ChatRequest) answered: each of its prompts checked
-    once and queued as a request of its own (all of them, or a 429), then the choices
-    answered together, whole or as server-sent events (stream: true)."""
+    once and queued as a request of its own, n choices each (all of them, or a 429), then
+    the choices answered together, whole or as server-sent events (stream: true)."""
     ctx = served(request)
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream: true",
@@ -108,14 +110,16 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     note_ignored(req)
     outputs = Outputs()
     rid = f"{prompts[0].shape.id_prefix}-{uuid.uuid4().hex[:24]}"
-    choices = []
+    jobs, choices = [], []  # a Request per prompt (its choice 0); every choice
     for i, p in enumerate(prompts):
         job_id = rid if len(prompts) == 1 else f"{rid}-{i}"
         name = p.shape.prompt_param if len(prompts) == 1 else f"{p.shape.prompt_param}[{i}]"
         job = await prepare(ctx.scheduler, req, p.ids, p.params, outputs.put, job_id, name)
-        choices.append(Choice(job, p.shape))
+        jobs.append(job)
+        # the prompt's n choices (SamplingParams.n), indexed prompt-major
+        choices += [Choice(c, p.shape.for_index(len(choices) + c.index)) for c in job.choices]
     try:
-        ctx.scheduler.enqueue_all([c.job for c in choices])
+        ctx.scheduler.enqueue_all(jobs)  # with every choice of each
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None

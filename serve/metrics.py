@@ -72,7 +72,7 @@ class ServerMetrics:
         """Runs on the scheduler thread after every step."""
         lb = self.labels
         prefix = self.scheduler.prefix_caching
-        for r in report.admitted:
+        for r in (r for r in report.admitted if r.index == 0):  # a prompt once, whatever n
             n, cached = len(r.stream.prompt_ids), r.stream.stats.cached_tokens
             self._prompt.labels(**lb).inc(n)
             if prefix:

@@ -67,6 +67,9 @@ class _Request(BaseModel):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # token id (a decimal string, as JSON keys are) -> bias in -100..100; checked by
+    # SamplingParams (runtime/validation.py) and against the vocabulary (Scheduler.prepare)
+    logit_bias: Any = None
     # accepted and ignored (IGNORED says why; the server logs the first of each)
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -78,6 +81,8 @@ class _Request(BaseModel):
     prompt_logprobs: int | None = None
     # extensions (vLLM's names)
     top_k: int | None = None  # default 0 (off)
+    min_p: float | None = None  # default 0 (off)
+    repetition_penalty: float | None = None  # default 1 (off)
     ignore_eos: bool | None = None
     speculative: Speculative | None = None
     # OpenAI's structured outputs: {"type": "text" | "json_object" | "json_schema", ...};
@@ -276,16 +281,12 @@ def prompt_logprobs_asked(req: _Request) -> int | None:
 
 def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: int) \
         -> SamplingParams:
-    """The request's SamplingParams: the server's own limits here (n, penalties, OpenAI's stop
-    limits), every other check in SamplingParams (runtime/validation.py), shared with the
-    Python API; each error names the field and the allowed values."""
-    n = 1 if req.n is None else req.n
-    if n != 1:
-        raise RequestError(f"n={n}: only n=1 is supported", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise RequestError(f"{name}={getattr(req, name)}: not supported (only 0)", name)
+    """The request's SamplingParams: the server's own limits here (OpenAI's stop limits),
+    every other check in SamplingParams (runtime/validation.py), shared with the Python API,
+    and in Scheduler.prepare (n against --max-num-seqs, logit_bias against the vocabulary);
+    each error names the field and the allowed values. null takes each default."""
     field = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
+    given = {name: getattr(req, name) for name in CONTROLS if getattr(req, name) is not None}
     try:
         return SamplingParams(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
@@ -293,6 +294,7 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs_asked(req), prompt_logprobs=prompt_logprobs_asked(req),
+            n=1 if req.n is None else req.n, **given,
             **structure(req))
     except validation.FieldError as e:
         param = (field if e.field == "logprobs" else
@@ -301,6 +303,8 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
         raise RequestError(message, param) from None
 
 
+# the sampling controls, by the same names in a request and in SamplingParams
+CONTROLS = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex",
           "guided_grammar": "grammar", "guided_choice": "choice"}
 

@@ -1,13 +1,17 @@
 """A request's answer, from the scheduler's Outputs: server-sent events, or one response.
 
     scheduler thread   on_output(out) -> loop.call_soon_threadsafe(queue.put_nowait, out)
-    event loop         events():  a chunk per delta; each choice's last carries this server's
-                                  metrics, then usage (stream_options.include_usage) and [DONE]
+    event loop         events():  a chunk per delta, each naming its choice's index (the
+                                  choices' chunks interleave as they come, as OpenAI's);
+                                  each choice's last carries this server's metrics, then
+                                  usage (stream_options.include_usage) and [DONE]
                        collect(): waits for every choice's last Output, then answers in one
                                   body
 
-An answer has one choice per queued request (a completions request with several prompts
-has several), all fed into one Outputs queue; each choice has its own Shape (its index).
+An answer has one choice per queued scheduler Request: n per prompt (SamplingParams.n, the
+prompt read once), and a completions request with several prompts has n for each, indexed
+prompt-major (prompt i's j-th is i * n + j). All feed one Outputs queue; each choice has its
+own Shape (its index, its state across chunks).
 
 What a choice looks like is the endpoint's own (a Shape: chat.py, completions.py); what every
 answer carries besides (usage, metrics, the error event of an aborted stream) is here.
@@ -16,6 +20,7 @@ answer carries besides (usage, metrics, the error event of an aborted stream) is
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from dataclasses import dataclass
 
@@ -50,6 +55,13 @@ class Shape:
         self.tokenizer = tokenizer
         self.with_logprobs = logprobs
         self.index = index
+
+    def for_index(self, index: int) -> "Shape":
+        """This shape for another choice of the same prompt (n > 1): a copy, made before any
+        output, with that choice's index."""
+        other = copy.copy(self)
+        other.index = index
+        return other
 
     def opening(self) -> dict | None:
         """The choice streamed before any token (chat: the role), or None."""
@@ -116,13 +128,17 @@ class Outputs:
         return await self.queue.get()
 
 
-def usage(ms: list[RequestMetrics]) -> dict:
-    """OpenAI's usage, over every choice; cached_tokens: prompt tokens whose KV came from
-    the prefix cache."""
-    prompt, completion = sum(m.prompt_tokens for m in ms), sum(m.completion_tokens for m in ms)
+def usage(jobs: list[Job]) -> dict:
+    """OpenAI's usage over an answer's choices: each prompt once (its choice 0's: the others
+    start from its rows), the completions' tokens summed; cached_tokens: prompt tokens whose
+    KV came from the prefix cache."""
+    ms = [j.stream.metrics() for j in jobs]
+    firsts = [m for j, m in zip(jobs, ms) if j.index == 0]
+    prompt, completion = sum(m.prompt_tokens for m in firsts), \
+        sum(m.completion_tokens for m in ms)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(m.cached_tokens for m in ms)}}
+            "prompt_tokens_details": {"cached_tokens": sum(m.cached_tokens for m in firsts)}}
 
 
 def answer_metrics(ms: list[RequestMetrics]) -> dict | list[dict]:
@@ -152,14 +168,14 @@ async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, 
     [DONE] (the other choices are cancelled as the response closes)."""
     head = {"id": rid, "object": choices[0].shape.chunk_object, "created": created,
             "model": model}
-    by_id = {c.job.id: c for c in choices}
+    by_job = {c.job: c for c in choices}  # the n choices of a prompt share its id
     for c in choices:
         if (opening := c.shape.opening()) is not None:
             yield sse({**head, "choices": [opening]})
     left = len(choices)
     while left:
         out = await outputs.get()
-        c = by_id[out.request.id]
+        c = by_job[out.request]
         if not out.finished:
             if c.shape.wants_chunk(out):
                 yield sse({**head, "choices": [c.shape.delta(c.job, out)]})
@@ -173,8 +189,7 @@ async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, 
         yield sse({**head, "choices": [c.shape.delta(c.job, out)],
                    "metrics": response_metrics(c.job.stream.metrics())})
     if include_usage:
-        yield sse({**head, "choices": [], "usage": usage([c.job.stream.metrics()
-                                                           for c in choices])})
+        yield sse({**head, "choices": [], "usage": usage([c.job for c in choices])})
     yield DONE
 
 
@@ -195,7 +210,8 @@ class EventStream(StreamingResponse):
 
 
 def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
-    """Frees the slots of the requests that have not finished, at the next step."""
+    """Frees the slots of the requests that have not finished, at the next step (by id: every
+    choice of a prompt)."""
     for job in jobs:
         if not job.done:
             scheduler.cancel(job.id)
@@ -229,5 +245,5 @@ async def collect(request: Request, scheduler: Scheduler, rid: str, choices: lis
     ms = [j.stream.metrics() for j in jobs]
     shape = choices[0].shape
     return {"id": rid, "object": shape.object, "created": created, "model": model,
-            "choices": [c.shape.whole(c.job) for c in choices], "usage": usage(ms),
+            "choices": [c.shape.whole(c.job) for c in choices], "usage": usage(jobs),
             "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}

@@ -26,6 +26,19 @@ def test_generate_json(tiny_engine):
     assert out["metrics"]["prompt_tokens"] == 3
 
 
+def test_generate_takes_the_sampling_controls(tiny_engine):
+    """--logit-bias, --min-p and the penalties reach SamplingParams: a bias of 100 makes a
+    token certain, even sampled."""
+    base = ["generate", "--engine", str(tiny_engine), "--max-tokens", "6", "--json", "--no-chat",
+            "--temperature", "0.9", "--seed", "2", "--min-p", "0.05", "--presence-penalty",
+            "0.5", "--frequency-penalty", "0.2", "--repetition-penalty", "1.1"]
+    result = CliRunner().invoke(main, base + ["--logit-bias", "7=100", "a b c"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"] == [7] * 6
+    result = CliRunner().invoke(main, base + ["a b c"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["token_ids"] != [7] * 6
+
+
 def test_generate_plain_prints_answer_and_rate(tiny_engine):
     result = CliRunner().invoke(main, ["generate", "--engine", str(tiny_engine), "--max-tokens",
                                        "4", "--temperature", "0.8", "--seed", "1", "a b"])
@@ -41,6 +54,11 @@ def test_generate_plain_prints_answer_and_rate(tiny_engine):
     (["--method", "vanilla"], "has no vanilla draft"),
     (["--method", "eagle3"], "has no eagle3 drafter (export it with --eagle3 CHECKPOINT)"),
     (["--num-draft-tokens", "0"], "Invalid value for '--num-draft-tokens'"),
+    (["--logit-bias", "5:1"], "'5:1': expected ID=BIAS"),
+    (["--logit-bias", "5=101"], "logit_bias[5]=101.0: must be a finite number in -100..100"),
+    (["--logit-bias", "500=1"], "logit_bias has token ids [500] outside the vocabulary 0..127"),
+    (["--presence-penalty", "3"], "presence_penalty=3.0: must be a finite number in -2..2"),
+    (["--min-p", "2"], "min_p=2.0: must be a finite number in 0..1"),
     (["--engine", "/no/such/folder"], "'/no/such/folder' does not exist"),
 ])
 def test_generate_bad_input(tiny_engine, args, message):

@@ -101,6 +101,14 @@ def test_fallback_and_required(engine):
         generate_ids(strict, PROMPTS[:1], logprobs, "none")
     with pytest.raises(ValueError, match="auto k"):
         generate_ids(strict, PROMPTS[:1], GREEDY, "mtp", "auto")
+    for control in ({"min_p": 0.1}, {"logit_bias": {5: 2.0}}, {"presence_penalty": 1.0},
+                    {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2}):
+        name = next(iter(control))
+        with pytest.raises(ValueError, match=f"sampling controls {name} are applied by the "
+                                             "host loop; the device loop does not apply them"):
+            generate_ids(strict, PROMPTS[:1], SamplingParams(max_tokens=4, **control), "none")
+    penalized = SamplingParams(max_tokens=4, presence_penalty=1.0)  # the host loop takes it
+    assert len(generate_ids(gen, PROMPTS[:1], penalized, "mtp", 2)[0].output_ids) == 4
     with pytest.raises(ValueError, match="ort backend"):
         generate_ids(Generator(engine, device_loop=True), PROMPTS[:1], GREEDY)
     from trt_spec.runtime.scheduler import Scheduler

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trt_spec.runtime.verify import PLACEHOLDER, residual, stochastic_verify, verify_batch
-from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
+from trt_spec.runtime.sampling import SamplingParams, probs, probs_from_logits, process_logits
 
 V = 8
 GREEDY = SamplingParams()
@@ -103,19 +103,40 @@ def cases():
                          p1_logits)
     yield "grammar mask", masked_p, rng.standard_normal(V), masked_p1, SamplingParams(temperature=1.0)
     yield "grammar mask, top-p", masked_p, rng.standard_normal(V), masked_p1, SamplingParams(temperature=0.8, top_p=0.9)
+    # the sampling controls (runtime/sampling.py), on p and q alike, each row counting the
+    # output so far (OUTPUT) and the drafts before it: the second position's row sees d1
+    q_logits = rng.standard_normal(V)
+    yield "logit_bias", p_logits, q_logits, p1_logits, SamplingParams(temperature=1.0, logit_bias={2: 3.0, 6: -100, 7: 1.5})
+    yield "presence_penalty", p_logits, q_logits, p1_logits, SamplingParams(temperature=1.0, presence_penalty=1.5)
+    yield "frequency_penalty", p_logits, q_logits, p1_logits, SamplingParams(temperature=0.9, frequency_penalty=2.0)
+    yield "negative frequency_penalty", p_logits, None, p1_logits, SamplingParams(temperature=1.0, frequency_penalty=-1.0)
+    yield "repetition_penalty", p_logits, q_logits, p1_logits, SamplingParams(temperature=1.0, repetition_penalty=1.8)
+    yield "min_p", p_logits, q_logits, p1_logits, SamplingParams(temperature=1.2, min_p=0.15)
+    yield "every control, top-k, grammar mask", masked_p, q_logits, masked_p1, SamplingParams(
+        temperature=0.8, top_k=5, logit_bias={1: 2.0}, presence_penalty=0.5, frequency_penalty=0.7,
+        repetition_penalty=1.3, min_p=0.05)
+
+
+PROMPT, OUTPUT = [1, 3], [3, 5, 3]  # what the penalties count before the verified rows
 
 
 @pytest.mark.parametrize("name, p_logits, q_logits, p1_logits, params", list(cases()),
                          ids=[c[0] for c in cases()])
 def test_emitted_tokens_follow_the_target_distribution(name, p_logits, q_logits, p1_logits, params):
-    """First emitted token ~ p; second (given the first was an accepted draft y) ~ p1[y]."""
-    t, tk, tp = params.temperature, params.top_k, params.top_p
-    p0 = probs_from_logits(p_logits, t, tk, tp)
-    q0 = None if q_logits is None else probs_from_logits(q_logits, t, tk, tp)
+    """First emitted token ~ p; second (given the first was an accepted draft y) ~ p1[y]: each
+    as plain decoding draws it, under the request's controls with its own context (OUTPUT;
+    OUTPUT + [y]). The verifier's rows come from process_logits over [last, d1, d2], the
+    drafter's q from the same controls with the drafts before it, as the engine makes them."""
+    def dist(logits, output):  # one position's distribution, as plain decoding draws it
+        return probs(process_logits(logits[None], params, PROMPT, output)[0], params)
+
+    p0 = dist(p_logits, OUTPUT)
+    q0 = None if q_logits is None else dist(q_logits, OUTPUT)
     q1_logits = np.roll(p1_logits, 1, axis=1)  # the draft's 2nd position: off by one token
     rng = np.random.default_rng(0)
-    q1 = [None if q0 is None else probs_from_logits(q1_logits[y], t, tk, tp) for y in range(V)]
+    q1 = [None if q0 is None else dist(q1_logits[y], OUTPUT + [y]) for y in range(V)]
     p1_argmax = p1_logits.argmax(-1)
+    rows = {}  # (d1, d2) -> the target's rows [last, d1, d2] as the engine verifies them
     # the drafts, drawn up front (vectorized); the verifier runs once per trial
     d1s = np.full(N, int(np.argmax(p0))) if q0 is None else rng.choice(V, size=N, p=q0)
     u = rng.random(N)
@@ -127,8 +148,10 @@ def test_emitted_tokens_follow_the_target_distribution(name, p_logits, q_logits,
         else:
             d2 = min(int(np.searchsorted(np.cumsum(q1[d1]), ui, side="right")), V - 1)
             q = np.stack([q0, q1[d1]])
-        logits = np.stack([p_logits, p1_logits[d1], p_logits])
-        a, out = stochastic_verify(np.array([d1, d2]), q, logits, params, rng)
+        if (d1, d2) not in rows:
+            rows[d1, d2] = process_logits(np.stack([p_logits, p1_logits[d1], p_logits]), params,
+                                          PROMPT, OUTPUT, [d1, d2])
+        a, out = stochastic_verify(np.array([d1, d2]), q, rows[d1, d2], params, rng)
         first[out[0]] += 1
         if a >= 1:
             second[out[0]][out[1]] += 1
@@ -137,6 +160,6 @@ def test_emitted_tokens_follow_the_target_distribution(name, p_logits, q_logits,
     for y, counts in second.items():
         if counts.sum() < 20_000:
             continue  # too few draws of this prefix for a tight bound
-        p1 = probs_from_logits(p1_logits[y], t, tk, tp)
+        p1 = dist(p1_logits[y], OUTPUT + [y])
         assert counts[p1 == 0].sum() == 0
         assert tv(counts, p1) < 2.5 * TV_BOUND, (name, y, counts / counts.sum(), p1)

@@ -151,3 +151,63 @@ def test_no_branch_on_tensor_values():
     again = (torch.randn(5, 2, V), torch.rand(5) + 0.5, torch.tensor([1, 0, 0, 1, 0]).bool(),
              torch.tensor([0, 3, 200, 1, 7]), torch.tensor([0.3, 1.0, 0.8, 1.0, 0.99]))
     assert torch.equal(program.module()(*again), Probs()(*again))
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.02, 0.3, 1.0])
+@pytest.mark.parametrize("setting", [(1.0, 0, 1.0), (0.7, 20, 0.8), (1.3, 5, 0.95)], ids=str)
+def test_min_p_torch_equals_numpy(setting, min_p):
+    """min-p sits between the temperature and top-k in both (1.0: only the argmax and its
+    ties stay)."""
+    from trt_spec.runtime.sampling import SamplingParams, probs
+
+    t, k, p = setting
+    logits = np.random.default_rng(5).normal(0, 3, (3, 4, V))
+    params = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=min_p)
+    want = np.stack([probs(row, params) for row in logits])
+    f64 = lambda x: torch.full((3,), x, dtype=torch.float64)  # noqa: E731
+    got = st.probs_from_logits(torch.from_numpy(logits), f64(t), torch.full((3,), k), f64(p),
+                               f64(min_p)).numpy()
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    if min_p and k == 0:
+        kept = (want > 0).sum(-1)
+        assert (kept < (numpy_probs(logits, t, k, p) > 0).sum(-1)).any()  # it drops tokens
+
+
+def test_process_logits_torch_equals_numpy():
+    """logit_bias and the penalties, one setting per batch row, each verified row counting
+    the output so far and the drafts before it: the torch twin (dense counts, row_counts)
+    gives what runtime/sampling.py's process_logits gives."""
+    from trt_spec.runtime.sampling import SamplingParams, process_logits
+
+    rng = np.random.default_rng(6)
+    k = 3
+    params = [SamplingParams(logit_bias={3: 5.0, 50: -100}, repetition_penalty=1.0),
+              SamplingParams(presence_penalty=1.5, frequency_penalty=-0.5),
+              SamplingParams(repetition_penalty=1.7),
+              SamplingParams(logit_bias={0: -2.5}, presence_penalty=-1.0, frequency_penalty=2.0,
+                             repetition_penalty=0.6)]
+    b = len(params)
+    logits = rng.normal(0, 3, (b, k + 1, V))
+    prompts = [rng.integers(0, V, 6).tolist() for _ in range(b)]
+    outputs = [rng.integers(0, 12, n).tolist() for n in (0, 5, 9, 14)]  # repeats among few ids
+    drafts = rng.integers(0, 12, (b, k))
+    want = np.stack([process_logits(logits[i], params[i], prompts[i], outputs[i], drafts[i])
+                     for i in range(b)])
+    bias = torch.zeros(b, V, dtype=torch.float64)
+    for i, p in enumerate(params):
+        for t, x in p.logit_bias:
+            bias[i, t] = x
+    output_counts = torch.stack([torch.bincount(torch.tensor(o, dtype=torch.long), minlength=V)
+                                 for o in outputs])
+    seen = torch.zeros(b, V, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        seen[i, p] = True
+    setting = lambda name: torch.tensor([getattr(p, name) for p in params],  # noqa: E731
+                                        dtype=torch.float64)
+    got = st.process_logits(torch.from_numpy(logits), bias,
+                            st.row_counts(output_counts, torch.from_numpy(drafts)), seen,
+                            setting("repetition_penalty"), setting("frequency_penalty"),
+                            setting("presence_penalty")).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(want, logits)  # the controls did change every row

@@ -232,3 +232,28 @@ def test_the_chat_endpoint_takes_tool_turns_and_names_the_bad_field(server):
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.json())
     assert post(server, messages=turns[:1]).status_code == 200  # and it still serves
+
+
+def test_each_choice_holds_back_its_own_call():
+    """n > 1: each choice's ToolChatShape (Shape.for_index) holds its own text; interleaved
+    deltas do not mix."""
+    from types import SimpleNamespace
+
+    def out(text, finish=None):
+        return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
+
+    first = ToolChatShape(None, False, FORMATS["block"], tools([WEATHER]), held=False)
+    second = first.for_index(1)
+    assert (first.index, second.index) == (0, 1)
+    assert first.delta(None, out("a <to"))["delta"] == {"content": "a "}
+    assert second.delta(None, out("plain"))["delta"] == {"content": "plain"}
+    last = first.delta(None, out(call("get_weather", city="x")[len("<to"):], "stop"))
+    assert last["index"] == 0 and last["finish_reason"] == "tool_calls"
+    assert second.delta(None, out("", "stop"))["finish_reason"] == "stop"
+
+
+def test_the_chat_endpoint_answers_n_choices_with_tools(server):
+    r = post(server, messages=[{"role": "user", "content": "a b"}], tools=[WEATHER], n=2,
+             temperature=1.0, seed=5)
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]

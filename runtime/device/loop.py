@@ -28,7 +28,9 @@ plain decoding included: plain and speculative greedy output are then the same t
 for any k < EXACT_ROWS. Without it (`--fast-decode`) W = k + 1.
 
 What the loop does not do (Generator falls back to the host loop of runtime/engine.py, see
-`unsupported`): logprobs, `auto` k, the suffix and hybrid lookups, the speculation policy's
+`unsupported`): logprobs, the sampling controls beyond temperature / top-k / top-p
+(logit_bias, penalties, min_p: runtime/sampling_torch.py has them, the loop does not feed
+them yet), `auto` k, the suffix and hybrid lookups, the speculation policy's
 per-stream switches (min_acceptance, spec_max_batch), chunked prefill (prompts are read whole).
 """
 
@@ -72,6 +74,10 @@ def unsupported(gen, streams: list[Stream]) -> str | None:
         return "max_tokens 0 reads the prompt only (the host loop's prefill)"
     if any(s.guide is not None for s in streams):
         return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
+    controls = sorted({c for s in streams for c in s.params.controls})
+    if controls:
+        return (f"the sampling controls {', '.join(controls)} are applied by the host loop; "
+                "the device loop does not apply them yet")
     spec = gen.speculation
     if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"

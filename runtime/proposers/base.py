@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import probs_from_logits, sample_from_probs
+from trt_spec.runtime.sampling import probs, process_logits, sample_from_probs
 
 
 @dataclass
@@ -87,21 +87,40 @@ class DraftVocab:
         return q
 
 
-def pick_draft(s, logits: np.ndarray,
-               vocab: DraftVocab | None = None) -> tuple[int, np.ndarray | None]:
+def pick_draft(s, logits: np.ndarray, vocab: DraftVocab | None = None,
+               drafted=()) -> tuple[int, np.ndarray | None]:
     """A draft token from a drafter's logits [head_vocab] (over `vocab`, or the target's whole
-    vocabulary when None) -> (target token, q [vocab] or None when greedy). Greedy: the argmax.
-    Sampling: drawn from q, the head's distribution after the request's temperature / top-k /
-    top-p; over a draft vocabulary q is zero outside it, so the verifier's min(1, p(d)/q(d))
-    and norm(max(0, p - q)) stay exact (lossless)."""
+    vocabulary when None) -> (target token, q [vocab] or None when greedy). drafted: the
+    tokens this stream drafted before it this step. Greedy: the argmax. Sampling: drawn from
+    q, the head's distribution after the request's controls (runtime/sampling.py, with the
+    same context as the target's row that verifies it: the output so far and `drafted`);
+    over a draft vocabulary q is zero outside it, so the verifier's min(1, p(d)/q(d)) and
+    norm(max(0, p - q)) stay exact (lossless)."""
+    if s.params.processes_logits:
+        return pick_processed(s, logits, vocab, drafted)
     if s.params.greedy:
         d = int(np.argmax(logits))
         return (d if vocab is None else int(vocab.draft_to_target[d])), None
-    q = probs_from_logits(logits, s.params.temperature, s.params.top_k, s.params.top_p)
+    q = probs(logits, s.params)
     d = sample_from_probs(q, s.rng)
     if vocab is None:
         return d, q
     return int(vocab.draft_to_target[d]), vocab.to_target(q)
+
+
+def pick_processed(s, logits: np.ndarray, vocab: DraftVocab | None,
+                   drafted) -> tuple[int, np.ndarray | None]:
+    """pick_draft under logit_bias or penalties: they are indexed by target ids, so a draft
+    vocabulary's logits are placed over the target's (-inf elsewhere) and processed there."""
+    if vocab is not None:
+        full = np.full(vocab.vocab_size, -np.inf)
+        full[vocab.draft_to_target] = logits
+        logits = full
+    z = process_logits(logits[None], s.params, s.prompt_ids, [*s.output_ids, *drafted])[0]
+    if s.params.greedy:
+        return int(np.argmax(z)), None
+    q = probs(z, s.params)
+    return sample_from_probs(q, s.rng), q
 
 
 def confidence(logits: np.ndarray, q: np.ndarray | None, token: int) -> float:

@@ -196,9 +196,10 @@ class MtpProposer(Proposer):
         """The target's rows [r_i, D] -> the first module's hidden_states input [r_i, H]."""
         return rows
 
-    def pick(self, s, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """logits [head_vocab] -> (target token, q [vocab] or None when greedy)."""
-        return pick_draft(s, logits, self.vocab)
+    def pick(self, s, logits: np.ndarray, drafted=()) -> tuple[int, np.ndarray | None]:
+        """logits [head_vocab] -> (target token, q [vocab] or None when greedy); drafted: the
+        stream's drafts before it this step."""
+        return pick_draft(s, logits, self.vocab, drafted)
 
     # --- propose -------------------------------------------------------------------------
 
@@ -240,7 +241,7 @@ class MtpProposer(Proposer):
                 module, cache = self.modules[-1], self.caches[-1]
             out = module.step(cache, requests, ("next_hidden_states",))
             for i, logits, h in zip(active, out.logits, out.rows["next_hidden_states"]):
-                token, q = self.pick(streams[i], logits[-1])
+                token, q = self.pick(streams[i], logits[-1], tokens[i])
                 seqs[i].append(token)
                 tokens[i].append(token)
                 probs[i].append(q)

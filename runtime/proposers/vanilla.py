@@ -102,7 +102,7 @@ class VanillaProposer(Proposer):
             for i, logits in zip(active, out.logits):
                 s = streams[i]
                 self.held[s.slot] = self.held[s.slot] + feeds[i]
-                token, q = pick_draft(s, logits[-1], self.vocab)
+                token, q = pick_draft(s, logits[-1], self.vocab, tokens[i])
                 tokens[i].append(token)
                 probs[i].append(q)
                 if gate is not None and not gate.more(i, confidence(logits[-1], q, token)):

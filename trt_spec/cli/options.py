@@ -82,6 +82,21 @@ def sampling_options(f):
         click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True),
                      default=SAMPLING.top_p,
                      show_default=True, help="Nucleus sampling mass (1 = off)."),
+        click.option("--min-p", "min_p", type=float, default=SAMPLING.min_p, show_default=True,
+                     help="Drop tokens less likely than this times the most likely (0 = off)."),
+        click.option("--presence-penalty", type=float, default=SAMPLING.presence_penalty,
+                     show_default=True,
+                     help="-2..2: subtracted from each token already in the output (OpenAI)."),
+        click.option("--frequency-penalty", type=float, default=SAMPLING.frequency_penalty,
+                     show_default=True,
+                     help="-2..2: subtracted per occurrence in the output so far (OpenAI)."),
+        click.option("--repetition-penalty", type=float, default=SAMPLING.repetition_penalty,
+                     show_default=True,
+                     help="> 0: divides (or multiplies, when negative) the logits of tokens in "
+                          "the prompt or output (vLLM; 1 = off)."),
+        click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
+                     callback=checked(parse_logit_bias),
+                     help="Add BIAS (-100..100) to token ID's logit (repeatable)."),
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
         click.option("--json-schema", "json_schema", metavar="FILE", default=None,
@@ -96,6 +111,21 @@ def sampling_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def parse_logit_bias(pairs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """('1234=5', '7=-100') -> (('1234', 5.0), ('7', -100.0)): SamplingParams' logit_bias
+    pairs (it checks the ids and biases)."""
+    out = []
+    for pair in pairs:
+        token, sep, bias = pair.partition("=")
+        try:
+            out.append((token.strip(), float(bias)))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"{pair!r}: expected ID=BIAS, e.g. 1234=-100")
+    return tuple(out)
 
 
 def read_text(path: str) -> str:
