@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from trt_spec.runtime import tool_calls
+from trt_spec.runtime import reasoning, tool_calls
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
@@ -37,6 +37,9 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     # LLM.chat with tools: the calls parsed from the text (runtime/tool_calls.py); None: none
     tool_calls: list[ToolCall] | None = None
+    # LLM.chat on a template with a thinking section (runtime/reasoning.py): the text
+    # between <think> and </think>; None where the answer did not think. `text` stays whole.
+    reasoning_content: str | None = None
 
 
 @dataclass
@@ -121,7 +124,8 @@ class LLM:
         return self.generator.tokenizer
 
     def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
-                chat, on_output=None, tools: list[Tool] | None = None) -> list[Request]:
+                chat, on_output=None, tools: list[Tool] | None = None,
+                template_kwargs: dict | None = None) -> list[Request]:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
                              f"(got {type(params).__name__}; SamplingParams(**d) makes one "
@@ -131,7 +135,7 @@ class LLM:
                              "default)")
         if not prompts:
             raise ValueError("prompts is empty: expected a string, a chat or a list of these")
-        ids = [self.scheduler.encode(p, chat, tools) for p in prompts]
+        ids = [self.scheduler.encode(p, chat, tools, template_kwargs) for p in prompts]
         # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
         requests = [self.scheduler.prepare(p, params, method, num_draft_tokens, on_output)
                     for p in ids]
@@ -170,16 +174,22 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, *, tools: list[dict] | None = None,
              tool_choice: str | dict | None = None, parallel_tool_calls: bool = True,
-             method: str | None = None, num_draft_tokens: int | str | None = None
-             ) -> list[RequestOutput]:
+             method: str | None = None, num_draft_tokens: int | str | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """One chat (a list of messages) or a list of chats, run to completion. tools:
         OpenAI's function tools, shown to the model in its template's format; tool_choice
         (none, auto, required or {"type": "function", "function": {"name"}}) as OpenAI's:
         required or a named function holds the output to a grammar of the allowed calls. Each
-        output's `tool_calls` holds the calls parsed from its text (runtime/tool_calls.py)."""
+        output's `tool_calls` holds the calls parsed from its text (runtime/tool_calls.py).
+        chat_template_kwargs: more of the template's variables (e.g. {"enable_thinking":
+        False}); a template with a thinking section (runtime/reasoning.py) gives each output
+        its `reasoning_content`, and a JSON schema or the call grammar holds the output only
+        after the thinking section."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         given = tool_calls.tools(tools) if tools is not None else []
         choice = tool_calls.tool_choice(tool_choice, given)
+        variables = reasoning.template_kwargs(chat_template_kwargs)
+        thinks = reasoning.thinks(self.tokenizer.chat_template, variables)
         fmt = tool_calls.format_of(self.tokenizer.chat_template)
         params = sampling_params or SamplingParams()
         if choice.forced:
@@ -187,12 +197,19 @@ class LLM:
                 raise ValueError(f"tool_choice={tool_choice!r} holds the output to tool "
                                  f"calls; sampling_params.{params.structure[0]} cannot hold "
                                  "it too")
-            params = replace(params, grammar=fmt.grammar(given, choice, parallel_tool_calls))
-        requests = self._submit(chats, params, method, num_draft_tokens, True, tools=given)
+            grammar = fmt.grammar(given, choice, parallel_tool_calls)
+            params = replace(params, grammar=reasoning.held_after_thinking(grammar)
+                             if thinks else grammar)
+        elif thinks:
+            params = reasoning.schema_after_thinking(params)
+        requests = self._submit(chats, params, method, num_draft_tokens, True, tools=given,
+                                template_kwargs=variables)
         outputs = self._run(requests, chats)
-        for c in (c for out in outputs for c in out.outputs) if given and \
-                choice.mode != "none" else ():
-            c.tool_calls = fmt.parse(c.text, given, choice.forced)[1] or None
+        for c in (c for out in outputs for c in out.outputs):
+            reasoning_text, content = reasoning.split(c.text) if thinks else (None, c.text)
+            c.reasoning_content = reasoning_text
+            if given and choice.mode != "none":
+                c.tool_calls = fmt.parse(content, given, choice.forced)[1] or None
         return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,

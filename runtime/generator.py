@@ -48,19 +48,23 @@ def available_methods(manifest: Manifest) -> list[str]:
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None,
-                  tools: list[Tool] | None = None) -> list[int]:
+                  tools: list[Tool] | None = None,
+                  template_kwargs: dict | None = None) -> list[int]:
     """Chat messages always use the chat template; plain text uses it when chat=True, or
     when chat is None and the tokenizer has one (an instruct model). tools: shown to the
-    model in its template's format (runtime/tool_calls.py), as are earlier tool turns."""
+    model in its template's format (runtime/tool_calls.py), as are earlier tool turns.
+    template_kwargs: more of the template's variables (chat_template_kwargs, checked by
+    runtime/reasoning.py's template_kwargs: e.g. {"enable_thinking": False})."""
+    extra = template_kwargs or {}
     if isinstance(prompt, list):
         messages, variables = for_template(tokenizer.chat_template,
                                            validation.chat(prompt), tools or [])
-        return tokenizer.encode_chat(messages, **variables)
+        return tokenizer.encode_chat(messages, **extra, **variables)
     if not isinstance(prompt, str):
         raise validation.FieldError("prompt", f"prompt {str(prompt)[:80]!r}: expected a "
                                               "string or a list of chat messages")
     if chat or (chat is None and tokenizer.chat_template):
-        return tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return tokenizer.encode_chat([{"role": "user", "content": prompt}], **extra)
     return tokenizer.encode(prompt)
 
 
@@ -241,8 +245,9 @@ class Generator:
     # --- generation -----------------------------------------------------------------------
 
     def encode(self, prompt: Prompt, chat: bool | None = None,
-               tools: list[Tool] | None = None) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, chat, tools)
+               tools: list[Tool] | None = None,
+               template_kwargs: dict | None = None) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat, tools, template_kwargs)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                num_draft_tokens: int | str | None = None) -> Stream:

@@ -149,10 +149,12 @@ class Scheduler:
     def tokenizer(self) -> Tokenizer:
         return self.gen.tokenizer
 
-    def encode(self, prompt: Prompt, chat: bool | None = None, tools=None) -> list[int]:
+    def encode(self, prompt: Prompt, chat: bool | None = None, tools=None,
+               template_kwargs: dict | None = None) -> list[int]:
         """A prompt's token ids (runtime/generator.py encode_prompt: chat template or not;
-        tools: runtime/tool_calls.py's, shown to the model)."""
-        return self.gen.encode(prompt, chat, tools)
+        tools: runtime/tool_calls.py's, shown to the model; template_kwargs: more of the
+        template's variables, e.g. {"enable_thinking": False})."""
+        return self.gen.encode(prompt, chat, tools, template_kwargs)
 
     def prepare(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
                 num_draft_tokens: int | str | None = None,

@@ -1,7 +1,9 @@
 """POST /v1/chat/completions: chat messages through the model's chat template, as OpenAI's
 chat completions API; max_completion_tokens or max_tokens, logprobs with top_logprobs, and
 tool calling (tools, tool_choice, parallel_tool_calls: runtime/tool_calls.py), and vLLM's
-prompt_logprobs (the templated prompt's tokens, in the response beside choices)."""
+prompt_logprobs (the templated prompt's tokens, in the response beside choices),
+chat_template_kwargs and reasoning_content (a thinking section apart from the answer:
+runtime/reasoning.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import dataclasses
 
 from fastapi import APIRouter, Request
 
-from trt_spec.runtime import tool_calls
+from trt_spec.runtime import reasoning, tool_calls
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
@@ -33,20 +35,37 @@ async def chat_completions(request: Request):
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")
     tools, choice = tool_request(req)
+    variables = template_kwargs(req)
     try:  # the template and the tokenizer, off the event loop
-        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools)
+        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools, variables)
     except ValueError as e:  # no chat template, or the template refused the messages
         raise RequestError(str(e), "messages") from None
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
-    fmt = tool_calls.format_of(scheduler.tokenizer.chat_template)
+    tokenizer = scheduler.tokenizer
+    fmt = tool_calls.format_of(tokenizer.chat_template)
+    # None: the answer does not think; else whether the prompt opened the think block
+    think = (reasoning.opened(tokenizer.decode(ids[-16:], skip_special_tokens=False))
+             if reasoning.thinks(tokenizer.chat_template, variables) else None)
     if choice.forced:
-        params = held_to_calls(req, params, fmt.grammar(tools, choice,
-                                                        req.parallel_tool_calls is not False))
+        grammar = fmt.grammar(tools, choice, req.parallel_tool_calls is not False)
+        params = held_to_calls(req, params, grammar if think is None else
+                               reasoning.held_after_thinking(grammar, think))
+    elif think is not None:
+        params = reasoning.schema_after_thinking(params, think)
     logprobs = params.logprobs is not None
-    shape = (ToolChatShape(scheduler.tokenizer, logprobs, fmt, tools, choice.forced)
-             if tools and choice.mode != "none" else ChatShape(scheduler.tokenizer, logprobs))
+    shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
+             if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
+    shape.think = None if ctx.reasoning_in_content else think
     return await answer(request, req, [Prompted(ids, params, shape)])
+
+
+def template_kwargs(req: ChatRequest) -> dict:
+    """chat_template_kwargs, checked (a 400 naming it)."""
+    try:
+        return reasoning.template_kwargs(req.chat_template_kwargs)
+    except FieldError as e:
+        raise RequestError(str(e), e.field) from None
 
 
 def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
@@ -76,21 +95,44 @@ class ChatShape(Shape):
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl"
     prompt_param = "messages"
+    # the answer thinks first (runtime/reasoning.py): None, not split (no thinking section,
+    # or --reasoning-in-content); else whether the prompt opened the think block
+    think: bool | None = None
+    splitter: reasoning.Splitter | None = None  # this choice's, made on its first delta
 
     def opening(self) -> dict:
         return {"index": self.index, "delta": {"role": "assistant", "content": ""},
                 "logprobs": None, "finish_reason": None}
 
+    def pieces(self, out: Output) -> tuple[str, str]:
+        """(new reasoning, new content) of a delta: the thinking section apart, its tags
+        held back until they are whole."""
+        if self.think is None:
+            return "", out.text
+        if self.splitter is None:
+            self.splitter = reasoning.Splitter(self.think)
+        return self.splitter.feed(out.text, out.finish_reason is not None)
+
+    def parts(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, content) of a finished answer."""
+        return (None, text) if self.think is None else reasoning.split(text, self.think)
+
     def delta(self, job: Job, out: Output) -> dict:
-        return {"index": self.index,
-                "delta": {"content": out.text} if out.text or out.logprobs else {},
-                "logprobs": self.content_logprobs(out.logprobs),
-                "finish_reason": out.finish_reason}
+        thought, text = self.pieces(out)
+        lp = self.content_logprobs(out.logprobs)
+        return {"index": self.index, "delta": delta_of(thought, text, out.logprobs),
+                "logprobs": lp, "finish_reason": out.finish_reason}
 
     def whole(self, job: Job) -> dict:
         s = job.stream
-        return {"index": self.index, "message": {"role": "assistant", "content": s.text},
+        thought, content = self.parts(s.text)
+        return {"index": self.index, "message": self.message(thought, content),
                 "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
+
+    def message(self, thought: str | None, content: str | None, **more) -> dict:
+        """The answer's message; reasoning_content where the template thinks (vLLM's)."""
+        thinking = {} if self.think is None else {"reasoning_content": thought}
+        return {"role": "assistant", "content": content, **thinking, **more}
 
     def response_fields(self, job: Job) -> dict:
         """vLLM's prompt_logprobs of the templated prompt, when asked for."""
@@ -115,32 +157,43 @@ class ToolChatShape(ChatShape):
         self.text, self.sent = "", 0  # the answer so far; how much of it went out as content
 
     def delta(self, job: Job, out: Output) -> dict:
-        self.text += out.text
+        thought, text = self.pieces(out)
+        self.text += text
         lp = self.content_logprobs(out.logprobs)
         if out.finish_reason is None:
             end = held_from(self.text, self.sent)
             text, self.sent = self.text[self.sent:end], max(self.sent, end)
-            return {"index": self.index, "delta": {"content": text} if text or lp else {},
+            return {"index": self.index, "delta": delta_of(thought, text, out.logprobs),
                     "logprobs": lp, "finish_reason": None}
         content, calls = self.fmt.parse(self.text, self.tools, self.held)
         if not calls:  # no call, or one that does not parse: the rest is content
             rest, self.sent = self.text[self.sent:], len(self.text)
-            return {"index": self.index, "delta": {"content": rest} if rest or lp else {},
+            return {"index": self.index, "delta": delta_of(thought, rest, out.logprobs),
                     "logprobs": lp, "finish_reason": out.finish_reason}
-        delta = {"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
+        delta = {**delta_of(thought, "", []),
+                 "tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
         return {"index": self.index, "delta": delta, "logprobs": lp,
                 "finish_reason": calls_finish(out.finish_reason)}
 
     def whole(self, job: Job) -> dict:
         s = job.stream
-        content, calls = self.fmt.parse(s.text, self.tools, self.held)
+        thought, text = self.parts(s.text)
+        content, calls = self.fmt.parse(text, self.tools, self.held)
         if not calls:
             return super().whole(job)
-        message = {"role": "assistant", "content": content,
-                   "tool_calls": [c.to_dict() for c in calls]}
+        message = self.message(thought, content, tool_calls=[c.to_dict() for c in calls])
         return {"index": self.index, "message": message,
                 "logprobs": self.content_logprobs(s.logprobs),
                 "finish_reason": calls_finish(s.finish_reason)}
+
+
+def delta_of(thought: str, text: str, logprobs: list) -> dict:
+    """A chunk's delta: the new reasoning_content and content (content also where only
+    logprobs are new), or {} where there is nothing."""
+    delta = {"reasoning_content": thought} if thought else {}
+    if text or (logprobs and not thought):
+        delta["content"] = text
+    return delta
 
 
 def calls_finish(finish_reason: str) -> str:

@@ -45,6 +45,7 @@ class Served:
     model_name: str
     metrics: ServerMetrics
     max_body_bytes: int
+    reasoning_in_content: bool = False  # a thinking section stays in content (no split)
 
 
 def served(request: Request) -> Served:

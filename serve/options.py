@@ -57,6 +57,7 @@ class ServeOptions:
     api_key: str | None = field(default=None, repr=False)  # Access's fields, flat (the CLI's)
     allowed_origins: tuple[str, ...] = ()
     protect_metrics: bool = False
+    reasoning_in_content: bool = False  # a thinking section stays in content (no split)
 
     def __post_init__(self):
         self.access  # noqa: B018 - checked once, here

@@ -121,6 +121,9 @@ class ChatRequest(_Request):
     tools: Any = None
     tool_choice: Any = None  # none | auto | required | {"type": "function", ...}
     parallel_tool_calls: bool | None = None  # default true
+    # more of the chat template's variables, e.g. {"enable_thinking": false} (vLLM's name;
+    # runtime/reasoning.py's template_kwargs checks it)
+    chat_template_kwargs: Any = None
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:

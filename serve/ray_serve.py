@@ -64,6 +64,7 @@ class ReplicaConfig:
     engine_checksum: str | None = None  # manifest digest every replica must match
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     access: Access = Access()  # the API key and CORS origins, as `trt-spec serve`'s
+    reasoning_in_content: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,8 @@ class EngineReplica:
         gen.cache.reserve()  # resident from the start, as the single-process server's
         self.scheduler = Scheduler(gen, config.debug_step_delay)
         self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
-                                   max_body_bytes=config.max_body_bytes, access=config.access)
+                                   max_body_bytes=config.max_body_bytes, access=config.access,
+                                   reasoning_in_content=config.reasoning_in_content)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
         registry = self.http_app.state.served.metrics.registry
@@ -314,7 +316,8 @@ def replica_config(options: ServeOptions, engine_checksum: str | None = None) ->
     return ReplicaConfig(model_name=options.model_name, runtime=runtime,
                          debug_step_delay=options.debug_step_delay,
                          engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes,
-                         access=options.access)
+                         access=options.access,
+                         reasoning_in_content=options.reasoning_in_content)
 
 
 def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:

@@ -55,11 +55,12 @@ ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST 
 
 
 def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access()
-               ) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access(),
+               reasoning_in_content: bool = False) -> FastAPI:
     """The FastAPI app serving `scheduler` as `model_name`; its lifespan starts the
     scheduler's thread (start_loop; False: the caller steps it) and stops it. access: the
-    API key and CORS origins (serve/access.py)."""
+    API key and CORS origins (serve/access.py); reasoning_in_content: a thinking section
+    stays in `content` (no `reasoning_content`)."""
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
     metrics = ServerMetrics(scheduler, model_name)
@@ -72,7 +73,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
         scheduler.stop(timeout=30)
 
     app = FastAPI(title="trt-spec", lifespan=lifespan)
-    app.state.served = Served(scheduler, model_name, metrics, max_body_bytes)
+    app.state.served = Served(scheduler, model_name, metrics, max_body_bytes,
+                              reasoning_in_content)
     add_error_handlers(app, metrics)
     add_access(app, access, metrics)
     for routes in (router, completions.router, chat.router, tokenize.router):
@@ -131,7 +133,7 @@ async def models(request: Request):
 
 def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
           shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          access: Access = Access()) -> None:
+          access: Access = Access(), reasoning_in_content: bool = False) -> None:
     """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown)."""
     import uvicorn
 
@@ -147,7 +149,8 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
             finally:
                 timer.cancel()
 
-    app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes, access=access)
+    app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes, access=access,
+                     reasoning_in_content=reasoning_in_content)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=shutdown_timeout + 10)
     # uvicorn handles the signal while it runs, then raises it again under the handlers it
@@ -171,4 +174,4 @@ def serve_engine(options: ServeOptions, say=print) -> None:
     say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
         f"http://{options.host}:{options.port}")
     serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
-          options.max_body_bytes, options.access)
+          options.max_body_bytes, options.access, options.reasoning_in_content)

@@ -11,11 +11,22 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
 )
 
+# Qwen3's shape: the model thinks between <think> and </think>; enable_thinking=false closes
+# an empty think block in the prompt
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant "
+    "{% if enable_thinking is defined and enable_thinking is false %}<think> </think> "
+    "{% endif %}{% endif %}"
+)
 
-def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+
+def save_tiny_tokenizer(folder: Path, vocab_size: int, thinking: bool = False) -> None:
+    """thinking: a Qwen3-style template, and <think> and </think> as (non-special) words."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["user", "assistant", "system"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    words += ["<think>", "</think>"] if thinking else []
     words += [f"w{i}" for i in range(vocab_size - len(SPECIALS) - len(words))]
     vocab = {w: i for i, w in enumerate(SPECIALS + words)}
     assert len(vocab) == vocab_size
@@ -25,6 +36,6 @@ def save_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.save(str(Path(folder) / "tokenizer.json"))
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": THINKING_TEMPLATE if thinking else CHAT_TEMPLATE,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }))

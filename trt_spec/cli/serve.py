@@ -72,6 +72,9 @@ def default_method(engine: str) -> str:
 @click.option("--allowed-origins", multiple=True, metavar="ORIGINS",
               help="CORS: browser origins allowed to call the server, comma-separated or "
                    "repeated (https://app.example.com, or * for any) [default: none].")
+@click.option("--reasoning-in-content", is_flag=True,
+              help="Keep a reasoning model's thinking section in `content` [default: apart, "
+                   "as `reasoning_content`].")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0),
               default=SERVE["debug_step_delay"], hidden=True,
               help="Sleep this long after each step (tests: a slower model).")

@@ -1,0 +1,141 @@
+"""Reasoning models: the thinking section of an answer, told apart from the answer itself.
+
+A chat template with a thinking section (Qwen3: it writes `<think>` and reads
+`enable_thinking`) lets the model think first, between <think> and </think>, then answer.
+Which format applies is read from the template, never from the model's name:
+
+    thinking   the template mentions <think>: the answer's text splits at </think> into
+               (reasoning, content), vLLM's `reasoning_content` and `content`
+    none       any other template: the whole text is content, as before
+
+With `enable_thinking: false` Qwen3's template closes an empty think block in the prompt
+itself, so the output holds no </think> and is all content. A template that opens the block
+in the prompt (the output starts inside it) is read from the prompt's tail (`opened`).
+
+Under a grammar (a JSON schema, tool calls) the structure starts after the thinking section:
+`held_after_thinking` writes llguidance Lark that lets the model think freely first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from trt_spec.runtime.grammar import JSON_OPTIONS
+from trt_spec.runtime.validation import FieldError, _show
+
+OPEN, CLOSE = "<think>", "</think>"
+# the template's own variables: chat_template_kwargs may not set them
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+MAX_KWARGS = 32
+
+
+def has_thinking(chat_template: str | None) -> bool:
+    """The template has a thinking section (it writes <think>)."""
+    return bool(chat_template) and OPEN in chat_template
+
+
+def opened(prompt_tail: str) -> bool:
+    """The prompt ends inside an open think block (the output starts in the reasoning)."""
+    return prompt_tail.rfind(OPEN) > prompt_tail.rfind(CLOSE)
+
+
+def template_kwargs(value, field: str = "chat_template_kwargs") -> dict:
+    """chat_template_kwargs, checked: a dict of string keys, none of the template's own."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_KWARGS \
+            or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise FieldError(field, f"{field}={_show(value)}: expected an object of at most "
+                                f"{MAX_KWARGS} variables (identifier keys), e.g. "
+                                '{"enable_thinking": false}')
+    taken = [k for k in value if k in RESERVED]
+    if taken:
+        raise FieldError(field, f"{field} sets {', '.join(taken)}, which the server sets "
+                                f"itself ({', '.join(RESERVED)} are the template's own)")
+    return dict(value)
+
+
+def thinks(chat_template: str | None, variables: dict) -> bool:
+    """The model thinks before it answers: the template has a thinking section and the
+    request does not turn it off (enable_thinking: false)."""
+    return has_thinking(chat_template) and variables.get("enable_thinking", True) is not False
+
+
+def parts(text: str, opened_: bool = False, final: bool = True) -> tuple[str | None, str]:
+    """(reasoning, content) of an answer's text: the reasoning runs from a leading <think>
+    (or from the start, `opened_`) to </think>; None where the answer does not think. Not
+    `final` (streaming): what may yet become a tag is left out of both."""
+    body = text
+    if not opened_:
+        head = text.lstrip()
+        if head.startswith(OPEN):
+            body = head[len(OPEN):]
+        elif not final and OPEN.startswith(head):
+            return "", ""  # (the answer may yet open a think block)
+        else:
+            return None, text
+    at = body.find(CLOSE)
+    if at >= 0:
+        return body[:at], body[at + len(CLOSE):].lstrip()
+    if final:
+        return body, ""  # cut short while thinking
+    return body[:len(body) - held_tail(body)], ""
+
+
+def split(text: str, opened_: bool = False) -> tuple[str | None, str]:
+    """A finished answer's (reasoning, content): reasoning None where it did not think."""
+    return parts(text, opened_, final=True)
+
+
+def held_tail(text: str) -> int:
+    """How many characters at the end of `text` may yet become </think>."""
+    for n in range(min(len(CLOSE) - 1, len(text)), 0, -1):
+        if CLOSE.startswith(text[len(text) - n:]):
+            return n
+    return 0
+
+
+class Splitter:
+    """A streamed answer's reasoning and content, piece by piece: each `feed` gives the new
+    reasoning and the new content, holding back a tail that may yet become a tag."""
+
+    def __init__(self, opened_: bool = False):
+        self.opened = opened_
+        self.text = ""
+        self.sent = (0, 0)  # reasoning, content characters handed out
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        self.text += text
+        reasoning, content = parts(self.text, self.opened, final)
+        reasoning = reasoning or ""
+        r, c = self.sent
+        self.sent = (max(r, len(reasoning)), max(c, len(content)))
+        return reasoning[r:], content[c:]
+
+
+def held_after_thinking(lark: str, opened_: bool = False) -> str:
+    """llguidance Lark: a think block (any text), then `lark`'s language. `lark` starts with
+    its `start:` rule; it becomes `answer:`."""
+    if not lark.startswith("start:"):
+        raise ValueError("expected a Lark grammar whose first rule is start")
+    think = (f'think[lazy]: /(.|\\n)*/ {json.dumps(CLOSE)}' if opened_ else
+             f'think[lazy]: {json.dumps(OPEN)} /(.|\\n)*/ {json.dumps(CLOSE)}')
+    return "\n".join(["start: think SPACE answer", think, "SPACE: /[ \\t\\n]*/",
+                      "answer:" + lark[len("start:"):]])
+
+
+def json_after_thinking(schema: dict, opened_: bool = False) -> str:
+    """A JSON schema's output, after a think block (in the project's JSON spacing)."""
+    schema = {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
+    return held_after_thinking(f"start: %json {json.dumps(schema)}", opened_)
+
+
+def schema_after_thinking(params, opened_: bool = False):
+    """SamplingParams held to a JSON schema: held to it after a think block instead (the
+    other structures are left as they are: they hold the output from its first token)."""
+    if not params.json_schema:
+        return params
+    return dataclasses.replace(params, json_schema=None,
+                               grammar=json_after_thinking(json.loads(params.json_schema),
+                                                           opened_))
