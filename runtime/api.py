@@ -92,6 +92,14 @@ def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
                      "{'role', 'content'} dicts) or a list of these")
 
 
+def check_params(params) -> SamplingParams:
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
+                         f"(got {type(params).__name__}; SamplingParams(**d) makes one "
+                         "from a dict)")
+    return params
+
+
 class LLM:
     def __init__(self, model: str | Path, method: str = PLAIN,
                  num_draft_tokens: int | str = SpeculationConfig.num_draft_tokens,
@@ -126,19 +134,20 @@ class LLM:
     def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
                 chat, on_output=None, tools: list[Tool] | None = None,
                 template_kwargs: dict | None = None) -> list[Request]:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params={str(params)[:80]}: expected a SamplingParams "
-                             f"(got {type(params).__name__}; SamplingParams(**d) makes one "
-                             "from a dict)")
+        check_params(params)
         if chat is not None and not isinstance(chat, bool):
             raise ValueError(f"chat={chat!r}: expected True, False or None (the model's "
                              "default)")
         if not prompts:
             raise ValueError("prompts is empty: expected a string, a chat or a list of these")
         ids = [self.scheduler.encode(p, chat, tools, template_kwargs) for p in prompts]
+        return self._enqueue(ids, [params] * len(ids), method, num_draft_tokens, on_output)
+
+    def _enqueue(self, ids: list[list[int]], params: list[SamplingParams], method,
+                 num_draft_tokens, on_output=None) -> list[Request]:
         # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
-        requests = [self.scheduler.prepare(p, params, method, num_draft_tokens, on_output)
-                    for p in ids]
+        requests = [self.scheduler.prepare(p, q, method, num_draft_tokens, on_output)
+                    for p, q in zip(ids, params)]
         return self.scheduler.enqueue_all(requests)
 
     def _cancel(self, requests: list[Request]) -> None:
@@ -183,33 +192,37 @@ class LLM:
         output's `tool_calls` holds the calls parsed from its text (runtime/tool_calls.py).
         chat_template_kwargs: more of the template's variables (e.g. {"enable_thinking":
         False}); a template with a thinking section (runtime/reasoning.py) gives each output
-        its `reasoning_content`, and a JSON schema or the call grammar holds the output only
-        after the thinking section."""
+        its `reasoning_content`, and a structure (a JSON schema, regex, grammar or choices in
+        sampling_params, or the call grammar) holds the output only after the thinking
+        section, also where the template opened it in the prompt."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not chats:
+            raise ValueError("messages is empty: expected a chat (a list of messages) or a "
+                             "list of chats")
         given = tool_calls.tools(tools) if tools is not None else []
         choice = tool_calls.tool_choice(tool_choice, given)
         variables = reasoning.template_kwargs(chat_template_kwargs)
-        thinks = reasoning.thinks(self.tokenizer.chat_template, variables)
         fmt = tool_calls.format_of(self.tokenizer.chat_template)
-        params = sampling_params or SamplingParams()
+        params = check_params(sampling_params or SamplingParams())
         if choice.forced:
             if params.structure is not None:
                 raise ValueError(f"tool_choice={tool_choice!r} holds the output to tool "
                                  f"calls; sampling_params.{params.structure[0]} cannot hold "
                                  "it too")
-            grammar = fmt.grammar(given, choice, parallel_tool_calls)
-            params = replace(params, grammar=reasoning.held_after_thinking(grammar)
-                             if thinks else grammar)
-        elif thinks:
-            params = reasoning.schema_after_thinking(params)
-        requests = self._submit(chats, params, method, num_draft_tokens, True, tools=given,
-                                template_kwargs=variables)
+            params = replace(params, grammar=fmt.grammar(given, choice, parallel_tool_calls))
+        ids = [self.scheduler.encode(c, True, given, variables) for c in chats]
+        # per chat: None where its answer does not think, else whether its prompt opened the
+        # think block; a structure then holds the output after the thinking section
+        thinking = [reasoning.thinking_of(self.tokenizer, variables, i) for i in ids]
+        requests = self._enqueue(ids, [params if t is None else reasoning.after_thinking(
+            params, t) for t in thinking], method, num_draft_tokens)
         outputs = self._run(requests, chats)
-        for c in (c for out in outputs for c in out.outputs):
-            reasoning_text, content = reasoning.split(c.text) if thinks else (None, c.text)
-            c.reasoning_content = reasoning_text
-            if given and choice.mode != "none":
-                c.tool_calls = fmt.parse(content, given, choice.forced)[1] or None
+        for out, think in zip(outputs, thinking):
+            for c in out.outputs:
+                c.reasoning_content, content = ((None, c.text) if think is None
+                                                else reasoning.split(c.text, think))
+                if given and choice.mode != "none":
+                    c.tool_calls = fmt.parse(content, given, choice.forced)[1] or None
         return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,

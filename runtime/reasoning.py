@@ -12,8 +12,9 @@ With `enable_thinking: false` Qwen3's template closes an empty think block in th
 itself, so the output holds no </think> and is all content. A template that opens the block
 in the prompt (the output starts inside it) is read from the prompt's tail (`opened`).
 
-Under a grammar (a JSON schema, tool calls) the structure starts after the thinking section:
-`held_after_thinking` writes llguidance Lark that lets the model think freely first.
+Under a structure (a JSON schema, a regex, a grammar, choices, tool calls) the output is held
+to it only after the thinking section: `after_thinking` nests the structure's grammar behind a
+think block that lets the model think freely first.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from trt_spec.runtime.grammar import JSON_OPTIONS
 from trt_spec.runtime.validation import FieldError, _show
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -60,6 +60,14 @@ def thinks(chat_template: str | None, variables: dict) -> bool:
     """The model thinks before it answers: the template has a thinking section and the
     request does not turn it off (enable_thinking: false)."""
     return has_thinking(chat_template) and variables.get("enable_thinking", True) is not False
+
+
+def thinking_of(tokenizer, variables: dict, prompt_ids: list[int]) -> bool | None:
+    """How a chat's answer starts: None where it does not think (`thinks`); else whether its
+    prompt opened the think block (the template wrote <think> and left it open)."""
+    if not thinks(tokenizer.chat_template, variables):
+        return None
+    return opened(tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False))
 
 
 def parts(text: str, opened_: bool = False, final: bool = True) -> tuple[str | None, str]:
@@ -114,28 +122,31 @@ class Splitter:
         return reasoning[r:], content[c:]
 
 
-def held_after_thinking(lark: str, opened_: bool = False) -> str:
-    """llguidance Lark: a think block (any text), then `lark`'s language. `lark` starts with
-    its `start:` rule; it becomes `answer:`."""
-    if not lark.startswith("start:"):
-        raise ValueError("expected a Lark grammar whose first rule is start")
+def thinking_first(grammar: str, opened_: bool = False) -> str:
+    """llguidance's grammar (its JSON form): a think block (any text), then `grammar`'s
+    language. `grammar` is Lark text or llguidance's JSON form (runtime/grammar.py
+    grammar_text: what every structure compiles to); its first grammar becomes the nested
+    grammar the think block leads into (`@answer`, or its own name)."""
+    form = json.loads(grammar) if grammar.lstrip().startswith("{") else None
+    grammars = (form["grammars"] if isinstance(form, dict) and form.get("grammars")
+                else [{"lark_grammar": grammar}])
+    name = grammars[0].get("name") or "answer"
     think = (f'think[lazy]: /(.|\\n)*/ {json.dumps(CLOSE)}' if opened_ else
              f'think[lazy]: {json.dumps(OPEN)} /(.|\\n)*/ {json.dumps(CLOSE)}')
-    return "\n".join(["start: think SPACE answer", think, "SPACE: /[ \\t\\n]*/",
-                      "answer:" + lark[len("start:"):]])
+    top = "\n".join([f"start: think SPACE @{name}", think, "SPACE: /[ \\t\\n]*/"])
+    return json.dumps({"grammars": [{"lark_grammar": top}, {**grammars[0], "name": name},
+                                    *grammars[1:]]})
 
 
-def json_after_thinking(schema: dict, opened_: bool = False) -> str:
-    """A JSON schema's output, after a think block (in the project's JSON spacing)."""
-    schema = {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
-    return held_after_thinking(f"start: %json {json.dumps(schema)}", opened_)
+def after_thinking(params, opened_: bool = False):
+    """SamplingParams held to a structure (a JSON schema, a regex, a grammar, choices, the
+    tool-call grammar): held to it after a think block instead. No structure: unchanged."""
+    from trt_spec.runtime.grammar import grammar_text
 
-
-def schema_after_thinking(params, opened_: bool = False):
-    """SamplingParams held to a JSON schema: held to it after a think block instead (the
-    other structures are left as they are: they hold the output from its first token)."""
-    if not params.json_schema:
+    structure = params.structure
+    if structure is None:
         return params
-    return dataclasses.replace(params, json_schema=None,
-                               grammar=json_after_thinking(json.loads(params.json_schema),
-                                                           opened_))
+    kind, value = structure
+    inner = grammar_text(kind, json.loads(value) if kind == "json_schema" else value)
+    return dataclasses.replace(params, json_schema=None, regex=None, choice=(),
+                               grammar=thinking_first(inner, opened_))

@@ -56,7 +56,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # structured output (runtime/grammar.py), at most one: the output is held to a JSON schema
     # (a dict or its JSON text; kept as JSON text), a regular expression, a grammar
-    # in llguidance's Lark dialect, or one of a list of strings
+    # in llguidance's Lark dialect (or its JSON grammar list), or one of a list of strings
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None

@@ -44,15 +44,12 @@ async def chat_completions(request: Request):
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
     tokenizer = scheduler.tokenizer
     fmt = tool_calls.format_of(tokenizer.chat_template)
-    # None: the answer does not think; else whether the prompt opened the think block
-    think = (reasoning.opened(tokenizer.decode(ids[-16:], skip_special_tokens=False))
-             if reasoning.thinks(tokenizer.chat_template, variables) else None)
+    think = reasoning.thinking_of(tokenizer, variables, ids)
     if choice.forced:
-        grammar = fmt.grammar(tools, choice, req.parallel_tool_calls is not False)
-        params = held_to_calls(req, params, grammar if think is None else
-                               reasoning.held_after_thinking(grammar, think))
-    elif think is not None:
-        params = reasoning.schema_after_thinking(params, think)
+        params = held_to_calls(req, params, fmt.grammar(tools, choice,
+                                                         req.parallel_tool_calls is not False))
+    if think is not None:  # a structure holds the output after the thinking section
+        params = after_thinking(req, params, think)
     logprobs = params.logprobs is not None
     shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
              if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
@@ -88,6 +85,16 @@ def held_to_calls(req: ChatRequest, params: SamplingParams, grammar: str) -> Sam
         return dataclasses.replace(params, grammar=grammar)
     except FieldError as e:
         raise RequestError(f"the tools' schemas: {e}", "tools") from None
+
+
+def after_thinking(req: ChatRequest, params: SamplingParams, opened: bool) -> SamplingParams:
+    """The request's structure held after the thinking section (a 400 naming the field that
+    asked for it where the nested grammar is refused)."""
+    try:
+        return reasoning.after_thinking(params, opened)
+    except FieldError as e:
+        field = structure_param(req)
+        raise RequestError(f"{field} after the thinking section: {e}", field) from None
 
 
 class ChatShape(Shape):

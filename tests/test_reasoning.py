@@ -5,7 +5,6 @@ the chat endpoint's reasoning_content (streamed and not) and --reasoning-in-cont
 from __future__ import annotations
 
 import json
-import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -106,30 +105,35 @@ def guide_accepts(grammar: str, text: str) -> tuple[bool, bool]:
 def test_structures_start_after_the_thinking_section():
     from pathlib import Path
 
+    from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.tool_calls import FORMATS, ToolChoice, tools
+
     if not Path("engines/smollm2-135m/tokenizer.json").exists():
         pytest.skip("no engines/smollm2-135m")
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    g = reasoning.json_after_thinking(schema)
-    assert guide_accepts(g, '<think>\nhm\n</think>\n\n{"a": 1}') == (True, True)
-    assert guide_accepts(g, '{"a": 1}')[0] is False  # the think block first
-    assert guide_accepts(g, '<think>x</think> {"a": 1} y')[0] is False
-    opened = reasoning.json_after_thinking(schema, True)
-    assert guide_accepts(opened, 'hm\n</think>\n\n{"a": 1}') == (True, True)
-    from trt_spec.runtime.tool_calls import FORMATS, ToolChoice, tools
-
     weather = {"type": "function", "function": {"name": "w", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    calls = reasoning.held_after_thinking(
-        FORMATS["template"].grammar(tools([weather]), ToolChoice("required"), True))
     call = '<tool_call>\n{"name": "w", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    assert guide_accepts(calls, "<think>so</think>\n\n" + call) == (True, True)
-    assert guide_accepts(calls, call)[0] is False
-    from trt_spec.runtime.sampling import SamplingParams
-
-    p = reasoning.schema_after_thinking(SamplingParams(json_schema=schema))
-    assert p.json_schema is None and p.grammar.startswith("start: think")
-    plain = SamplingParams(regex="a+")
-    assert reasoning.schema_after_thinking(plain) is plain
+    cases = [  # each structure: (SamplingParams, an answer it holds, one it refuses)
+        (SamplingParams(json_schema=schema), '{"a": 1}', '{"a": "x"}'),
+        (SamplingParams(regex=r"[0-9]{3}-x/y"), "123-x/y", "12-x/y"),
+        (SamplingParams(grammar='start: greet " " NAME\ngreet: "hi" | "yo"\nNAME: /[a-z]+/'),
+         "hi bob", "hey bob"),
+        (SamplingParams(choice=("yes", "no")), "no", "maybe"),
+        (SamplingParams(grammar=FORMATS["template"].grammar(
+            tools([weather]), ToolChoice("required"), True)), call, "Oslo"),
+    ]
+    for params, good, bad in cases:
+        held = reasoning.after_thinking(params)
+        assert held.structure[0] == "grammar" and held.grammar.startswith('{"grammars"')
+        g = held.grammar
+        assert guide_accepts(g, "<think>\nhm\n</think>\n\n" + good) == (True, True), good
+        assert guide_accepts(g, good)[0] is False  # the think block comes first
+        assert guide_accepts(g, "<think>x</think> " + bad) != (True, True), bad
+        opened = reasoning.after_thinking(params, True).grammar
+        assert guide_accepts(opened, "hm\n</think>\n\n" + good) == (True, True), good
+    plain = SamplingParams(temperature=0)
+    assert reasoning.after_thinking(plain) is plain
 
 
 # --- the chat endpoint -------------------------------------------------------------------
@@ -155,17 +159,19 @@ def test_shapes_split_reasoning_streamed_and_whole():
 
 
 @pytest.fixture(scope="module")
-def thinking_engine(tiny_hf_dir, tmp_path_factory):
-    """The tiny model with a Qwen3-style template (<think>, enable_thinking)."""
+def thinking_engine(tmp_path_factory):
+    """A tiny random Qwen3 (per-head q/k norms, head_dim != hidden / heads) with a Qwen3-style
+    template (<think>, enable_thinking), exported fp32 with a 1-layer self-draft."""
+    pytest.importorskip("transformers")
+    from tests.test_families import COMMON, make_family_hf
     from tests.tiny_tokenizer import save_tiny_tokenizer
     from trt_spec.export.config import ExportConfig
     from trt_spec.export.pipeline import export_model
 
-    hf = tmp_path_factory.mktemp("tiny-thinking") / "hf"
-    shutil.copytree(tiny_hf_dir, hf)
-    save_tiny_tokenizer(hf, 128, thinking=True)
+    hf = make_family_hf(tmp_path_factory.mktemp("qwen3-thinking"), "qwen3")
+    save_tiny_tokenizer(hf, COMMON["vocab_size"], thinking=True)
     return export_model(ExportConfig(str(hf), tmp_path_factory.mktemp("engines") / "think",
-                                     "fp32"))
+                                     "fp32", draft_layers=1))
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +225,60 @@ def test_the_chat_endpoint_takes_chat_template_kwargs(servers):
     for bad in ({"messages": []}, [1], {"eos_token": "x"}):
         r = post(split, chat_template_kwargs=bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+# --- the Python API ----------------------------------------------------------------------
+
+def test_llm_chat_holds_structures_after_the_thinking_on_every_method(thinking_engine):
+    """LLM.chat on the tiny Qwen3: a structure starts after the think block (a bias on
+    </think> closes it at once: the random model would think on), greedy output is the same
+    for every method, and a prompt that opened the block is read as such."""
+    from trt_spec import LLM, SamplingParams
+
+    llm = LLM(thinking_engine, max_num_seqs=2)
+    close = llm.tokenizer.encode("</think>", add_special_tokens=False)
+    assert len(close) == 1
+    chat = [{"role": "user", "content": "a b c"}]
+    # (the tiny tokenizer's words carry no spaces: "xy" is the tokens x, y, decoded "x y")
+    held = SamplingParams(temperature=0, max_tokens=12, choice=("xy", "z"),
+                          logit_bias={close[0]: 100})
+    free = SamplingParams(temperature=0, max_tokens=12)
+    seen = {}
+    for method in llm.methods:
+        k = None if method == "none" else 3
+        out = [llm.chat(chat, p, method=method, num_draft_tokens=k)[0].outputs[0]
+               for p in (held, free)]
+        assert out[0].reasoning_content is not None and out[0].text.startswith("<think>")
+        assert reasoning.split(out[0].text)[1] in ("x y", "z"), out[0].text
+        assert out[0].finish_reason == "stop", out[0]
+        seen[method] = [(o.text, o.reasoning_content) for o in out]
+    assert len(set(map(str, seen.values()))) == 1, seen
+    # the template opened the think block: the output starts inside it
+    opened = llm.chat(chat, held, chat_template_kwargs={"open_thinking": True})[0].outputs[0]
+    assert not opened.text.lstrip().startswith("<think>")
+    assert opened.reasoning_content is not None
+    assert reasoning.split(opened.text, True)[1] in ("x y", "z"), opened.text
+    assert opened.finish_reason == "stop", opened
+    # thinking off: the structure holds the output from its first token
+    off = llm.chat(chat, held, chat_template_kwargs={"enable_thinking": False})[0].outputs[0]
+    assert off.reasoning_content is None and off.text in ("x y", "z"), off.text
+    assert off.finish_reason == "stop", off
+
+
+def test_the_chat_endpoint_holds_guided_fields_after_the_thinking(servers):
+    split, _ = servers
+    import httpx
+
+    close = httpx.post(f"{split.url}/tokenize", json={"prompt": "</think>",
+                                                      "add_special_tokens": False},
+                       timeout=60).json()["tokens"]
+    # (the tiny tokenizer's words carry no spaces: "zy" is the tokens z, y, decoded "z y")
+    for field, value in (("guided_choice", ["xy", "z"]), ("guided_regex", "(x|z)y"),
+                         ("guided_grammar", 'start: "z" ("x" | "y")')):
+        r = post(split, response_format=None, max_tokens=12, logit_bias={str(close[0]): 100},
+                 **{field: value})
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        assert message["reasoning_content"] is not None, (field, message)
+        assert message["content"] in ("x y", "z y", "z x", "z"), (field, message)
+        assert r.json()["choices"][0]["finish_reason"] == "stop", (field, r.json())

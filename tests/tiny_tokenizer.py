@@ -17,6 +17,8 @@ THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
     "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant "
     "{% if enable_thinking is defined and enable_thinking is false %}<think> </think> "
+    # as templates that open the think block in the prompt (the output starts inside it)
+    "{% elif open_thinking is defined and open_thinking %}<think> "
     "{% endif %}{% endif %}"
 )
 
