@@ -226,7 +226,7 @@ class Engine:
         forced = guided_step.forced_drafts(streams, ks, self.planner.config.forced_tokens,
                                            self.planner.room)
         drafts = self.planner.draft(streams, ks)
-        guided_step.hold_to_grammar(streams, drafts, forced)
+        guided_step.hold_to_grammar(streams, drafts, forced, self.planner)
         count_drafted(streams, drafts)
         t1 = time.perf_counter()
         # the grammar's masks depend only on the drafts: made while the target runs

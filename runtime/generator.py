@@ -255,7 +255,8 @@ class Generator:
         k, or "auto" / "auto:K" (adaptive)."""
         method, k, adaptive = self.resolve(method, num_draft_tokens)
         validation.bias_in_vocabulary(params.logit_bias, self.config.vocab_size)
-        guide = self.grammars.guide(params) if params.structure is not None else None
+        guide = (self.grammars.guide(params, self.speculation.grammar_drafts)
+                 if params.structure is not None else None)
         return Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
 
     @property

@@ -156,12 +156,13 @@ class Grammars:
                     self._cache.popitem(last=False)
         return proto.deep_copy()
 
-    def guide(self, params) -> "Guide | None":
-        """The Guide of a request's SamplingParams, None where it asks for no structure."""
+    def guide(self, params, steer: bool = True) -> "Guide | None":
+        """The Guide of a request's SamplingParams, None where it asks for no structure.
+        steer: model drafters draft under its mask (SpeculationConfig.grammar_drafts)."""
         structure = params.structure
         if structure is None:
             return None
-        return Guide(self.compile(*structure), self.vocab_size, self.eos_ids)
+        return Guide(self.compile(*structure), self.vocab_size, self.eos_ids, steer)
 
 
 def first_line(message: str, limit: int = 300) -> str:
@@ -173,8 +174,10 @@ def first_line(message: str, limit: int = 300) -> str:
 class Guide:
     """One stream's grammar state (an llguidance matcher) and the time its masks took."""
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], steer: bool = True):
+        """steer: model drafters draft under this guide's mask (`allowed`)."""
         self.matcher = matcher
+        self.steer = steer
         self.eos_ids = eos_ids
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
@@ -190,9 +193,44 @@ class Guide:
         """At most `limit` tokens the grammar allows exactly one way from here."""
         return list(self.matcher.compute_ff_tokens()[:limit]) if limit > 0 else []
 
+    def forced_after(self, drafts, limit: int) -> list[int]:
+        """At most `limit` tokens the grammar allows exactly one way after `drafts` (each
+        valid); [] after an EOS. The matcher is left where it was."""
+        drafts = [int(t) for t in drafts]
+        if limit <= 0 or any(t in self.eos_ids for t in drafts):
+            return []
+        for t in drafts:
+            self.matcher.consume_token(t)
+        tokens = list(self.matcher.compute_ff_tokens()[:limit])
+        tokens = tokens[:self.matcher.validate_tokens(tokens)] if tokens else []
+        if drafts:
+            self.matcher.rollback(len(drafts))
+        return tokens
+
     def valid(self, drafts) -> int:
         """How many of `drafts` (from here on) the grammar allows."""
         return self.matcher.validate_tokens([int(t) for t in drafts]) if len(drafts) else 0
+
+    def allowed(self, drafted) -> np.ndarray | None:
+        """bool [vocab]: the tokens allowed after the output and `drafted` (the drafts before
+        this one in the step); None where a draft is not valid or nothing is allowed. The
+        matcher is left where it was."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        t0 = time.perf_counter()
+        drafted = [int(t) for t in drafted]
+        if any(t in self.eos_ids for t in drafted) or \
+                (drafted and self.matcher.validate_tokens(drafted) < len(drafted)):
+            return None  # (nothing follows an EOS; see masks)
+        for t in drafted:
+            self.matcher.consume_token(t)
+        bits = np.zeros((1, self.words), dtype=np.int32)
+        fill_next_token_bitmask(self.matcher, bits, 0)
+        if drafted:
+            self.matcher.rollback(len(drafted))
+        out = np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.vocab_size] == 1
+        self.mask_s += time.perf_counter() - t0
+        return out if out.any() else None
 
     def masks(self, drafts) -> np.ndarray:
         """[len(drafts) + 1, words] int32 bitmasks: the state here, then after each draft
@@ -201,13 +239,20 @@ class Guide:
 
         t0 = time.perf_counter()
         out = np.zeros((len(drafts) + 1, self.words), dtype=np.int32)
+        consumed = 0
         for j in range(len(drafts) + 1):
             fill_next_token_bitmask(self.matcher, out, j)
-            if j < len(drafts) and not self.matcher.consume_token(int(drafts[j])):
+            if j == len(drafts) or int(drafts[j]) in self.eos_ids:
+                # nothing follows an EOS (the stream stops there): its rows stay empty, and
+                # EOS is never consumed here (llguidance 1.9.1 cannot roll a consumed EOS
+                # back: the matcher then refuses the same end again)
+                break
+            if not self.matcher.consume_token(int(drafts[j])):
                 raise AssertionError(f"draft {int(drafts[j])} was not valid: "
                                      f"{self.matcher.get_error()}")
-        if len(drafts):
-            self.matcher.rollback(len(drafts))
+            consumed += 1
+        if consumed:
+            self.matcher.rollback(consumed)
         for row in np.flatnonzero(~out.any(axis=1)):
             # nothing allowed (a dead end, or the matcher past a limit): EOS, which the
             # grammar then refuses, so the stream ends with finish_reason "error"

@@ -24,12 +24,15 @@ def forced_drafts(streams: list, ks: list[int], limit: int, room) -> dict[int, n
     return forced
 
 
-def hold_to_grammar(streams: list, drafts: list[Draft], forced: dict[int, np.ndarray]) -> None:
+def hold_to_grammar(streams: list, drafts: list[Draft], forced: dict[int, np.ndarray],
+                    planner=None) -> None:
     """Forced tokens become their streams' drafts; a drafter's drafts are cut where the
     grammar stops allowing them. A sampled draft with a distribution keeps its first
     disallowed token: verification rejects it for certain and samples that position from
     the residual max(0, p - q), which keeps the output distribution exact (cutting it would
-    sample from p instead)."""
+    sample from p instead). A draft the grammar allows whole is followed by the run the
+    grammar forces after it (planner: its forced_tokens limit and each stream's room), free:
+    accepted whenever the draft is (the target, masked, allows nothing else there)."""
     for i, s in enumerate(streams):
         if s.guide is None:
             continue
@@ -40,6 +43,9 @@ def hold_to_grammar(streams: list, drafts: list[Draft], forced: dict[int, np.nda
         n = s.guide.valid(d.tokens)
         if n < len(d):
             d.cut(n + 1 if d.q is not None and not s.params.greedy else n)
+        elif len(d) and planner is not None:
+            limit = min(planner.config.forced_tokens, planner.room(s) - len(d))
+            d.extend_forced(s.guide.forced_after(d.tokens, limit))
 
 
 def masks(streams: list, drafts: list[Draft]) -> dict[int, np.ndarray]:

@@ -97,6 +97,9 @@ class SpeculationConfig:
     # structured outputs: the most tokens a grammar forces (allows one way only) drafted in a
     # step, for free, whatever the method (0: none)
     forced_tokens: int = 8
+    # structured outputs: model drafters (vanilla, mtp, eagle, eagle3) draft under the
+    # grammar's mask, its state advanced along the draft (runtime/proposers/base.py held)
+    grammar_drafts: bool = True
 
     def __post_init__(self):
         if isinstance(self.num_draft_tokens, (str, DraftTokens)):
@@ -118,6 +121,8 @@ class SpeculationConfig:
                 MAX_DRAFT_TOKENS:
             raise ValueError(f"forced_tokens={self.forced_tokens!r}: must be an integer in "
                              f"0..{MAX_DRAFT_TOKENS} (0: none)")
+        if not isinstance(self.grammar_drafts, bool):
+            raise ValueError(f"grammar_drafts={self.grammar_drafts!r}: expected True or False")
         if self.window < 1 or self.cooldown < 0 or self.max_cooldown < self.cooldown:
             raise ValueError(f"window={self.window}, cooldown={self.cooldown}, max_cooldown="
                              f"{self.max_cooldown}: need window >= 1, 0 <= cooldown <= "

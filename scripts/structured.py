@@ -3,7 +3,9 @@ tool calls (--tool-calls tests/data/tool_calls.jsonl: tool_choice required or a 
 function, the output held to the call grammar): for each method, whether every answer parses
 and validates, whether greedy output equals plain decoding's under the same grammar, and
 decode tokens/s with grammar-forced drafting on and off, interleaved in one process (plain
-decoding without forced drafts is the baseline).
+decoding without forced drafts is the baseline). A model drafter (vanilla, mtp, eagle,
+eagle3) also runs unsteered (`-unsteered`: drafting without the grammar's mask,
+--no-grammar-drafts), so its acceptance under the schema is measured with and without it.
 
     python scripts/structured.py --engine engines/smollm2-135m --methods none,ngram,hybrid,eagle3
     python scripts/structured.py --tool-calls tests/data/tool_calls.jsonl --methods none,ngram,hybrid
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MODEL_DRAFTERS = ("vanilla", "mtp", "eagle", "eagle3")
 
 
 def main(argv=None) -> int:
@@ -43,19 +46,26 @@ def main(argv=None) -> int:
     cases = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     # (forced tokens, exact decoding) -> a generator; the fastest plain decoding a user can
     # run (--fast-decode: 1-token steps on one-row kernels) is the second baseline
-    gens = {(f, exact): Generator(args.engine, forced_tokens=f, threads=args.threads,
-                                  max_len=2048, prefix_cache=False, exact_decode=exact)
-            for f, exact in ((0, True), (0, False), (args.forced_tokens, True))}
+    gens = {(f, exact, steer): Generator(args.engine, forced_tokens=f, threads=args.threads,
+                                         max_len=2048, prefix_cache=False, exact_decode=exact,
+                                         grammar_drafts=steer)
+            for f, exact, steer in ((0, True, True), (0, False, True),
+                                    (args.forced_tokens, True, True),
+                                    (args.forced_tokens, True, False))}
     methods = args.methods.split(",")
-    configs = [("none", 0), ("none-fast", 0)] + [(m, args.forced_tokens) for m in methods]
+    models = [m for m in methods if m in MODEL_DRAFTERS]
+    configs = [("none", 0), ("none-fast", 0)] + [(m, args.forced_tokens) for m in methods] \
+        + [(f"{m}-unsteered", args.forced_tokens) for m in models]
     rows = {c: {"tokens": 0, "seconds": 0.0, "forwards": 0, "valid": 0, "same": 0, "n": 0,
-                "mask_s": 0.0, "masks": 0, "score_s": 0.0, "steps": 0} for c in configs}
+                "mask_s": 0.0, "masks": 0, "score_s": 0.0, "steps": 0, "proposed": 0,
+                "accepted": 0, "model_drafted": 0, "model_accepted": 0} for c in configs}
     for rep in range(args.repeats):
         for case in cases:
             base = None
             for label, forced in configs:  # interleaved per schema
-                method = label.removesuffix("-fast")
-                gen = gens[forced, label == method]
+                method = label.removesuffix("-fast").removesuffix("-unsteered")
+                gen = gens[forced, not label.endswith("-fast"),
+                           not label.endswith("-unsteered")]
                 params, ids, valid = task(gen, case, args.max_tokens)
                 gen.use_suffix_cache(SuffixCache())  # no answer of another run to match
                 t0 = time.perf_counter()
@@ -69,6 +79,11 @@ def main(argv=None) -> int:
                 r["mask_s"] += m.mask_s
                 r["masks"] += m.masks
                 r["score_s"] += m.score_s
+                r["proposed"] += m.proposed_tokens
+                r["accepted"] += m.accepted_tokens
+                drafted, kept = model_drafts(s.sources)
+                r["model_drafted"] += drafted
+                r["model_accepted"] += kept
                 r["n"] += 1
                 r["valid"] += s.finish_reason == "stop" and valid(s.text)
                 base = s.output_ids if base is None else base
@@ -81,8 +96,8 @@ def main(argv=None) -> int:
     kind = "tool-call tasks" if args.tool_calls else "schemas"
     print(f"{len(cases)} {kind} x {args.repeats}, max_tokens {args.max_tokens}, greedy\n")
     print("| method | forced tokens | valid | = plain | tok/s | x plain | x fastest plain | tau "
-          "| mask us/step | mask % of score |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| acceptance | model drafts accepted | mask us/step | mask % of score |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = {}
     for (method, forced), r in rows.items():
         rate = r["tokens"] / r["seconds"]
@@ -91,11 +106,27 @@ def main(argv=None) -> int:
         print(f"| {method} | {forced} | {r['valid']}/{r['n']} | {r['same']}/{r['n']} | "
               f"{rate:.1f} | {rate / plain_rate:.2f} | {rate / fast_rate:.2f} | "
               f"{(r['tokens'] + r['n']) / r['forwards']:.2f} | "
+              f"{r['accepted'] / max(r['proposed'], 1):.2f} | "
+              f"{model_rate(r)} | "
               f"{1e6 * r['mask_s'] / r['steps']:.0f} | "
               f"{100 * r['mask_s'] / r['score_s']:.1f}% |")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(table, indent=1) + "\n")
     return 0
+
+
+def model_drafts(sources) -> tuple[int, int]:
+    """(tokens a model drafter drafted, of them accepted) from a stream's token sources
+    (runtime/provenance.py): a step's `drafted` is on each of its tokens."""
+    steps = {t.step: t for t in sources if t.drafter in MODEL_DRAFTERS}
+    kept = sum(t.source in ("head", "draft") for t in sources)
+    return sum(t.drafted for t in steps.values()), kept
+
+
+def model_rate(r: dict) -> str:
+    if not r["model_drafted"]:
+        return "-"
+    return f"{r['model_accepted'] / r['model_drafted']:.2f} of {r['model_drafted']}"
 
 
 def task(gen, case: dict, max_tokens: int):

@@ -98,7 +98,9 @@ def pick_draft(s, logits: np.ndarray, vocab: DraftVocab | None = None,
     q, the head's distribution after the request's controls (runtime/sampling.py, with the
     same context as the target's row that verifies it: the output so far and `drafted`);
     over a draft vocabulary q is zero outside it, so the verifier's min(1, p(d)/q(d)) and
-    norm(max(0, p - q)) stay exact (lossless)."""
+    norm(max(0, p - q)) stay exact (lossless). Under a grammar the logits are held to what it
+    allows first (`held`), so q is the masked, renormalised distribution drawn from."""
+    logits = held(s, logits, vocab, drafted)
     if s.params.processes_logits:
         return pick_processed(s, logits, vocab, drafted)
     if s.params.greedy:
@@ -109,6 +111,25 @@ def pick_draft(s, logits: np.ndarray, vocab: DraftVocab | None = None,
     if vocab is None:
         return d, q
     return int(vocab.draft_to_target[d]), vocab.to_target(q)
+
+
+def held(s, logits: np.ndarray, vocab: DraftVocab | None, drafted) -> np.ndarray:
+    """A drafter's logits [head_vocab] with what the stream's grammar does not allow after
+    its output and `drafted` set to -inf (over a draft vocabulary: by its target ids), so a
+    model drafter drafts within the structure, its grammar state advanced along the draft.
+    Unchanged without a steering grammar, or where it allows none of the head's tokens (the
+    engine then cuts the draft: runtime/guided_step.py)."""
+    guide = s.guide
+    if guide is None or not guide.steer:
+        return logits
+    allowed = guide.allowed(drafted)
+    if allowed is None:
+        return logits
+    if vocab is not None:
+        allowed = allowed[vocab.draft_to_target]
+    if not allowed.any():
+        return logits
+    return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
 
 
 def pick_processed(s, logits: np.ndarray, vocab: DraftVocab | None,

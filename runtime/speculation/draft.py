@@ -3,7 +3,7 @@ target verifies."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -24,12 +24,33 @@ class Draft:
     # (calibration key, one confidence per token): what `auto` k learns from; None: nothing
     confidence: tuple[str, list[float]] | None = None
     corpus: bool = False  # a corpus chain drafted it (what token sources report)
+    # where the grammar's forced run after the drafter's tokens starts (hold_to_grammar:
+    # free, accepted whenever the drafts before it are); None: no such run
+    forced_from: int | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def drafted(self) -> int:
+        """The drafter's own tokens (without a forced run after them)."""
+        return len(self) if self.forced_from is None else self.forced_from
+
+    def extend_forced(self, tokens: list[int]) -> None:
+        """The grammar's forced run after the drafter's tokens (q: certain, one-hot)."""
+        if not tokens:
+            return
+        self.forced_from = len(self)
+        if self.q is not None:
+            rows = np.zeros((len(tokens), self.q.shape[-1]), dtype=self.q.dtype)
+            rows[np.arange(len(tokens)), tokens] = 1
+            self.q = np.concatenate([self.q, rows])
+        self.tokens = np.concatenate([self.tokens, np.asarray(tokens, dtype=np.int64)])
+
     def cut(self, n: int) -> None:
         """Keeps the first n tokens (and their q and confidences)."""
+        if self.forced_from is not None and n <= self.forced_from:
+            self.forced_from = None
         self.tokens = self.tokens[:n]
         if self.q is not None:
             self.q = self.q[:n]
@@ -38,7 +59,11 @@ class Draft:
 
     def sources(self, step: int, accepted: int, emitted: int) -> list[TokenSource]:
         """The origins of the `emitted` tokens its step kept (runtime/provenance.py)."""
-        return step_sources(step, self.source, len(self), accepted, emitted, self.corpus)
+        out = step_sources(step, self.source, len(self), accepted, emitted, self.corpus)
+        if self.forced_from is not None:  # the run the grammar forced after the drafts
+            out = [replace(t, source=GRAMMAR) if self.forced_from < t.position <= accepted
+                   else t for t in out]
+        return out
 
     @classmethod
     def none(cls, method: str) -> "Draft":

@@ -217,21 +217,23 @@ class SpeculationPlanner:
         """After the step: its costs (what it cost every stream, each waiting for all of it,
         in plain steps from the measured means: smoother than this step's time), then per
         stream its acceptance (by position, by source, by confidence) and its gain window.
-        Grammar-forced drafts say nothing of a method's acceptance."""
+        Grammar-forced drafts say nothing of a method's acceptance (nor does a forced run
+        after a drafter's tokens: only the drafter's own count)."""
         costs = self.draft_length.costs
         batch, width = len(streams), 1 + max(len(d) for d in drafts)
         costs.observe_step(batch, width, times.score_s)
         step_cost = costs.ratio(width, batch) + sum(
             len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
         for s, d, v in zip(streams, drafts, verified):
+            own = min(v.accepted, d.drafted)
             if v.proposed and d.confidence:
-                self.draft_length.calib(d.confidence[0]).observe(d.confidence[1], v.accepted)
+                self.draft_length.calib(d.confidence[0]).observe(d.confidence[1], own)
             if d.source == GRAMMAR:
                 continue
-            if v.proposed:
-                self.acceptance(s).observe(v.proposed, v.accepted)
+            if d.drafted:
+                self.acceptance(s).observe(d.drafted, own)
                 if d.key is not None:  # a proposer that picks among sources (hybrid, auto)
-                    self.acceptance(s, d.key).observe(v.proposed, v.accepted)
+                    self.acceptance(s, d.key).observe(d.drafted, own)
             if not s.finished:  # (a finished stream's window is gone)
                 self.policy.observe(s, v.proposed, v.accepted, step_cost)
         costs.observe_overhead(batch, times.sample_s)

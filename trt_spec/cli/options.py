@@ -180,6 +180,11 @@ def speculation_options(f):
                      help="Structured outputs: the most tokens the grammar forces (allows one "
                           "way only) drafted per step, for free, whatever the method (0: "
                           "none)."),
+        click.option("--grammar-drafts/--no-grammar-drafts",
+                     default=SPECULATION.grammar_drafts, show_default=True,
+                     help="Structured outputs: model drafters (vanilla, mtp, eagle, eagle3) "
+                          "draft under the grammar's mask, so every draft token is one the "
+                          "structure allows (lossless: a sampled draft's q is renormalised)."),
         click.option("--spec-fallback/--no-spec-fallback", default=SPECULATION.fallback,
                      show_default=True,
                      help="The policy's gain rules, from measured costs and acceptance: a "
