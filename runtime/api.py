@@ -19,6 +19,7 @@ from typing import Iterator
 from trt_spec.runtime import reasoning, tool_calls
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.methods import PLAIN
+from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
@@ -40,6 +41,20 @@ class CompletionOutput:
     # LLM.chat on a template with a thinking section (runtime/reasoning.py): the text
     # between <think> and </think>; None where the answer did not think. `text` stays whole.
     reasoning_content: str | None = None
+    # per token (as token_ids), where it came from: an accepted draft and its drafter, the
+    # grammar, or the target (runtime/provenance.py); None where the loop records none
+    token_sources: list[TokenSource] | None = None
+
+
+@dataclass
+class StreamDelta:
+    """What `LLM.stream(..., details=True)` yields: the new text (as plain `stream` yields
+    it) and the new tokens with their origins (token_sources: None where none are kept)."""
+
+    text: str
+    token_ids: list[int]
+    token_sources: list[TokenSource] | None
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -227,10 +242,13 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,
                method: str | None = None, num_draft_tokens: int | str | None = None,
-               chat: bool | None = None) -> Iterator[str]:
+               chat: bool | None = None, details: bool = False
+               ) -> Iterator[str] | Iterator[StreamDelta]:
         """Yields the text as it is generated, in deltas (whole characters, never past a stop
-        string); their concatenation is `generate`'s text. Breaking out frees the slot. One
-        completion: n > 1 is `generate`'s."""
+        string); their concatenation is `generate`'s text. details: yields StreamDelta
+        instead (the text and the new tokens with their origins, runtime/provenance.py),
+        one per step that added text or tokens, the last with its finish_reason. Breaking
+        out frees the slot. One completion: n > 1 is `generate`'s."""
         params = sampling_params or SamplingParams()
         if params.n != 1:
             raise ValueError(f"n={params.n}: stream() yields one completion's text; "
@@ -242,7 +260,10 @@ class LLM:
             while True:
                 while pending:
                     out = pending.popleft()
-                    if out.text:
+                    if details and (out.text or out.token_ids or out.finished):
+                        yield StreamDelta(out.text, out.token_ids, out.sources,
+                                          out.finish_reason)
+                    elif not details and out.text:
                         yield out.text
                     if out.finished:
                         if request.error:
@@ -257,7 +278,9 @@ class LLM:
         s = r.stream
         outputs = [CompletionOutput(c.index, c.stream.text, list(c.stream.output_ids),
                                     c.stream.finish_reason, list(c.stream.logprobs)
-                                    if c.stream.params.logprobs is not None else None)
+                                    if c.stream.params.logprobs is not None else None,
+                                    token_sources=None if c.stream.sources is None
+                                    else list(c.stream.sources))
                    for c in r.choices]
         return RequestOutput(r.id, prompt, s.prompt_ids, outputs,
                              all(c.stream.finished for c in r.choices), s.metrics(),

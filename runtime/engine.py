@@ -1,7 +1,6 @@
 """The engine that advances streams (runtime/stream.py) one step at a time.
 
-The engine keeps no per-stream state of its own (the planner keeps its windows, a proposer
-its draft cache, each keyed by the stream).
+It keeps no per-stream state (the planner's windows, a proposer's caches: keyed by stream).
 
     step(streams, max_prefill_tokens):
         prefill(new streams)          one ragged target forward, at most max_prefill_tokens
@@ -37,6 +36,7 @@ from trt_spec.runtime.backends.base import StepGraph, StepOutput
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Proposer
+from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.sampling import next_token
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.settings import SpeculationConfig
@@ -62,6 +62,7 @@ class StepResult:
     verified: list[Verified]
     logits: list[np.ndarray]
     rows: dict[str, list[np.ndarray]]
+    drafts: list[Draft]  # what each stream drafted (its tokens' sources: runtime/provenance.py)
 
 
 class Engine:
@@ -214,7 +215,7 @@ class Engine:
                 row = row.copy()
                 s.guide.apply(row, s.guide.masks([]))
             token = next_token(controlled(s, row)[0], s.params, s.rng)
-            append(s, [token], self.stops, logits[-1:])
+            append(s, [token], self.stops, logits[-1:], step_sources(0, None, 0, 0, 1))
             if s.finished:
                 self.release(s)
 
@@ -270,7 +271,7 @@ class Engine:
                 token = next_token(controlled(s, scores.logits[i][-1:])[0], s.params, s.rng)
                 verified.append(Verified(0, 0, [token]))
         logits = [raw.get(i, x) for i, x in enumerate(scores.logits)]
-        return StepResult(verified, logits, scores.rows)
+        return StepResult(verified, logits, scores.rows, drafts)
 
     def commit(self, streams: list[Stream], step: StepResult, m: StepMetrics) -> None:
         """Appends each stream's emitted tokens and records them; a finished stream frees its
@@ -282,7 +283,9 @@ class Engine:
             m.proposed_tokens += v.proposed
             m.accepted_tokens += v.accepted
             count_positions(m.accepted_per_position, v.accepted)
-            m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i])
+            sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted,
+                                             len(v.tokens))
+            m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i], sources)
             if s.finished:
                 self.release(s)
                 continue

@@ -42,6 +42,7 @@ from typing import Callable
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
 from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, Prompt
+from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.tokenizer import Tokenizer
 from trt_spec.runtime.validation import MAX_SEED, FieldError, bias_in_vocabulary
@@ -63,6 +64,8 @@ class Output:
     token_ids: list[int]  # new token ids
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when asked
+    # per new token, its origin (runtime/provenance.py); None: the loop records none
+    sources: list[TokenSource] | None = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -383,13 +386,14 @@ class Scheduler:
             text = r.detok.flush(s.text) if s.finished else r.detok.delta()
         ids = s.output_ids[r.sent_tokens:]
         logprobs = s.logprobs[r.sent_tokens:len(s.output_ids)]
+        sources = None if s.sources is None else s.sources[r.sent_tokens:len(s.output_ids)]
         r.sent_tokens = len(s.output_ids)
         report.new_tokens += len(ids)
         if s.finished:
             r.done = True
             report.finished.append(r)
         if text or ids or s.finished:
-            self._hand(r, Output(r, text, ids, s.finish_reason, logprobs))
+            self._hand(r, Output(r, text, ids, s.finish_reason, logprobs, sources))
 
     def _end(self, r: Request, reason: str, report: StepReport) -> None:
         s = r.stream

@@ -46,6 +46,7 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._template = None
         self._max_token_bytes: int | None = None
+        self._special: frozenset[int] | None = None
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
@@ -62,6 +63,14 @@ class Tokenizer:
             if all(c in table for c in piece):
                 return bytes(table[c] for c in piece)
         return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The special tokens' ids (what decoding skips: <|im_end|>, <eos>, ...)."""
+        if self._special is None:
+            self._special = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items()
+                                      if t.special)
+        return self._special
 
     def piece(self, token_id: int) -> str | None:
         """The token as the vocabulary spells it (byte-level: "Ġthe"), as transformers'

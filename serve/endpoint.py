@@ -27,8 +27,8 @@ from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.validation import STRUCTURES, FieldError
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.protocol import IGNORED, RequestError, ignored_fields, structure_param
-from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, cancel, collect,
-                                      events)
+from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, TokenSources, cancel,
+                                      collect, events)
 
 log = logging.getLogger("trt_spec.server")
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
@@ -113,6 +113,8 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     rid = f"{prompts[0].shape.id_prefix}-{uuid.uuid4().hex[:24]}"
     jobs, choices = [], []  # a Request per prompt (its choice 0); every choice
     for i, p in enumerate(prompts):
+        if req.token_sources:  # each choice gets its own (Shape.for_index)
+            p.shape.sources = TokenSources(p.shape.tokenizer)
         job_id = rid if len(prompts) == 1 else f"{rid}-{i}"
         name = p.shape.prompt_param if len(prompts) == 1 else f"{p.shape.prompt_param}[{i}]"
         job = await prepare(ctx.scheduler, req, p.ids, p.params, outputs.put, job_id, name)

@@ -85,6 +85,9 @@ class _Request(BaseModel):
     repetition_penalty: float | None = None  # default 1 (off)
     ignore_eos: bool | None = None
     speculative: Speculative | None = None
+    # this server's: each token's origin (an accepted draft and its drafter, the grammar, or
+    # the target) in choices[].token_sources, streamed per chunk (serve/streaming.py)
+    token_sources: bool | None = None
     # OpenAI's structured outputs: {"type": "text" | "json_object" | "json_schema", ...};
     # checked by hand (response_format below), on completions too
     response_format: Any = None

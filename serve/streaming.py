@@ -20,6 +20,7 @@ answer carries besides (usage, metrics, the error event of an aborted stream) is
 from __future__ import annotations
 
 import asyncio
+import codecs
 import copy
 import json
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
@@ -37,6 +39,8 @@ from trt_spec.serve.protocol import RequestError
 DONE = "data: [DONE]\n\n"
 SHUTDOWN = ("the request was cancelled: the server is shutting down and --shutdown-timeout "
             "has passed")
+DEAD_END = ("the output reached a point where no token can continue the structure it is "
+            "held to (its text so far is a prefix no token extends)")
 
 
 class Shape:
@@ -55,12 +59,15 @@ class Shape:
         self.tokenizer = tokenizer
         self.with_logprobs = logprobs
         self.index = index
+        self.sources: TokenSources | None = None  # the request asked for token_sources
 
     def for_index(self, index: int) -> "Shape":
         """This shape for another choice of the same prompt (n > 1): a copy, made before any
-        output, with that choice's index."""
+        output, with that choice's index (and its own token_sources' text state)."""
         other = copy.copy(self)
         other.index = index
+        if self.sources is not None:
+            other.sources = TokenSources(self.tokenizer)
         return other
 
     def opening(self) -> dict | None:
@@ -82,6 +89,36 @@ class Shape:
     def response_fields(self, job: Job) -> dict:
         """Fields of a whole response besides choices (chat: prompt_logprobs)."""
         return {}
+
+
+class TokenSources:
+    """One choice's `token_sources` (the extension a request opts into): per token its id,
+    text, bytes and origin (runtime/provenance.py). The texts join to the choice's text: a
+    token that splits a UTF-8 character carries the characters its bytes complete ("" for
+    the first part of the character, which the token completing it carries); a special
+    token (<|im_end|>), which the text skips, carries "" (its bytes still spell it). Where a
+    stop string ends the text, the tokens still hold what the stop string cut."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def entries(self, token_ids: list[int], sources: list[TokenSource] | None,
+                final: bool = False) -> list[dict] | None:
+        """The entries of a delta's tokens; None where the loop records no sources."""
+        if sources is None:
+            return None
+        out, special = [], self.tokenizer.special_ids
+        for j, (t, src) in enumerate(zip(token_ids, sources)):
+            raw = self.tokenizer.token_bytes(t)
+            last = final and j == len(token_ids) - 1
+            text = self.decoder.decode(b"" if t in special else raw, last)
+            out.append({**src.as_json(t, text), "bytes": list(raw)})
+        return out
+
+    def add(self, choice: dict, token_ids: list[int], sources, final: bool = False) -> dict:
+        """`choice` with its tokens' entries under "token_sources"."""
+        return {**choice, "token_sources": self.entries(token_ids, sources, final)}
 
 
 @dataclass(frozen=True)
@@ -156,6 +193,21 @@ def response_metrics(m: RequestMetrics) -> dict:
             "decode_tokens_per_s": m.decode_tokens_per_s, "drafted_by": dict(m.drafted_by)}
 
 
+def failure(job: Job) -> str:
+    """Why a choice ended with abort or error."""
+    if job.error:
+        return job.error
+    return DEAD_END if job.stream.finish_reason == "error" else SHUTDOWN
+
+
+def whole(c: Choice) -> dict:
+    """A whole response's choice, with its token_sources where the request asked for them."""
+    choice = c.shape.whole(c.job)
+    s = c.job.stream
+    return c.shape.sources.add(choice, s.output_ids, s.sources, final=True) \
+        if c.shape.sources else choice
+
+
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -176,17 +228,24 @@ async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, 
     while left:
         out = await outputs.get()
         c = by_job[out.request]
+        traced = c.shape.sources
         if not out.finished:
-            if c.shape.wants_chunk(out):
-                yield sse({**head, "choices": [c.shape.delta(c.job, out)]})
+            if c.shape.wants_chunk(out) or (traced and out.token_ids):
+                choice = c.shape.delta(c.job, out)
+                if traced:
+                    choice = traced.add(choice, out.token_ids, out.sources)
+                yield sse({**head, "choices": [choice]})
             continue
         left -= 1
         if out.finish_reason in ("abort", "error"):
-            yield sse({"error": {"message": c.job.error or SHUTDOWN, "type": "server_error",
+            yield sse({"error": {"message": failure(c.job), "type": "server_error",
                                  "param": None, "code": out.finish_reason}})
             yield DONE
             return
-        yield sse({**head, "choices": [c.shape.delta(c.job, out)],
+        choice = c.shape.delta(c.job, out)
+        if traced:
+            choice = traced.add(choice, out.token_ids, out.sources, final=True)
+        yield sse({**head, "choices": [choice],
                    "metrics": response_metrics(c.job.stream.metrics())})
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage([c.job for c in choices])})
@@ -239,11 +298,11 @@ async def collect(request: Request, scheduler: Scheduler, rid: str, choices: lis
     reasons = [j.stream.finish_reason for j in jobs]
     if "error" in reasons:
         job = jobs[reasons.index("error")]
-        raise RequestError(f"generation failed: {job.error}", status=500, code="error")
+        raise RequestError(f"generation failed: {failure(job)}", status=500, code="error")
     if "abort" in reasons:
         raise RequestError("the request was cancelled", status=503, code="abort")
     ms = [j.stream.metrics() for j in jobs]
     shape = choices[0].shape
     return {"id": rid, "object": shape.object, "created": created, "model": model,
-            "choices": [c.shape.whole(c.job) for c in choices], "usage": usage(jobs),
+            "choices": [whole(c) for c in choices], "usage": usage(jobs),
             "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}

@@ -72,6 +72,9 @@ def test_same_acceptance_as_the_host_loop(engine):
         assert ([(s.stats.proposed, s.stats.accepted, s.stats.target_forwards) for s in a]
                 == [(s.stats.proposed, s.stats.accepted, s.stats.target_forwards) for s in b]), \
             method
+        # each token's origin (runtime/provenance.py), recorded alike by both loops
+        assert [s.sources for s in a] == [s.sources for s in b], method
+        assert all(len(s.sources) == len(s.output_ids) for s in b)
 
 
 def test_batch_1_streams_wait_and_stop(engine, ort_outputs):

@@ -12,7 +12,7 @@ itself never imports export/ (runtime/backends/sources.py)."""
 from trt_spec.runtime.backends.sources import register_graph_source
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta"]
 
 
 def _torch_cuda(manifest, config):
@@ -28,7 +28,7 @@ register_graph_source("torch-cuda", _torch_cuda)
 
 
 def __getattr__(name):
-    if name in ("LLM", "RequestOutput", "CompletionOutput"):
+    if name in ("LLM", "RequestOutput", "CompletionOutput", "StreamDelta"):
         from trt_spec.runtime import api
 
         return getattr(api, name)

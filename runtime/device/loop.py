@@ -47,6 +47,7 @@ from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
 from trt_spec.runtime.stream import StepMetrics, Stream, append
+from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
@@ -367,7 +368,7 @@ class DeviceLoop:
                     m.target_forwards = 1
                     for s, tok in zip(admitted, firsts):
                         s.stats.record(0, 0)
-                        append(s, [tok], gen.stops, None)
+                        append(s, [tok], gen.stops, None, step_sources(0, None, 0, 0, 1))
                     m.prefill_s = m.total_s = time.perf_counter() - t0
                     running = self._retire(running)
                     if on_step:
@@ -389,7 +390,10 @@ class DeviceLoop:
                         m.accepted_per_position += [0] * (accepted - len(m.accepted_per_position))
                     for i in range(accepted):
                         m.accepted_per_position[i] += 1
-                    m.emitted_tokens += append(s, row[:accepted + 1].tolist(), gen.stops, None)
+                    m.emitted_tokens += append(
+                        s, row[:accepted + 1].tolist(), gen.stops, None,
+                        step_sources(s.stats.target_forwards - 1, self.method, proposed,
+                                     accepted, accepted + 1))
                     for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
                         setattr(s.stats, name, getattr(s.stats, name) + sec / len(running))
                 running = self._retire(running)

@@ -115,7 +115,9 @@ class AutoProposer(Proposer):
         sources = [src if len(t) else None for t, (src, _) in zip(tokens, choices)]
         keys = [self.lookup_key(n) if src == self.lookup.name else src
                 for src, (_, n) in zip(sources, looked)]
-        return Drafts(tokens, probs, sources, keys)
+        corpus = [src == self.lookup.name and isinstance(n, str)
+                  for src, (_, n) in zip(sources, looked)]
+        return Drafts(tokens, probs, sources, keys, corpus)
 
     def observe(self, stream, start: int, rows: np.ndarray) -> None:
         if self.head is not None:

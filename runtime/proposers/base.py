@@ -20,6 +20,9 @@ class Drafts:
     # what each stream's acceptance is measured under, within its method (auto: the source,
     # a lookup by the length of the n-gram it matched); None: the sources
     keys: list[str | None] | None = None
+    # per stream, whether its draft is a corpus chain (runtime/corpus.py), not a lookup in
+    # the request's or earlier requests' tokens: what token sources report; None: none is
+    corpus: list[bool] | None = None
 
 
 def source_key(method: str, source: str) -> str:

@@ -64,7 +64,8 @@ class HybridProposer(Proposer):
         return best if probes(self.skipped[key], gain) else 0
 
     def propose(self, streams, ks, gate=None):
-        found = self.lookup.propose(streams, ks).tokens
+        looked = self.lookup.propose(streams, ks)
+        found = looked.tokens
         trusted = [len(d) >= min(self.min_run, k) and len(d) > 0 for d, k in zip(found, ks)]
         drafting = sum(1 for k in ks if k > 0)
         found = [f[:self.length(s, i, self.lookup.name, len(f), gate, drafting)]
@@ -77,7 +78,8 @@ class HybridProposer(Proposer):
         probs = [None if t else q for t, q in zip(trusted, drafts.probs)]
         sources = [(self.lookup.name if t else self.head.name) if len(d) else None
                    for t, d in zip(trusted, tokens)]
-        return Drafts(tokens, probs, sources)
+        corpus = [t and bool(looked.corpus and looked.corpus[i]) for i, t in enumerate(trusted)]
+        return Drafts(tokens, probs, sources, corpus=corpus)
 
     def observe(self, stream, start: int, rows: np.ndarray) -> None:
         self.head.observe(stream, start, rows)

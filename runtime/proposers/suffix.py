@@ -143,7 +143,8 @@ class SuffixProposer(NgramProposer):
                   for i, (s, (d, n)) in enumerate(zip(streams, found))]
         sources = [self.name if len(t) else None for t in tokens]
         keys = [str(n) if len(t) else None for t, (_, n) in zip(tokens, found)]
-        return Drafts(tokens, [None] * len(streams), sources, keys)
+        corpus = [isinstance(n, str) and len(t) > 0 for t, (_, n) in zip(tokens, found)]
+        return Drafts(tokens, [None] * len(streams), sources, keys, corpus)
 
     def release(self, s) -> None:
         super().release(s)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trt_spec.runtime.proposers.base import Drafts
+from trt_spec.runtime.provenance import GRAMMAR, TokenSource, step_sources
 
 NO_TOKENS = np.zeros(0, dtype=np.int64)
-GRAMMAR = "grammar"  # the source of grammar-forced drafts (no drafter ran)
 
 
 @dataclass
@@ -23,6 +23,7 @@ class Draft:
     key: str | None = None
     # (calibration key, one confidence per token): what `auto` k learns from; None: nothing
     confidence: tuple[str, list[float]] | None = None
+    corpus: bool = False  # a corpus chain drafted it (what token sources report)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -34,6 +35,10 @@ class Draft:
             self.q = self.q[:n]
         if self.confidence:
             self.confidence = (self.confidence[0], self.confidence[1][:n])
+
+    def sources(self, step: int, accepted: int, emitted: int) -> list[TokenSource]:
+        """The origins of the `emitted` tokens its step kept (runtime/provenance.py)."""
+        return step_sources(step, self.source, len(self), accepted, emitted, self.corpus)
 
     @classmethod
     def none(cls, method: str) -> "Draft":
@@ -49,4 +54,5 @@ class Draft:
         """Row j of a proposer's batched Drafts."""
         source = drafts.sources[j] if drafts.sources else None
         key = (drafts.keys[j] if drafts.keys else source) if drafts.sources else None
-        return cls(drafts.tokens[j], drafts.probs[j], source or method, key)
+        corpus = bool(drafts.corpus and drafts.corpus[j])
+        return cls(drafts.tokens[j], drafts.probs[j], source or method, key, corpus=corpus)
