@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: eval setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: eval screenshot setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -149,6 +149,11 @@ eval: export  ## lm-evaluation-harness against serve: multiple choice vs transfo
 # The int4 engine, exported only where it is missing (bench-peers reads it, never rewrites it).
 $(ENGINE)/manifest.json: | setup
 	$(BIN)/trt-spec export --model smollm2-135m --precision int4 --out $(ENGINE)
+
+# The page `serve` answers at / (serve/static/index.html), in headless Chromium: one prompt
+# side by side with plain decoding (needs chromium, chromium-driver and selenium, the dev extra).
+screenshot: $(ENGINE)/manifest.json  ## the serving page in headless Chromium -> docs/images/serving-page.png
+	$(BIN)/python scripts/screenshot.py --engine $(ENGINE) --out docs/images/serving-page.png
 
 CLIENTS  ?= 16
 DURATION ?= 120

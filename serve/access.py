@@ -3,9 +3,10 @@ ASGI middlewares around the app (serve/server.py), outermost first:
 
     CORS      answers browsers' preflight requests (OPTIONS) and adds the Access-Control
               headers for the allowed origins, to every answer, a 401 included
-    ApiKey    every route but /health (and /metrics, unless --protect-metrics) needs
-              `Authorization: Bearer KEY`; else a 401 in OpenAI's error shape, counted in
-              /metrics as request_rejected_total{reason="unauthorized"}
+    ApiKey    every route but /health, / (the page, which asks for the key itself) and
+              /metrics (unless --protect-metrics) needs `Authorization: Bearer KEY`; else a
+              401 in OpenAI's error shape, counted in /metrics as
+              request_rejected_total{reason="unauthorized"}
 
 The key is compared in constant time (hmac.compare_digest) and never echoed.
 """
@@ -22,7 +23,8 @@ from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.options import Access
 from trt_spec.serve.protocol import RequestError
 
-OPEN = frozenset({"/health"})  # liveness probes carry no key
+# liveness probes carry no key; the page (serve/page.py) holds no data and asks for the key
+OPEN = frozenset({"/health", "/"})
 
 
 class ApiKey:

@@ -3,6 +3,7 @@
     POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
     POST /tokenize, /detokenize; GET /tokenizer_info   (vLLM's tokenizer routes)
     GET  /v1/models, /health, /metrics            (Prometheus text)
+    GET  /                                        the browser page (serve/page.py)
 
 Every request goes to one Scheduler, whose loop runs in its own thread: the event loop only
 parses, queues and forwards deltas (`on_output` -> `loop.call_soon_threadsafe` -> an
@@ -23,6 +24,7 @@ tokenizing, and a long prompt is prefilled in chunks (Scheduler.max_prefill_toke
     completions.py  POST /v1/completions        chat.py  POST /v1/chat/completions
     tokenize.py     POST /tokenize, /detokenize, GET /tokenizer_info
     access.py       the API key (--api-key) and CORS (--allowed-origins), as middleware
+    page.py         GET /: the browser page, serve/static/index.html
     endpoint.py     what both do with a request: body, size, the one check, queue, answer
     streaming.py    the answer from the scheduler's Outputs: server-sent events or one body
     protocol.py     request bodies and their checks; metrics.py: Prometheus
@@ -42,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_spec.runtime.scheduler import Scheduler
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
-from trt_spec.serve import chat, completions, tokenize
+from trt_spec.serve import chat, completions, page, tokenize
 from trt_spec.serve.endpoint import Served, served
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.access import add_access
@@ -51,7 +53,7 @@ from trt_spec.serve.protocol import RequestError
 
 log = logging.getLogger("trt_spec.server")
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, " \
-         "POST /detokenize, GET /tokenizer_info, GET /health, GET /metrics"
+         "POST /detokenize, GET /tokenizer_info, GET /health, GET /metrics, GET / (the page)"
 
 
 def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
@@ -79,6 +81,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     add_access(app, access, metrics)
     for routes in (router, completions.router, chat.router, tokenize.router):
         app.include_router(routes)
+    app.include_router(page.router)  # GET /: the browser page, open without the key
     return app
 
 

@@ -48,10 +48,12 @@ class Server:
 
 
 def start_server(engine, *args: str, model: str = "tiny", timeout: float = 60,
-                 cli: list[str] | None = None, env: dict | None = None, stderr=None) -> Server:
+                 cli: list[str] | None = None, env: dict | None = None, stderr=None,
+                 port: int | None = None) -> Server:
     """cli: the command that runs trt-spec [default: this interpreter's module]; stderr: a
-    file for the server's log [default: the test's]."""
-    port = free_port()
+    file for the server's log [default: the test's]; port: where it listens [default: a free
+    one] (a restart on the same port: a browser page sees the same server come back)."""
+    port = port or free_port()
     cli = cli or [sys.executable, "-m", "trt_spec.cli"]
     proc = subprocess.Popen([*cli, "serve", "--engine", str(engine), "--port", str(port),
                              "--served-model-name", model, "--threads", "1", *args], env=env,

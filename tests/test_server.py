@@ -284,6 +284,22 @@ def test_bad_routes(server):
     assert r.status_code == 405 and "Method Not Allowed" in r.json()["error"]["message"]
 
 
+def test_the_page_is_served_with_its_script_pinned(server):
+    """GET / is the browser page (serve/page.py): UTF-8 HTML whose Content-Security-Policy
+    allows its own inline script (by hash) and connections to this server only."""
+    import base64
+    import hashlib
+
+    r = httpx.get(f"{server.url}/")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    script = re.search(r"<script>(.*?)</script>", r.text, re.S).group(1)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    policy = r.headers["content-security-policy"]
+    assert f"script-src 'sha256-{digest}'" in policy and "connect-src 'self'" in policy
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", r.text)  # nothing from elsewhere
+    assert "GET /" in httpx.get(f"{server.url}/nothing").json()["error"]["message"]
+
+
 def test_openai_client_sees_the_error(server, client):
     with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be a finite number >= 0"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],

@@ -226,6 +226,7 @@ def test_api_key_401s_are_openai_errors_and_counted(server):
         assert httpx.get(f"{server.url}{path}").status_code == 401
     assert post(server, "/tokenize", {"prompt": "a"}, {}).status_code == 401
     assert httpx.get(f"{server.url}/health").status_code == 200  # open: liveness probes
+    assert httpx.get(f"{server.url}/").status_code == 200  # open: the page asks for the key
     assert httpx.get(f"{server.url}/metrics").status_code == 200  # open: no --protect-metrics
     assert server.metric("trt_spec:request_rejected_total", reason="unauthorized") == before + 6
     with pytest.raises(openai.AuthenticationError):
