@@ -152,8 +152,8 @@ $(ENGINE)/manifest.json: | setup
 
 # The page `serve` answers at / (serve/static/index.html), in headless Chromium: one prompt
 # side by side with plain decoding (needs chromium, chromium-driver and selenium, the dev extra).
-screenshot: $(ENGINE)/manifest.json  ## the serving page in headless Chromium -> docs/images/serving-page.png
-	$(BIN)/python scripts/screenshot.py --engine $(ENGINE) --out docs/images/serving-page.png
+screenshot: $(ENGINE)/manifest.json  ## the serving page in headless Chromium -> docs/img/serving-page.png
+	$(BIN)/python scripts/screenshot.py --engine $(ENGINE) --out docs/img/serving-page.png
 
 CLIENTS  ?= 16
 DURATION ?= 120

@@ -2,7 +2,7 @@
 its page (GET /) in headless Chromium, sends one prompt with "side by side with plain" on,
 and saves the window once both answers and their comparison are in.
 
-    python scripts/screenshot.py --engine engines/smollm2-135m --out docs/images/serving-page.png
+    python scripts/screenshot.py --engine engines/smollm2-135m --out docs/img/serving-page.png
 
 Needs Chromium, chromedriver (apt-get install chromium chromium-driver) and selenium (the
 dev extra). Greedy (temperature 0): the same engine draws the same answer.
@@ -89,7 +89,7 @@ def shoot(url: str, args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="engines/smollm2-135m")
-    ap.add_argument("--out", type=Path, default=Path("docs/images/serving-page.png"))
+    ap.add_argument("--out", type=Path, default=Path("docs/img/serving-page.png"))
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--method", default="hybrid", help="one the engine serves")
     ap.add_argument("--k", default="4", help="num_draft_tokens ('' : the server's default)")
