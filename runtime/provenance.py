@@ -39,7 +39,9 @@ class TokenSource:
     drafter: str | None  # the proposer that drafted its step (suffix, mtp, grammar); None: none
     step: int  # the stream's step that emitted it: 0 the prefill, then one per decode step
     position: int  # 1-based among the tokens its step emitted
-    drafted: int  # how many tokens its step drafted (the k the policy chose, after its cuts)
+    # how many tokens its step's drafter drafted (the k the policy chose, after its cuts; a
+    # run the grammar forced after them is not counted: its tokens are `grammar`)
+    drafted: int
 
     def as_json(self, token_id: int, text: str) -> dict:
         """The API's entry (the server's `token_sources`)."""
@@ -61,7 +63,9 @@ def drafter_source(drafter: str, corpus: bool = False) -> str:
 
 def step_sources(step: int, drafter: str | None, drafted: int, accepted: int, emitted: int,
                  corpus: bool = False) -> list[TokenSource]:
-    """The sources of one step's `emitted` tokens: `accepted` drafts, then the target's."""
+    """The sources of one step's `emitted` tokens: `accepted` drafts, then the target's
+    (`drafted`: the drafter's own tokens; accepted may run past them into a forced run,
+    which the caller marks)."""
     drafter = drafter if drafted else None
     kind = drafter_source(drafter, corpus) if drafter else TARGET
     return [TokenSource(kind if j < accepted else TARGET, drafter, step, j + 1, drafted)

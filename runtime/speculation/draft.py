@@ -59,7 +59,7 @@ class Draft:
 
     def sources(self, step: int, accepted: int, emitted: int) -> list[TokenSource]:
         """The origins of the `emitted` tokens its step kept (runtime/provenance.py)."""
-        out = step_sources(step, self.source, len(self), accepted, emitted, self.corpus)
+        out = step_sources(step, self.source, self.drafted, accepted, emitted, self.corpus)
         if self.forced_from is not None:  # the run the grammar forced after the drafts
             out = [replace(t, source=GRAMMAR) if self.forced_from < t.position <= accepted
                    else t for t in out]
