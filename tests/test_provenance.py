@@ -85,7 +85,8 @@ def test_the_counts_add_up_on_every_method(llm, temperature):
 def test_grammar_forced_tokens_are_marked_apart(llm):
     from trt_spec import SamplingParams
 
-    params = SamplingParams(max_tokens=24, temperature=0, choice=("abcdefg",))  # (the tiny words carry no spaces)
+    # (the tiny tokenizer's words carry no spaces: a..g are seven tokens)
+    params = SamplingParams(max_tokens=24, temperature=0, choice=("abcdefg",))
     for method in ("none", "ngram"):
         out = llm.generate(PROMPT, params, method=method,
                            num_draft_tokens=None if method == "none" else 3)[0]

@@ -83,14 +83,15 @@ def test_the_kwargs_reach_the_template(tmp_path):
     assert off.startswith(on)
 
 
-def guide_accepts(grammar: str, text: str) -> tuple[bool, bool]:
-    """(every token of `text` valid, the grammar complete after it) on SmolLM2's tokenizer."""
+def guide_accepts(folder, grammar: str, text: str) -> tuple[bool, bool]:
+    """(every token of `text` valid, the grammar complete after it) on the tokenizer of
+    `folder` (SmolLM2's)."""
     from llguidance import LLMatcher, LLTokenizer
 
     from trt_spec.runtime.grammar import limits
     from trt_spec.runtime.tokenizer import Tokenizer
 
-    tok = Tokenizer("engines/smollm2-135m")
+    tok = Tokenizer(folder)
     llt = LLTokenizer(tok.to_json(), n_vocab=tok.vocab_size, eos_token=[tok.eos_token_id])
     text_g = LLMatcher.grammar_from_lark(grammar)
     assert not LLMatcher.validate_grammar_with_warnings(text_g, llt, limits=limits())[0]
@@ -102,14 +103,10 @@ def guide_accepts(grammar: str, text: str) -> tuple[bool, bool]:
     return n == len(ids), m.is_accepting()
 
 
-def test_structures_start_after_the_thinking_section():
-    from pathlib import Path
-
+def test_structures_start_after_the_thinking_section(smollm2_hf_dir):
     from trt_spec.runtime.sampling import SamplingParams
     from trt_spec.runtime.tool_calls import FORMATS, ToolChoice, tools
 
-    if not Path("engines/smollm2-135m/tokenizer.json").exists():
-        pytest.skip("no engines/smollm2-135m")
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     weather = {"type": "function", "function": {"name": "w", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -123,15 +120,18 @@ def test_structures_start_after_the_thinking_section():
         (SamplingParams(grammar=FORMATS["template"].grammar(
             tools([weather]), ToolChoice("required"), True)), call, "Oslo"),
     ]
+    def accepts(grammar, text):
+        return guide_accepts(smollm2_hf_dir, grammar, text)
+
     for params, good, bad in cases:
         held = reasoning.after_thinking(params)
         assert held.structure[0] == "grammar" and held.grammar.startswith('{"grammars"')
         g = held.grammar
-        assert guide_accepts(g, "<think>\nhm\n</think>\n\n" + good) == (True, True), good
-        assert guide_accepts(g, good)[0] is False  # the think block comes first
-        assert guide_accepts(g, "<think>x</think> " + bad) != (True, True), bad
+        assert accepts(g, "<think>\nhm\n</think>\n\n" + good) == (True, True), good
+        assert accepts(g, good)[0] is False  # the think block comes first
+        assert accepts(g, "<think>x</think> " + bad) != (True, True), bad
         opened = reasoning.after_thinking(params, True).grammar
-        assert guide_accepts(opened, "hm\n</think>\n\n" + good) == (True, True), good
+        assert accepts(opened, "hm\n</think>\n\n" + good) == (True, True), good
     plain = SamplingParams(temperature=0)
     assert reasoning.after_thinking(plain) is plain
 

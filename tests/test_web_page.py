@@ -1,5 +1,5 @@
 """The browser page (serve/static/index.html, GET /) in headless Chromium through Selenium,
-against `trt-spec serve` on the int4 SmolLM2 engine (engines/smollm2-135m, `make export`):
+against `trt-spec serve` on the int4 SmolLM2 engine (exported once per session, with its drafters):
 a streamed answer marks its accepted draft tokens under ngram and none under none; side by
 side with plain decoding the greedy texts are identical; a JSON-schema answer reads back as
 JSON; model text (and a crafted token list) never becomes markup; a refused request shows the
@@ -9,7 +9,6 @@ restart without losing the conversation. Skipped without Chromium, chromedriver 
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,6 @@ from tests.server_util import free_port, start_server
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-ENGINE = ROOT / "engines/smollm2-135m"
 KEY = "page-test-key"
 REPEAT = "Repeat the sentence 'The quick brown fox jumps over the lazy dog.' five times."
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -57,10 +54,14 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server():
-    if not (ENGINE / "manifest.json").exists():
-        pytest.skip(f"no engine at {ENGINE} (make export)")
-    s = start_server(ENGINE, "--max-num-seqs", "2", model="smollm2", timeout=180)
+def engine(smollm2_int4_spec_engine):
+    """The int4 SmolLM2 engine with its shipped drafters, exported once per session."""
+    return smollm2_int4_spec_engine
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    s = start_server(engine, "--max-num-seqs", "2", model="smollm2", timeout=180)
     yield s
     assert s.stop() == 0
 
@@ -236,13 +237,11 @@ def test_a_refused_request_shows_the_servers_message_in_place(page):
     assert page.find_element(By.ID, "prompt").get_attribute("value") == "Say hi."
 
 
-def test_the_key_is_asked_for_and_a_restart_loses_nothing(browser):
+def test_the_key_is_asked_for_and_a_restart_loses_nothing(browser, engine):
     from selenium.webdriver.common.by import By
 
-    if not (ENGINE / "manifest.json").exists():
-        pytest.skip(f"no engine at {ENGINE} (make export)")
     d, port = browser, free_port()
-    args = (ENGINE, "--api-key", KEY, "--protect-metrics")
+    args = (engine, "--api-key", KEY, "--protect-metrics")
     s = start_server(*args, model="smollm2", timeout=180, port=port)
     try:
         d.get(f"{s.url}/")  # the page itself needs no key
