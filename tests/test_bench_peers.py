@@ -32,7 +32,8 @@ def test_parse_peers():
     with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
                                          "transformers-assisted, onnxruntime-genai, "
                                          "onnxruntime-genai-ngram, onnxruntime-genai-draft, "
-                                         "llama.cpp, llama.cpp-draft, llama.cpp-ngram"):
+                                         "llama.cpp, llama.cpp-draft, llama.cpp-ngram, "
+                                         "openvino, openvino-lookup"):
         parse_peers("transformers,vllm")
 
 
@@ -76,13 +77,16 @@ def fake_peers(monkeypatch, tiny_engine):
             assert ctx.threads >= 1 and ctx.num_draft_tokens == 2
             self.gen = Generator(str(tiny_engine))
 
-        def generate(self, prompt_ids, max_new_tokens, temperature, seed):
+        def holds_schemas(self):
+            return True, ""
+
+        def generate(self, prompt_ids, max_new_tokens, temperature, seed, json_schema=None):
             from trt_spec.runtime.sampling import SamplingParams
 
             events.append((self.name, None, tuple(prompt_ids)))
             s = real_generate_ids(self.gen, [prompt_ids], SamplingParams(
                 max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                ignore_eos=True))[0]
+                ignore_eos=True, json_schema=json_schema))[0]
             return {"tokens_per_s": self.rate, "completion_tokens": len(s.output_ids),
                     "target_forwards": None, "ttft_s": 0.001, "output_ids": s.output_ids}
 
@@ -211,6 +215,113 @@ def test_peer_ks():
     assert peer_ks(Plain, [1, 2, "auto"]) == [None]
     assert peer_ks(Sweeping, [4, 1, "auto", 4]) == [1, 4]
     assert peer_ks(Sweeping, ["auto"]) == [4]
+
+
+# --- under a JSON schema ------------------------------------------------------------------------
+
+# The tiny tokenizer is word-level: its decode joins words with spaces, while the grammar reads
+# the tokens' text concatenated. These tests decode as the grammar reads, so that an answer
+# the grammar finished ("t r u e") is the JSON it spells ("true").
+SCHEMAS = [{"type": "boolean"}, {"type": "null"}, {"type": "boolean"}]
+
+
+@pytest.fixture
+def concatenating_decode(monkeypatch):
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "decode", lambda self, ids, skip_special_tokens=True: "".join(
+        self.token_bytes(t).decode() for t in ids if t not in self.special_ids))
+
+
+def write_schema_prompts(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"a b {chr(ord('c') + i)}", "json_schema": s})
+                            + "\n" for i, s in enumerate(SCHEMAS)))
+    return path
+
+
+def test_bench_peers_under_a_schema(fake_peers, concatenating_decode, monkeypatch, tiny_engine,
+                                    tmp_path):
+    """Prompts with a json_schema: every peer gets the schema; one that cannot hold its
+    output to one is skipped with its reason; every row says how many answers validate and
+    how it compares with the fastest peer configuration; a speculating peer says whether it
+    equals its own plain output under the schema."""
+    echo = peer_registry.PEERS["echo"]
+    seen = []
+
+    class Schemaless(echo):
+        name = "schemaless"
+
+        def holds_schemas(self):
+            return False, "it has no structured output"
+
+    class Speculating(echo):
+        """Answers with its prompt (not JSON) and says it differs from its plain output."""
+        name, rate, num_draft_tokens = "speculating", 25.0, 3
+
+        def generate(self, prompt_ids, max_new_tokens, temperature, seed, json_schema=None):
+            seen.append(json_schema)
+            return {"tokens_per_s": self.rate, "completion_tokens": len(prompt_ids),
+                    "target_forwards": None, "ttft_s": 0.002, "output_ids": list(prompt_ids),
+                    "same_as_own_plain": False}
+
+    for cls in (Schemaless, Speculating):
+        monkeypatch.setitem(peer_registry.PEERS, cls.name, cls)
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--engine", str(tiny_engine), "--prompts", str(write_schema_prompts(tmp_path)),
+        "--methods", "ngram", "--num-draft-tokens", "2", "--max-new-tokens", "12",
+        "--repeats", "1", "--peers", "echo,schemaless,echo2,speculating", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["skipped_peers"] == {
+        "schemaless": "cannot hold its output to a JSON schema: it has no structured output"}
+    assert seen[1:] == SCHEMAS  # after the warm-up (no schema), each prompt's own schema
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"none", "none-fast", "ngram", "echo", "echo2", "speculating"}
+    for name in ("none", "ngram", "echo", "echo2"):  # ours, and peers decoding with ours
+        assert rows[name]["valid"] == 1.0, (name, rows[name])
+    assert rows["speculating"]["valid"] == 0.0
+    assert rows["speculating"]["identical_to_own_plain"] == 0.0
+    assert rows["echo"]["identical_to_own_plain"] is None  # a plain peer says nothing
+    # the fastest peer configuration (echo, 100 tok/s) is every row's yardstick
+    assert {r["fastest_peer"] for r in rows.values()} == {"echo"}
+    assert rows["echo"]["ratio_to_fastest_peer"] == 1.0
+    assert rows["echo2"]["ratio_to_fastest_peer"] == 0.5
+    assert rows["speculating"]["ratio_to_fastest_peer"] == 0.25
+    none_runs = rows["none"]["tokens_per_s"]["runs"]
+    assert rows["none"]["ratio_to_fastest_peer"] == pytest.approx(
+        statistics.median(x / 100.0 for x in none_runs))
+    assert "x fastest peer" in result.stdout and "(vs echo)" in result.stdout
+    header = next(line for line in result.stdout.splitlines() if line.startswith("engine"))
+    assert "valid" in header
+
+
+def test_valid_json():
+    from trt_spec.tools.bench_peers import valid_json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}},
+              "required": ["n"], "additionalProperties": False}
+    assert valid_json('{"n": 2}', schema)
+    assert valid_json('{\n  "n": 3\n}', schema)  # whitespace is the writer's choice
+    for text in ('{"n": 4}', '{"n": 2, "m": 1}', '{"n": 2', "", '{"n": 2} trailing'):
+        assert not valid_json(text, schema), text
+
+
+def test_completion_body_under_a_schema():
+    """llama.cpp: the schema in the request's json_schema field, and EOS ends the answer."""
+    from trt_spec.tools.peers.llamacpp import completion_body
+
+    plain = completion_body([1, 2], 8, 0.0, 0)
+    assert plain["ignore_eos"] and "json_schema" not in plain and plain["top_k"] == 1
+    held = completion_body([1, 2], 8, 0.0, 0, {"type": "boolean"})
+    assert held == {**plain, "ignore_eos": False, "json_schema": {"type": "boolean"}}
+
+
+def test_transformers_peers_say_they_hold_no_schema():
+    for name in ("transformers", "transformers-assisted"):
+        ok, reason = peer_registry.PEERS[name]().holds_schemas()
+        assert not ok and "no JSON-schema constraint" in reason
 
 
 def test_bench_plot(fake_peers, tiny_engine, tmp_path):
