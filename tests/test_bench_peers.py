@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from trt_spec.cli import main
 from trt_spec.tools import peers as peer_registry
+from trt_spec.tools.bench_peers import valid_json
 from trt_spec.tools.peers import PeerContext, parse_peers
 from trt_spec.runtime.scheduler import generate_ids
 
@@ -298,8 +299,6 @@ def test_bench_peers_under_a_schema(fake_peers, concatenating_decode, monkeypatc
 
 
 def test_valid_json():
-    from trt_spec.tools.bench_peers import valid_json
-
     schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}},
               "required": ["n"], "additionalProperties": False}
     assert valid_json('{"n": 2}', schema)
@@ -549,9 +548,63 @@ def test_llamacpp_peer_on_smollm2(tmp_path):
         assert r["completion_tokens"] == 16 == len(r["output_ids"])
         assert r["tokens_per_s"] > 0 and r["target_forwards"] is None
         assert peer.generate(prompt, 16, 0.0, 0)["output_ids"] == r["output_ids"]  # greedy
+        held = peer.generate(small_schema_prompt(), 64, 0.0, 0, SMALL_SCHEMA)  # ends at EOS
+        assert held["completion_tokens"] < 64 and held["output_ids"][-1] == 2
+        assert valid_json(smollm2_decode(held["output_ids"]), SMALL_SCHEMA)
     finally:
         peer.close()
     assert proc.poll() is not None
+
+
+SMALL_SCHEMA = {"type": "object", "properties": {
+    "color": {"type": "string", "enum": ["red", "green", "blue"]},
+    "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["color", "count"], "additionalProperties": False}
+
+
+def smollm2_tokenizer():
+    from trt_spec.export.checkpoint import resolve_model
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    return Tokenizer(resolve_model("smollm2-135m"))
+
+
+def smollm2_decode(ids: list[int]) -> str:
+    return smollm2_tokenizer().decode(ids)
+
+
+def small_schema_prompt() -> list[int]:
+    """A chat turn in SmolLM2's format (its HF folder carries no template)."""
+    return smollm2_tokenizer().encode(
+        "<|im_start|>user\nPick a color (red, green or blue) and a count from 0 to 9. Answer "
+        "in JSON.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["onnxruntime-genai", "onnxruntime-genai-ngram"])
+def test_ortgenai_peers_under_a_schema_on_smollm2(name):
+    """Its guidance on the real model (the tiny word-level tokenizer is one its guidance
+    cannot read): the answer is JSON the schema accepts and ends with it, before the cap; its
+    n-gram speculation says whether it equals its plain output under the same schema."""
+    from trt_spec.runtime.files import cache_dir
+
+    peer = peer_registry.PEERS[name]()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    peer.load(PeerContext(model="smollm2-135m", draft=None, threads=2, num_draft_tokens=4,
+                          cache=cache_dir() / "smollm2-135m"))
+    try:
+        assert peer.holds_schemas() == (True, "")
+        r = peer.generate(small_schema_prompt(), 64, 0.0, 0, SMALL_SCHEMA)
+        assert 0 < r["completion_tokens"] < 64 and r["tokens_per_s"] > 0
+        assert valid_json(smollm2_decode(r["output_ids"]), SMALL_SCHEMA), r["output_ids"]
+        if name.endswith("ngram"):
+            assert isinstance(r["same_as_own_plain"], bool) and r["target_forwards"] is None
+        else:  # forced tokens come without a forward of their own
+            assert r["target_forwards"] <= r["completion_tokens"]
+    finally:
+        peer.close()
 
 
 def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch):
