@@ -283,6 +283,8 @@ def test_bench_peers_under_a_schema(fake_peers, concatenating_decode, monkeypatc
     for name in ("none", "ngram", "echo", "echo2"):  # ours, and peers decoding with ours
         assert rows[name]["valid"] == 1.0, (name, rows[name])
     assert rows["speculating"]["valid"] == 0.0
+    assert rows["speculating"]["valid_runs"] == [False] * 3
+    assert rows["echo"]["valid_runs"] == [True] * 3  # prompt by prompt
     assert rows["speculating"]["identical_to_own_plain"] == 0.0
     assert rows["echo"]["identical_to_own_plain"] is None  # a plain peer says nothing
     # the fastest peer configuration (echo, 100 tok/s) is every row's yardstick

@@ -156,6 +156,7 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "identical_to_baseline": identical,
         # under a schema: the share of answers that parse and validate
         "valid": mean_of(r["valid"] for r in runs),
+        "valid_runs": [r["valid"] for r in runs],  # in the order of tokens_per_s' runs
         "completion_tokens_mean": tokens / len(runs),
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,

@@ -159,6 +159,7 @@ def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: lis
         "identical_to_own_plain": mean_of(r.get("same_as_own_plain") for r in runs),
         # under a schema: the share of answers that parse and validate
         "valid": mean_of(r.get("valid") for r in runs),
+        "valid_runs": [r.get("valid") for r in runs],  # in the order of tokens_per_s' runs
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": None, "score_us_per_step": None, "sample_us_per_step": None,
         # a server peer reports its own process; an in-process peer shares ours
