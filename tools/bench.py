@@ -26,6 +26,8 @@ from trt_spec.runtime.speculation.draft_length import DraftLength
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
+from trt_spec.tools.bench_peers import (PeerRunner, identical_share, load_peers, mean_of,
+                                       peer_results, require_jsonschema, valid_json)
 from trt_spec.tools.bench_output import peak_rss_mb, table, write_json, write_plot
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.tools.bench_config import BenchConfig
@@ -124,59 +126,6 @@ class Config:
         return self.method if self.k is None else f"{self.method} k={self.k}"
 
 
-@dataclass
-class PeerConfig:
-    name: str
-    peer: object  # a peer_registry.Peer, loaded
-    runs: dict = field(default_factory=dict)  # workload -> list of per-run dicts
-    groups: dict = field(default_factory=dict)  # workload -> list of (tokens, wall seconds)
-
-
-def pairwise_ratio(runs: list[dict], baseline: list[dict]) -> float | None:
-    """Median over runs of (run tok/s / baseline tok/s) on the same prompt and pass: both lists
-    are in the order the interleaved loop ran them (batch 1)."""
-    assert len(runs) == len(baseline), (len(runs), len(baseline))
-    ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs, baseline)
-              if r["tokens_per_s"] and b["tokens_per_s"]]
-    return statistics.median(ratios) if ratios else None
-
-
-def load_peers(names: list[str], ctx, skipped: dict, progress, ks: list | None = None,
-               ) -> list[PeerConfig]:
-    """Each named peer that is available and loads (a sweeping one once per k, named
-    'NAME k=K' when there are several); the others go to `skipped` with why."""
-    loaded = []
-    for name in names:
-        cls = peer_registry.PEERS[name]
-        sweep = peer_registry.peer_ks(cls, list(ks or []))
-        for k in sweep:
-            label = name if len(sweep) == 1 else f"{name} k={k}"
-            peer = cls()
-            ok, reason = peer.available()
-            if not ok:
-                skipped[name] = reason
-                progress(f"peer {name}: skipped ({reason})")
-                break
-            progress(f"peer {label}: loading (building its model once if needed) ...")
-            try:
-                peer.load(ctx if k is None else replace(ctx, num_draft_tokens=k))
-            except Exception as e:  # reported as skipped, with the reason; bench goes on
-                peer.close()
-                skipped[name] = f"load failed: {type(e).__name__}: {e}"
-                progress(f"peer {name}: skipped ({skipped[name]})")
-                break
-            loaded.append(PeerConfig(label, peer))
-    return loaded
-
-
-def identical_share(runs: list[dict], baseline: list[dict] | None) -> float | None:
-    """The share of runs whose output equals the baseline run's on the same prompt and pass."""
-    if baseline is None:
-        return None
-    same = [r["output_ids"] == b["output_ids"] for r, b in zip(runs, baseline)]
-    return sum(same) / len(same)
-
-
 def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict] | None,
               precision: str) -> dict:
     rates = [r["tokens_per_s"] for r in runs]
@@ -205,6 +154,10 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
         "drafted_k_histogram": ([steps - proposed_pp[0]] if proposed_pp else [steps]) + [
             proposed_pp[i] - (proposed_pp[i + 1] if i + 1 < width else 0) for i in range(width)],
         "identical_to_baseline": identical,
+        # under a schema: the share of answers that parse and validate
+        "valid": mean_of(r["valid"] for r in runs),
+        "valid_runs": [r["valid"] for r in runs],  # in the order of tokens_per_s' runs
+        "completion_tokens_mean": tokens / len(runs),
         "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
         "propose_us_per_step": 1e6 * sum(r["propose_s"] for r in runs) / steps,
         "score_us_per_step": 1e6 * sum(r["score_s"] for r in runs) / steps,
@@ -217,40 +170,6 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
     }
 
 
-def mean_of(values) -> float | None:
-    """The mean of the values that are not None (None: none are)."""
-    known = [float(v) for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
-def summarize_peer(p: PeerConfig, workload: str, runs: list[dict], baseline: list[dict] | None,
-                   ) -> dict:
-    """summarize()'s fields for a peer; what it does not report is None."""
-    rates = [r["tokens_per_s"] for r in runs]
-    tokens = sum(r["completion_tokens"] for r in runs)
-    forwards = [r["target_forwards"] for r in runs]
-    identical = identical_share(runs, baseline)
-    own_rss = [r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None]
-    return {
-        "engine": p.peer.engine, "precision": p.peer.precision, "method": p.name,
-        "num_draft_tokens": p.peer.num_draft_tokens, "workload": workload, "peer": True,
-        "tokens_per_s": {"median": statistics.median(r for r in rates if r is not None)
-                         if any(r is not None for r in rates) else None, "runs": rates},
-        "throughput_tokens_per_s": (sum(t for t, _ in p.groups[workload])
-                                    / sum(w for _, w in p.groups[workload])),
-        "tau": tokens / sum(forwards) if None not in forwards else None,
-        "acceptance_rate": mean_of(r.get("acceptance_rate") for r in runs),
-        "acceptance_per_position": [],
-        "identical_to_baseline": identical,
-        # a speculating peer's output against its own plain output (greedy), where it says
-        "identical_to_own_plain": mean_of(r.get("same_as_own_plain") for r in runs),
-        "ttft_ms": statistics.median(r["ttft_s"] * 1000 for r in runs),
-        "propose_us_per_step": None, "score_us_per_step": None, "sample_us_per_step": None,
-        # a server peer reports its own process; an in-process peer shares ours
-        "peak_rss_mb": max(own_rss) if own_rss else peak_rss_mb(),
-    }
-
-
 def run_bench(config: BenchConfig, progress=print) -> dict:
     engines, methods, ks = list(config.engines), list(config.methods), list(config.ks) or [4]
     max_new_tokens, pasts, repeats = config.max_new_tokens, list(config.pasts), config.repeats
@@ -260,6 +179,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     schemas = load_schemas(config.prompts_file)[:config.num_prompts]
     if any(schemas) and batch != 1:
         raise ValueError(f"--batch {batch}: prompts with a json_schema each run at batch 1")
+    if any(schemas):
+        require_jsonschema()
     if peers and batch != 1:
         raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
     methods = list(dict.fromkeys(methods))
@@ -301,7 +222,9 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                                             k_max(ks[0]) if ks else 4,
                                             ref.manifest.folder)
                 if peers else None)
-    active = load_peers(list(peers), peer_ctx, skipped, progress, ks) if peers else []
+    active = load_peers(list(peers), peer_ctx, skipped, progress, ks,
+                        structured=any(schemas)) if peers else []
+    runner = PeerRunner(active, skipped, progress, ref.tokenizer.decode)
 
     def run(c: Config, name: str, prompts_ids: list[list[int]], sampling=None) -> None:
         gen = gens[c.engine]
@@ -320,6 +243,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
             gen.engine.planner.draft_length = rule
         c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
                                               time.perf_counter() - t0))
+        schema = (sampling or params).json_schema  # the schema's JSON text
+        schema = json.loads(schema) if schema is not None else None
         for s in streams:
             m = s.metrics()
             c.runs.setdefault(name, []).append({
@@ -329,25 +254,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                 "accepted_pp": list(m.accepted_per_position), "ttft_s": m.time_to_first_token_s,
                 "propose_s": m.propose_s, "score_s": m.score_s, "sample_s": m.sample_s,
                 "mask_s": m.mask_s, "masks": m.masks, "finish_reason": s.finish_reason,
-                "output_ids": s.output_ids})
-
-    def run_peer(p: PeerConfig, name: str, ids: list[int]) -> None:
-        """One run; a peer that fails is dropped (skipped, with the reason) from all results."""
-        if p not in active:
-            return
-        t0 = time.perf_counter()
-        try:
-            r = p.peer.generate(ids, max_new_tokens, temperature, seed if seed is not None
-                                else 0)
-        except Exception as e:  # reported as skipped; bench goes on with the others
-            p.peer.close()
-            active.remove(p)
-            skipped[p.name] = f"failed while running: {type(e).__name__}: {e}"
-            progress(f"peer {p.name}: dropped ({skipped[p.name]})")
-            return
-        wall = time.perf_counter() - t0 - r.get("untimed_s", 0.0)  # less its own checks
-        p.groups.setdefault(name, []).append((r["completion_tokens"], wall))
-        p.runs.setdefault(name, []).append(r)
+                "output_ids": s.output_ids,
+                "valid": valid_json(s.text, schema) if schema is not None else None})
 
     # warm-up, not recorded: one-time work per batch size (the engine's cost probe,
     # runtime/speculation/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
@@ -359,28 +267,30 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                 warm if size < batch else None)
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
         c.suffix_cache = SuffixCache()  # what the warm-up wrote is not a request
+    peer_seed = seed if seed is not None else 0
     for p in list(active):
-        run_peer(p, "_warmup", ref.encode(prompts[0])[:16])
+        runner.run(p, "_warmup", ref.encode(prompts[0])[:16], max_new_tokens, temperature,
+                   peer_seed)
         p.runs.pop("_warmup", None), p.groups.pop("_warmup", None)
     try:
         for rep in range(repeats):
             for c in configs:  # a prompt asked again would match its own earlier answer whole
                 c.suffix_cache = SuffixCache()
             for name, key, group in workloads:
+                schema = schemas[key] if group is not None else None
                 for c in configs:  # interleaved
                     gen = gens[c.engine]
                     ids = ([gen.encode(p) for p in group] if group is not None
                            else [synthetic_prompt(gen, key)])
-                    schema = schemas[key] if group is not None else None
                     run(c, name, ids, replace(params, json_schema=schema)
                         if schema is not None else None)
                 for p in list(active):  # then every peer, on the same ids (batch 1)
-                    run_peer(p, name, ref.encode(group[0]) if group is not None
-                             else synthetic_prompt(ref, key))
+                    runner.run(p, name, ref.encode(group[0]) if group is not None
+                               else synthetic_prompt(ref, key), max_new_tokens, temperature,
+                               peer_seed, schema)
                 progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
     finally:
-        for p in active:
-            p.peer.close()
+        runner.close()
     results = []
     for c in configs:
         precision = gens[c.engine].manifest.graph("target")["precision"]
@@ -410,26 +320,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                         and not r.get("peer")):
                     predict(r, ms, none)
     ref_none = next((c for c in configs if c.engine == engines[0] and c.method == "none"), None)
-    workload_names = list(dict.fromkeys(w[0] for w in workloads))
-    for p in active:
-        for name in workload_names:
-            baseline = ref_none.runs[name] if (ref_none and temperature == 0) else None
-            r = summarize_peer(p, name, p.runs[name], baseline)
-            none = ref_none.runs[name] if ref_none else None
-            none_median = statistics.median(x["tokens_per_s"] for x in none) if none else None
-            r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none_median
-                                    if none and r["tokens_per_s"]["median"] else None)
-            # peer tok/s / our none tok/s, prompt by prompt within a pass, then the median
-            r["ratio_pairwise"] = pairwise_ratio(p.runs[name], none) if none else None
-            results.append(r)
-    if active:  # ours / peer, pair by pair, for every configuration of ours
-        for c in configs:
-            for name in workload_names:
-                r = next(x for x in results if x["engine"] == c.engine and x["workload"] == name
-                         and x["method"] == c.method and x["num_draft_tokens"] == c.k
-                         and not x.get("peer"))
-                r["vs_peers"] = {p.name: pairwise_ratio(c.runs[name], p.runs[name])
-                                 for p in active}
+    peer_results(active, configs, results, ref_none, list(dict.fromkeys(w[0] for w in workloads)),
+                 temperature)
     report = {
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
@@ -444,6 +336,11 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                                        "on the same prompt and pass (first engine's none)",
                      "vs_peers": "ours: median over runs of (our tok/s / peer tok/s) on the "
                                  "same prompt and pass",
+                     "ratio_to_fastest_peer": "every row: median over runs of (its tok/s / "
+                                              "the fastest peer configuration's tok/s) on the "
+                                              "same prompt and pass",
+                     "valid": "prompts with a json_schema: the share of answers that parse "
+                              "as JSON the schema accepts (jsonschema)",
                      "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
                                      "its first token",
                      "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "

@@ -20,7 +20,7 @@ def method_label(r: dict) -> str:
 
 def table(results: list[dict], skipped_peers: dict | None = None) -> str:
     head = (f"{'engine':<32} {'method':<22} {'workload':<10} {'tok/s':>7} {'x none':>7} "
-            f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'propose us':>10} "
+            f"{'x fast':>7} {'thru':>7} {'tau':>5} {'same':>5} {'valid':>5} {'propose us':>10} "
             f"{'ttft ms':>7} {'rss MB':>6}  acceptance by position")
     rows = [head, "-" * len(head)]
 
@@ -40,6 +40,7 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
                     f"{fmt(r.get('speedup_vs_none_fast'), '.2f'):>7} "
                     f"{r['throughput_tokens_per_s']:>7.1f} {fmt(r['tau'], '.2f'):>5} "
                     f"{fmt(r['identical_to_baseline'], '.2f'):>5} "
+                    f"{fmt(r.get('valid'), '.2f'):>5} "
                     f"{fmt(r['propose_us_per_step'], '.0f'):>10} "
                     f"{fmt(r.get('ttft_ms'), '.0f'):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>6}  "
                     f"{acc}")
@@ -65,6 +66,13 @@ def table(results: list[dict], skipped_peers: dict | None = None) -> str:
             label = method_label(r)
             rows.append(f"{label:<22} {r['workload']:<10} "
                         + " ".join(f"{fmt(r['vs_peers'][n], '.2f'):>22}" for n in names))
+    fastest = [r for r in results if r.get("fastest_peer")]
+    if fastest:  # every row beside the fastest peer configuration, per workload
+        rows += ["", "x fastest peer: median over prompt runs of (tok/s / the fastest peer "
+                     "configuration's tok/s), same prompt and pass"]
+        for r in fastest:
+            rows.append(f"{method_label(r):<22} {r['workload']:<10} "
+                        f"{fmt(r['ratio_to_fastest_peer'], '.2f'):>6}  (vs {r['fastest_peer']})")
     for name, reason in (skipped_peers or {}).items():
         rows.append(f"skipped peer {name}: {reason}")
     return "\n".join(rows)

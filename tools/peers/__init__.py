@@ -4,12 +4,15 @@ Every peer has one shape:
 
     available() -> (ok, reason)       can it run here at all (imports, binaries)
     load(ctx: PeerContext) -> None    builds what it needs once (cached), loads the model
-    generate(prompt_ids, max_new_tokens, temperature, seed) -> dict
+    holds_schemas() -> (ok, reason)   after load: can it hold its output to a JSON schema
+    generate(prompt_ids, max_new_tokens, temperature, seed, json_schema=None) -> dict
     close() -> None
 
 generate() takes the prompt token ids our tokenizer made (chat template applied), decodes
 max_new_tokens tokens ignoring EOS (greedy at temperature 0) and returns bench's per-run
-fields where they apply:
+fields where they apply. Under a json_schema (a prompt line's "json_schema") the peer holds
+its output to the schema with its own structured-output feature and stops where the JSON
+ends (the grammar's end or EOS, as ours does), max_new_tokens being only a cap. The fields:
 
     tokens_per_s       decode: (completion_tokens - 1) / time after the first token
     completion_tokens  int
@@ -18,14 +21,16 @@ fields where they apply:
     output_ids         list[int]
     acceptance_rate    optional: a speculating peer's own acceptance rate
     same_as_own_plain  optional (greedy): whether its output equals its own plain output
+                       (under the same schema, where there is one)
     untimed_s          optional: seconds of the call spent on such checks, not decoding
 
 Peers import their runtimes lazily: this package imports without torch, transformers,
-onnxruntime-genai or llama.cpp.
+onnxruntime-genai, llama.cpp or OpenVINO.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,8 +58,10 @@ class Peer(Protocol):
 
     def load(self, ctx: PeerContext) -> None: ...
 
+    def holds_schemas(self) -> tuple[bool, str]: ...
+
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict: ...
+                 seed: int, json_schema: dict | None = None) -> dict: ...
 
     def close(self) -> None: ...
 
@@ -115,16 +122,30 @@ def decode_rate(stamps: list[float]) -> float | None:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+def chunk_stamps(chunks: list[tuple[float, int]]) -> list[float]:
+    """(when, how many new tokens) per chunk a runtime hands back -> one stamp per token (the
+    tokens of one chunk share its stamp, as speculated or grammar-forced tokens arrive)."""
+    return [t for t, n in chunks for _ in range(n)]
+
+
+def plain_key(prompt_ids: list[int], json_schema: dict | None) -> tuple:
+    """What a speculating peer's own plain output is cached by: the prompt and the schema."""
+    return tuple(prompt_ids), (json.dumps(json_schema, sort_keys=True)
+                               if json_schema is not None else None)
+
+
 def _registry() -> dict:
     from trt_spec.tools.peers.hf import AssistedPeer, TransformersPeer
     from trt_spec.tools.peers.llamacpp import LlamaCppDraftPeer, LlamaCppNgramPeer, LlamaCppPeer
     from trt_spec.tools.peers.ortgenai import OrtGenaiDraftPeer, OrtGenaiNgramPeer, OrtGenaiPeer
+    from trt_spec.tools.peers.openvino import OpenVinoLookupPeer, OpenVinoPeer
 
     return {"transformers": TransformersPeer, "transformers-assisted": AssistedPeer,
             "onnxruntime-genai": OrtGenaiPeer, "onnxruntime-genai-ngram": OrtGenaiNgramPeer,
             "onnxruntime-genai-draft": OrtGenaiDraftPeer,
             "llama.cpp": LlamaCppPeer, "llama.cpp-draft": LlamaCppDraftPeer,
-            "llama.cpp-ngram": LlamaCppNgramPeer}
+            "llama.cpp-ngram": LlamaCppNgramPeer,
+            "openvino": OpenVinoPeer, "openvino-lookup": OpenVinoLookupPeer}
 
 
 PEERS: dict[str, type] = _registry()  # name -> class; tests may register a fake

@@ -48,6 +48,10 @@ class TransformersPeer:
         ignore_eos(self.model)
         self.engine = f"transformers {transformers.__version__} generate, {folder}"
 
+    def holds_schemas(self) -> tuple[bool, str]:
+        return False, ("transformers generate has no JSON-schema constraint of its own (it "
+                       "takes an outside logits processor)")
+
     def search_options(self, max_new_tokens: int, temperature: float) -> dict:
         """Plain temperature sampling (no top-k / top-p), as our SamplingParams' defaults."""
         if temperature == 0:
@@ -56,10 +60,11 @@ class TransformersPeer:
                 "top_k": 0, "top_p": 1.0}
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict:
+                 seed: int, json_schema: dict | None = None) -> dict:
         import torch
 
         assert self.model is not None, "load() first"
+        assert json_schema is None, "holds_schemas() says no"
         streamer = stamp_streamer()
         forwards = []  # one entry per target forward
         hook = self.model.register_forward_hook(lambda *_: forwards.append(1))

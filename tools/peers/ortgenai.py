@@ -3,6 +3,10 @@ exported from, built once into CACHE/ortgenai-int4, and its generator loop.
 
 min_length = max_length = prompt + N forces N new tokens (EOS is suppressed until then).
 Each generate_next_token() is timed: the first one ends the prefill, the rest are decode steps.
+Under a JSON schema its guidance (llguidance inside: `set_guidance("json_schema", ...)`, with
+its fast-forward tokens on, the grammar-forced tokens appended without a forward of their
+own, as ours draft them) holds the output, which ends with the JSON (max_length = prompt + N
+only caps it); the tokens a step added are read from its token count.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from pathlib import Path
 
 from trt_spec.runtime.files import atomic_folder
-from trt_spec.tools.peers import PeerContext, decode_rate
+from trt_spec.tools.peers import PeerContext, chunk_stamps, decode_rate, plain_key
 
 
 def build_model(hf_dir: Path, out: Path, log: Path) -> Path:
@@ -70,39 +74,57 @@ class OrtGenaiPeer:
         self.folder = folder
         self.engine = f"onnxruntime-genai {og.__version__}, {folder}"
 
+    def holds_schemas(self) -> tuple[bool, str]:
+        import onnxruntime_genai as og
+
+        if not hasattr(og.GeneratorParams, "set_guidance"):
+            return False, f"onnxruntime-genai {og.__version__} has no guidance (set_guidance)"
+        return True, ""
+
     def decode(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-               seed: int, speculative: dict | None = None):
-        """Its generator loop, each generate_next_token() timed -> (output ids, stamps, the
-        time before the prefill, the generator); `speculative`: set_speculative_options."""
+               seed: int, speculative: dict | None = None, json_schema: dict | None = None):
+        """Its generator loop, each generate_next_token() timed -> (output ids, a stamp per
+        output token, the time before the prefill, the steps that added tokens, the
+        generator); `speculative`: set_speculative_options; `json_schema`: its guidance."""
         import numpy as np
         import onnxruntime_genai as og
 
         assert self.model is not None, "load() first"
         params = og.GeneratorParams(self.model)
         total = len(prompt_ids) + max_new_tokens
-        options = {"min_length": total, "max_length": total, "do_sample": temperature > 0,
-                   "batch_size": 1}
+        options = {"max_length": total, "do_sample": temperature > 0, "batch_size": 1}
+        if json_schema is None:  # N tokens, EOS ignored; under a schema, the JSON's end
+            options["min_length"] = total
         if temperature > 0:
             options.update(temperature=temperature, top_k=self.vocab_size, top_p=1.0, random_seed=seed)
         params.set_search_options(**options)
+        if json_schema is not None:
+            params.set_guidance("json_schema", json.dumps(json_schema), True)
         if speculative:
             params.set_speculative_options(**speculative)
         generator = og.Generator(self.model, params)
-        stamps = []
+        chunks = []  # (when, tokens added) per step that added any
         t0 = time.perf_counter()
         generator.append_tokens(np.asarray([prompt_ids], dtype=np.int32))  # the prefill
+        count = generator.token_count()
         while not generator.is_done():
             generator.generate_next_token()
-            stamps.append(time.perf_counter())
+            now, added = time.perf_counter(), generator.token_count() - count
+            count += added
+            if added:
+                chunks.append((now, added))
         output_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
-        return output_ids, stamps, t0, generator
+        stamps = chunk_stamps(chunks)
+        assert len(stamps) == len(output_ids), (len(stamps), len(output_ids))
+        return output_ids, stamps, t0, len(chunks), generator
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict:
-        output_ids, stamps, t0, _ = self.decode(prompt_ids, max_new_tokens, temperature, seed)
-        assert len(output_ids) == len(stamps), (len(output_ids), len(stamps))
+                 seed: int, json_schema: dict | None = None) -> dict:
+        output_ids, stamps, t0, steps, _ = self.decode(prompt_ids, max_new_tokens,
+                                                       temperature, seed, None, json_schema)
         return {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
-                "target_forwards": len(output_ids), "ttft_s": stamps[0] - t0 if stamps else None,
+                # forced tokens (a schema's) come without a forward of their own
+                "target_forwards": steps, "ttft_s": stamps[0] - t0 if stamps else None,
                 "output_ids": output_ids}
 
     @staticmethod
@@ -132,7 +154,7 @@ class OrtGenaiSpeculativePeer(OrtGenaiPeer):
 
     def __init__(self):
         super().__init__()
-        self._plain: dict[tuple[int, ...], list[int]] = {}  # its own greedy output, by prompt
+        self._plain: dict[tuple, list[int]] = {}  # its own greedy output, by prompt and schema
 
     def load(self, ctx: PeerContext) -> None:
         require_speculation()
@@ -143,22 +165,28 @@ class OrtGenaiSpeculativePeer(OrtGenaiPeer):
         return {"max_draft_tokens": self.num_draft_tokens, "min_adaptive_k": 1,
                 "cooldown": True}
 
-    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
-        return super().generate(prompt_ids, max_new_tokens, 0.0, seed)["output_ids"]
+    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int,
+                     json_schema: dict | None = None) -> list[int]:
+        return super().generate(prompt_ids, max_new_tokens, 0.0, seed, json_schema)["output_ids"]
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int) -> dict:
-        output_ids, stamps, t0, generator = self.decode(
-            prompt_ids, max_new_tokens, temperature, seed, self.speculative_options())
+                 seed: int, json_schema: dict | None = None) -> dict:
+        output_ids, stamps, t0, _, generator = self.decode(
+            prompt_ids, max_new_tokens, temperature, seed, self.speculative_options(),
+            json_schema)
         stats = generator.get_speculative_stats()
+        forwards = int(stats.get("target_forward_passes") or 0) or None
         result = {"tokens_per_s": decode_rate(stamps), "completion_tokens": len(output_ids),
-                  "target_forwards": int(stats.get("target_forward_passes") or 0) or None,
+                  # under a schema its statistics leave out the steps it decodes plainly
+                  # (standard_fallback_steps) and the forced tokens: tau unknown
+                  "target_forwards": forwards if json_schema is None else None,
                   "ttft_s": stamps[0] - t0 if stamps else None, "output_ids": output_ids,
                   "acceptance_rate": stats.get("acceptance_rate")}
         if temperature == 0:
-            key, t1 = tuple(prompt_ids), time.perf_counter()
+            key, t1 = plain_key(prompt_ids, json_schema), time.perf_counter()
             if key not in self._plain:
-                self._plain[key] = self.plain_output(prompt_ids, max_new_tokens, seed)
+                self._plain[key] = self.plain_output(prompt_ids, max_new_tokens, seed,
+                                                     json_schema)
             result["same_as_own_plain"] = self._plain[key] == output_ids
             result["untimed_s"] = time.perf_counter() - t1  # not part of its decoding
         return result
@@ -210,10 +238,11 @@ class OrtGenaiDraftPeer(OrtGenaiSpeculativePeer):
         # tokens, measured on a held-out prompt)
         return {"max_draft_tokens": self.num_draft_tokens}
 
-    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+    def plain_output(self, prompt_ids: list[int], max_new_tokens: int, seed: int,
+                     json_schema: dict | None = None) -> list[int]:
         model, self.model = self.model, self.plain_model
         try:
-            return super().plain_output(prompt_ids, max_new_tokens, seed)
+            return super().plain_output(prompt_ids, max_new_tokens, seed, json_schema)
         finally:
             self.model = model
 

@@ -66,7 +66,8 @@ def parse_peers(text: str) -> list[str]:
                    "while a token pays for itself, at most K (default 6).")
 @click.option("--max-new-tokens", type=click.IntRange(min=2), default=BENCH["max_new_tokens"],
               show_default=True,
-              help="New tokens per run (EOS ignored unless --stop-at-eos).")
+              help="New tokens per run (EOS ignored unless --stop-at-eos); under a prompt's "
+                   "json_schema, at most this many: the answer ends with its JSON.")
 @click.option("--stop-at-eos", is_flag=True,
               help="End each answer at the model's end of turn, as a chat client does (τ then "
                    "measures the answers only; runs differ in length).")
@@ -93,8 +94,11 @@ def parse_peers(text: str) -> list[str]:
                    "onnxruntime-genai, onnxruntime-genai-ngram (its own n-gram speculation), "
                    "onnxruntime-genai-draft (its draft-model speculation with our vanilla "
                    "draft), llama.cpp, llama.cpp-draft (its draft model: our vanilla draft as a "
-                   "GGUF), llama.cpp-ngram (its n-gram lookup). The speculating peers run once "
-                   "per integer --num-draft-tokens. One that cannot run is listed as skipped.")
+                   "GGUF), llama.cpp-ngram (its n-gram lookup), openvino (OpenVINO GenAI on "
+                   "the GGUF), openvino-lookup (its prompt lookup). The speculating peers run "
+                   "once per integer --num-draft-tokens. Prompts with a json_schema: each peer "
+                   "holds its answer to the schema with its own structured output. One that "
+                   "cannot run is listed as skipped.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart (tokens/s per method and peer, and tau) to this PNG "
                    "(needs matplotlib: pip install -e '.[bench]').")
