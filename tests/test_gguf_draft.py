@@ -132,22 +132,23 @@ def fake_ctx(tmp_path, model, draft, k=3) -> PeerContext:
 
 def test_llamacpp_speculating_peers_arguments(tiny_target_gguf, tiny_draft, tmp_path):
     """What each speculating llama.cpp peer starts its server with (no server needed)."""
-    from trt_spec.tools.peers.llamacpp import LlamaCppDraftPeer, LlamaCppNgramPeer
+    from trt_spec.tools.peers.llamacpp import LlamaCppDraftPeer, LlamaCppNgramPeer, LlamaCppPeer
 
     peer = LlamaCppDraftPeer()
-    args, one_token = peer.server_args(fake_ctx(tmp_path, tiny_target_gguf, tiny_draft, 2),
-                                       tiny_target_gguf)
+    args, speculating = peer.server_args(fake_ctx(tmp_path, tiny_target_gguf, tiny_draft, 2),
+                                         tiny_target_gguf)
     draft = tmp_path / "cache" / "draft.gguf"
     assert args == ["--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max", "2",
                     "-td", "2", "-tbd", "2"]
-    assert not one_token and draft.is_file() and peer.num_draft_tokens == 2
+    assert speculating and draft.is_file() and peer.num_draft_tokens == 2
     with pytest.raises(ValueError, match="no vanilla draft"):
         LlamaCppDraftPeer().server_args(fake_ctx(tmp_path, tiny_target_gguf, None),
                                         tiny_target_gguf)
     peer = LlamaCppNgramPeer()
-    args, one_token = peer.server_args(fake_ctx(tmp_path, tiny_target_gguf, None, 4),
-                                       tiny_target_gguf)
-    assert args == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"] and not one_token
+    args, speculating = peer.server_args(fake_ctx(tmp_path, tiny_target_gguf, None, 4),
+                                         tiny_target_gguf)
+    assert args == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"] and speculating
+    assert LlamaCppPeer().server_args(None, tiny_target_gguf) == ([], False)
 
 
 @pytest.mark.slow
