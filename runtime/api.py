@@ -12,7 +12,7 @@ batched continuously up to `max_num_seqs` KV slots.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -42,18 +42,18 @@ class CompletionOutput:
     # between <think> and </think>; None where the answer did not think. `text` stays whole.
     reasoning_content: str | None = None
     # per token (as token_ids), where it came from: an accepted draft and its drafter, the
-    # grammar, or the target (runtime/provenance.py); None where the loop records none
-    token_sources: list[TokenSource] | None = None
+    # grammar, or the target (runtime/provenance.py)
+    token_sources: list[TokenSource] = field(default_factory=list)
 
 
 @dataclass
 class StreamDelta:
     """What `LLM.stream(..., details=True)` yields: the new text (as plain `stream` yields
-    it) and the new tokens with their origins (token_sources: None where none are kept)."""
+    it) and the new tokens with their origins."""
 
     text: str
     token_ids: list[int]
-    token_sources: list[TokenSource] | None
+    token_sources: list[TokenSource]
     finish_reason: str | None = None
 
 
@@ -279,8 +279,7 @@ class LLM:
         outputs = [CompletionOutput(c.index, c.stream.text, list(c.stream.output_ids),
                                     c.stream.finish_reason, list(c.stream.logprobs)
                                     if c.stream.params.logprobs is not None else None,
-                                    token_sources=None if c.stream.sources is None
-                                    else list(c.stream.sources))
+                                    token_sources=list(c.stream.sources))
                    for c in r.choices]
         return RequestOutput(r.id, prompt, s.prompt_ids, outputs,
                              all(c.stream.finished for c in r.choices), s.metrics(),

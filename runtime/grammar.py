@@ -25,6 +25,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -193,19 +194,35 @@ class Guide:
         """At most `limit` tokens the grammar allows exactly one way from here."""
         return list(self.matcher.compute_ff_tokens()[:limit]) if limit > 0 else []
 
-    def forced_after(self, drafts, limit: int) -> list[int]:
-        """At most `limit` tokens the grammar allows exactly one way after `drafts` (each
-        valid); [] after an EOS. The matcher is left where it was."""
+    @contextmanager
+    def ahead(self, drafts):
+        """The matcher moved past `drafts` for the block's length, then rolled back: yields
+        False (not moved) where a draft is not valid or one is an EOS (nothing follows an
+        EOS, and llguidance 1.9.1 cannot roll a consumed EOS back: the matcher then refuses
+        the same end again)."""
         drafts = [int(t) for t in drafts]
-        if limit <= 0 or any(t in self.eos_ids for t in drafts):
-            return []
+        if any(t in self.eos_ids for t in drafts) or \
+                (drafts and self.matcher.validate_tokens(drafts) < len(drafts)):
+            yield False
+            return
         for t in drafts:
             self.matcher.consume_token(t)
-        tokens = list(self.matcher.compute_ff_tokens()[:limit])
-        tokens = tokens[:self.matcher.validate_tokens(tokens)] if tokens else []
-        if drafts:
-            self.matcher.rollback(len(drafts))
-        return tokens
+        try:
+            yield True
+        finally:
+            if drafts:
+                self.matcher.rollback(len(drafts))
+
+    def forced_after(self, drafts, limit: int) -> list[int]:
+        """At most `limit` tokens the grammar allows exactly one way after `drafts`; [] after
+        an EOS or an invalid draft. The matcher is left where it was."""
+        if limit <= 0:
+            return []
+        with self.ahead(drafts) as moved:
+            if not moved:
+                return []
+            tokens = list(self.matcher.compute_ff_tokens()[:limit])
+            return tokens[:self.matcher.validate_tokens(tokens)] if tokens else []
 
     def valid(self, drafts) -> int:
         """How many of `drafts` (from here on) the grammar allows."""
@@ -218,16 +235,11 @@ class Guide:
         from llguidance.numpy import fill_next_token_bitmask
 
         t0 = time.perf_counter()
-        drafted = [int(t) for t in drafted]
-        if any(t in self.eos_ids for t in drafted) or \
-                (drafted and self.matcher.validate_tokens(drafted) < len(drafted)):
-            return None  # (nothing follows an EOS; see masks)
-        for t in drafted:
-            self.matcher.consume_token(t)
-        bits = np.zeros((1, self.words), dtype=np.int32)
-        fill_next_token_bitmask(self.matcher, bits, 0)
-        if drafted:
-            self.matcher.rollback(len(drafted))
+        with self.ahead(drafted) as moved:
+            if not moved:
+                return None
+            bits = np.zeros((1, self.words), dtype=np.int32)
+            fill_next_token_bitmask(self.matcher, bits, 0)
         out = np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.vocab_size] == 1
         self.mask_s += time.perf_counter() - t0
         return out if out.any() else None
@@ -243,10 +255,7 @@ class Guide:
         for j in range(len(drafts) + 1):
             fill_next_token_bitmask(self.matcher, out, j)
             if j == len(drafts) or int(drafts[j]) in self.eos_ids:
-                # nothing follows an EOS (the stream stops there): its rows stay empty, and
-                # EOS is never consumed here (llguidance 1.9.1 cannot roll a consumed EOS
-                # back: the matcher then refuses the same end again)
-                break
+                break  # nothing follows an EOS, and it is never consumed here (`ahead`)
             if not self.matcher.consume_token(int(drafts[j])):
                 raise AssertionError(f"draft {int(drafts[j])} was not valid: "
                                      f"{self.matcher.get_error()}")

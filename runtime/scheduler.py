@@ -64,8 +64,7 @@ class Output:
     token_ids: list[int]  # new token ids
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per new token, when asked
-    # per new token, its origin (runtime/provenance.py); None: the loop records none
-    sources: list[TokenSource] | None = field(default_factory=list)
+    sources: list[TokenSource] = field(default_factory=list)  # per new token, its origin
 
     @property
     def finished(self) -> bool:
@@ -387,7 +386,7 @@ class Scheduler:
             text = r.detok.flush(s.text) if s.finished else r.detok.delta()
         ids = s.output_ids[r.sent_tokens:]
         logprobs = s.logprobs[r.sent_tokens:len(s.output_ids)]
-        sources = None if s.sources is None else s.sources[r.sent_tokens:len(s.output_ids)]
+        sources = s.sources[r.sent_tokens:len(s.output_ids)]
         r.sent_tokens = len(s.output_ids)
         report.new_tokens += len(ids)
         if s.finished:

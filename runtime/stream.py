@@ -107,9 +107,8 @@ class Stream:
     # tokens before it (None for the first), filled chunk by chunk as the prompt is read
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     stats: StreamStats = field(default_factory=StreamStats)
-    # per output token, where it came from (runtime/provenance.py); None: this loop records
-    # none (the GPU device loop)
-    sources: list[TokenSource] | None = field(default_factory=list)
+    # per output token, where it came from (runtime/provenance.py)
+    sources: list[TokenSource] = field(default_factory=list)
     guide: object = None  # runtime/grammar.py Guide: the structure the output is held to
     # another choice of the same request (n > 1) whose prompt rows this one starts from, once
     # it has read them (Engine.fork); None: none, or forked already
@@ -220,15 +219,14 @@ class StopChecker:
 
 
 def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray,
-           sources: list[TokenSource] | None = None) -> int:
+           sources: list[TokenSource]) -> int:
     """Appends tokens one by one until a stop condition holds; returns how many were kept.
     logits: [len(tokens), vocab], the target's logits each token was chosen from (for
     logprobs: a token accepted from a draft is scored by the target's row that verified it).
-    sources: each token's origin (runtime/provenance.py), kept with it where s records them."""
+    sources: each token's origin (runtime/provenance.py), kept with it."""
     for n, token in enumerate(tokens, 1):
         s.output_ids.append(int(token))
-        if s.sources is not None and sources is not None:
-            s.sources.append(sources[n - 1])
+        s.sources.append(sources[n - 1])
         if s.guide is not None and not s.guide.consume(token):
             s.finish_reason = "error"  # a grammar no token can go on with
             s.text = stops.tokenizer.decode(s.output_ids)

@@ -103,11 +103,9 @@ class TokenSources:
         self.tokenizer = tokenizer
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def entries(self, token_ids: list[int], sources: list[TokenSource] | None,
-                final: bool = False) -> list[dict] | None:
-        """The entries of a delta's tokens; None where the loop records no sources."""
-        if sources is None:
-            return None
+    def entries(self, token_ids: list[int], sources: list[TokenSource],
+                final: bool = False) -> list[dict]:
+        """The entries of a delta's tokens."""
         out, special = [], self.tokenizer.special_ids
         for j, (t, src) in enumerate(zip(token_ids, sources)):
             raw = self.tokenizer.token_bytes(t)

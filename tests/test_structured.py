@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import generate_ids
 
@@ -131,5 +132,6 @@ def test_a_row_with_nothing_allowed_allows_eos_which_ends_the_stream_in_error(ti
     s.guide = guide
     from trt_spec.runtime.stream import append
 
-    append(s, [eos[0]], gen.stops, np.zeros((1, gen.config.vocab_size), np.float32))
+    append(s, [eos[0]], gen.stops, np.zeros((1, gen.config.vocab_size), np.float32),
+           step_sources(1, None, 0, 0, 1))
     assert s.finish_reason == "error"
