@@ -13,6 +13,10 @@ the answers are identical. Without --compare it replays against --url or one ser
 starts. Conversations: runtime/data/sharegpt-heldout-multiturn.jsonl (held-out ShareGPT
 conversations, user turns only; `--make-data` writes it from the ShareGPT file).
 
+--ray N serves the engine as N Ray Serve replicas (`serve --ray`); with --compare it replays
+on prefix routing, then on load routing (one deployment at a time: two local Rays would
+share the cores), and counts the later turns whose history came from a replica's cache.
+
 Exits 1 when a request fails, or with --compare when an answer differs.
 """
 
@@ -163,7 +167,7 @@ def start(engine: str, port: int, args, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trt_spec.cli", "serve", "--engine", engine, "--port",
            str(port), "--max-num-seqs", str(args.max_num_seqs), *extra, *args.server_args]
     proc = subprocess.Popen(cmd)
-    wait_healthy(f"http://127.0.0.1:{port}", proc)
+    wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=300 if "--ray" in extra else 120)
     return proc
 
 
@@ -190,6 +194,42 @@ def summarize(runs: dict[str, list[list[dict]]], min_tokens: int) -> list[dict]:
     return rows
 
 
+def replay_all(sides: dict, convs: list[dict], args, model: str | None,
+               ray_extra: list[str] | None) -> str | None:
+    """Every conversation on every side's server (started here, or --url), turn by turn,
+    alternating which side goes first; the results are appended to `sides`."""
+    import openai
+
+    procs, clients = {}, {}
+    try:
+        for name in sides:
+            if args.url:
+                url = args.url
+            else:
+                port = free_port()
+                extra = ray_extra if ray_extra is not None else \
+                    ["--no-prefix-cache"] if name == "no-cache" else []
+                procs[name] = start(args.engine, port, args, extra)
+                url = f"http://127.0.0.1:{port}"
+            clients[name] = openai.OpenAI(base_url=f"{url}/v1", api_key="unused",
+                                          max_retries=0, timeout=600)
+            if model is None:
+                model = clients[name].models.list().data[0].id
+        for i, conv in enumerate(convs):
+            order = list(sides) if i % 2 == 0 else list(sides)[::-1]  # alternate who goes first
+            for name in order:
+                sides[name].append(replay(clients[name], model, conv, args.max_tokens))
+            line = "  ".join(f"{name}: " + " ".join(f"{r['ttft_s']:.2f}" for r in sides[name][-1])
+                             for name in sides)
+            print(f"[{i + 1}/{len(convs)}] {conv['id']}: time to first token per turn (s)  "
+                  f"{line}", flush=True)
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.wait(120)
+    return model
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,7 +243,10 @@ def main(argv=None) -> int:
                     help="a turn counts as long from this many prompt tokens")
     ap.add_argument("--max-num-seqs", type=int, default=4, help="the servers' KV slots")
     ap.add_argument("--compare", action="store_true",
-                    help="with and without the prefix cache, side by side")
+                    help="with and without the prefix cache, side by side (with --ray: "
+                         "routing by prefix, then by load)")
+    ap.add_argument("--ray", type=int, metavar="N", default=0,
+                    help="serve on Ray Serve with N replicas")
     ap.add_argument("--json", type=Path, help="write the per-turn results here")
     ap.add_argument("--make-data", action="store_true",
                     help="write --conversations from the ShareGPT file's held-out split, exit")
@@ -232,41 +275,25 @@ def main(argv=None) -> int:
         return 0
     if bool(args.engine) == bool(args.url) or (args.compare and not args.engine):
         ap.error("give --engine (servers started here; --compare needs it) or --url")
-    import openai
-
     convs = load_conversations(args.conversations, args.num_conversations)
     model = args.model or (Path(args.engine).resolve().name if args.engine else None)
-    sides = {"cache": [], "no-cache": []} if args.compare else {"server": []}
-    procs, clients = {}, {}
-    try:
+    if args.ray and args.url:
+        ap.error("--ray starts its own deployment: give --engine, not --url")
+    if args.ray:
+        sides = {"prefix": [], "load": []} if args.compare else {"server": []}
+    else:
+        sides = {"cache": [], "no-cache": []} if args.compare else {"server": []}
+    if args.ray:  # one deployment at a time, each replaying every conversation
         for name in sides:
-            if args.url:
-                url = args.url
-            else:
-                port = free_port()
-                procs[name] = start(args.engine, port, args,
-                                    ["--no-prefix-cache"] if name == "no-cache" else [])
-                url = f"http://127.0.0.1:{port}"
-            clients[name] = openai.OpenAI(base_url=f"{url}/v1", api_key="unused",
-                                          max_retries=0, timeout=600)
-            if model is None:
-                model = clients[name].models.list().data[0].id
-        for i, conv in enumerate(convs):
-            order = list(sides) if i % 2 == 0 else list(sides)[::-1]  # alternate who goes first
-            for name in order:
-                sides[name].append(replay(clients[name], model, conv, args.max_tokens))
-            line = "  ".join(f"{name}: " + " ".join(f"{r['ttft_s']:.2f}" for r in sides[name][-1])
-                             for name in sides)
-            print(f"[{i + 1}/{len(convs)}] {conv['id']}: time to first token per turn (s)  "
-                  f"{line}", flush=True)
-    finally:
-        for p in procs.values():
-            p.terminate()
-            p.wait(60)
+            extra = ["--ray", "--replicas", str(args.ray)]
+            extra += ["--routing", name] if args.compare else []
+            model = replay_all({name: sides[name]}, convs, args, model, extra)
+    else:
+        model = replay_all(sides, convs, args, model, None)
     table = summarize(sides, args.min_tokens)
     differ = 0
     if args.compare:
-        for a, b in zip(sides["cache"], sides["no-cache"]):
+        for a, b in zip(*sides.values()):
             differ += sum(x["answer"] != y["answer"] for x, y in zip(a, b))
     print(f"\n{'turn':>4}  " + "  ".join(f"{n + ' prompt':>16} {n + ' cached':>14} "
                                        f"{n + ' ttft':>12} {'(>=' + str(args.min_tokens) + ')':>9}"
@@ -279,12 +306,20 @@ def main(argv=None) -> int:
             cells.append(f"{c['prompt_tokens'] or 0:>16.0f} {c['cached_tokens'] or 0:>14.0f} "
                          f"{c['ttft_s']:>12.3f} {long + ' (' + str(c['long']) + ')':>9}")
         ratio = ""
-        if args.compare and row["cache"]["ttft_long_s"] and row["no-cache"]["ttft_long_s"]:
-            ratio = f"  {row['cache']['ttft_long_s'] / row['no-cache']['ttft_long_s']:.3f}"
+        first, second = (row[n]["ttft_long_s"] for n in list(sides)[:2]) if args.compare \
+            else (None, None)
+        if first and second:
+            ratio = f"  {first / second:.3f}"
         print(f"{row['turn']:>4}  " + "  ".join(cells) + ratio)
+    for name, convs_run in sides.items():
+        later = [r for c in convs_run for r in c[1:]]
+        kept = sum(r["cached_tokens"] * 2 > (r["prompt_tokens"] or 0) for r in later)
+        print(f"{name}: later turns that read their history from the cache: {kept} of "
+              f"{len(later)}")
     if args.compare:
-        total = sum(len(c) for c in sides["cache"])
-        print(f"answers identical with and without the cache: {total - differ} of {total} turns")
+        total = sum(len(c) for c in next(iter(sides.values())))
+        print(f"answers identical on both sides ({' / '.join(sides)}): {total - differ} of "
+              f"{total} turns")
     if args.json:
         args.json.write_text(json.dumps({
             "machine": platform.processor() or platform.machine(), "engine": args.engine,

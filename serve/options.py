@@ -11,6 +11,7 @@ from trt_spec.runtime.options import option
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
 
 
+ROUTINGS = ("prefix", "load")  # serve --ray --routing
 ORIGIN = re.compile(r"https?://[^/\s]+")  # scheme://host[:port], no path
 
 
@@ -86,3 +87,9 @@ class RayOptions:
     ship_engine: bool = False
     metrics_targets: str | None = None
     num_cpus: int | None = option(None, "ray_num_cpus")  # of the local Ray
+    routing: str = "prefix"  # a chat's turns to the replica holding them, or least loaded
+
+    def __post_init__(self):
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"--routing {self.routing!r}: expected one of "
+                             f"{', '.join(ROUTINGS)}")

@@ -1,14 +1,16 @@
 """`trt-spec serve --ray`: the engine folder as a Ray Serve application.
 
-    client ──HTTP──> Ray Serve proxy (one per node, --port) ──least loaded──> replica 1..N
-                                                                                 │
+    client ──HTTP──> Ray Serve proxy (one per node, --port) ──> PrefixIngress ──> replica 1..N
+                     (--routing load: the proxy hands requests to the replicas itself)  │
     replica = EngineReplica: its own Generator + Scheduler (background thread) and the same
               FastAPI app as `trt-spec serve` (server.create_app), bound with serve.ingress;
               its own Prometheus registry, exported on its own port (a scrape target)
 
-Ray Serve does the routing (power of two choices over the replicas' ongoing requests, at most
-`max_ongoing_requests` each), the autoscaling (`autoscaling_config`) and the replacement of a
-replica that dies. Nothing here balances load by hand.
+Routing (`routing`): "prefix" (the default) reads each request's body in a small ingress and
+sends a chat's every turn to the replica that holds its earlier turns (serve/ray_routing.py);
+"load" lets the proxy hand requests to the less loaded of two replicas. Either way at most
+`max_ongoing_requests` per replica; Ray Serve does the autoscaling (`autoscaling_config`) and
+replaces a replica that dies.
 
 The engine folder reaches a replica in one of two ways (`EngineSource`):
     path          the folder is at the same path on every node (a shared or copied disk)
@@ -43,7 +45,8 @@ from ray import serve
 
 from trt_spec.runtime.manifest import MANIFEST, load_manifest, manifest_digest
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
-from trt_spec.serve.options import Access, RayOptions, ServeOptions
+from trt_spec.serve.asgi_relay import run_asgi
+from trt_spec.serve.options import ROUTINGS, Access, RayOptions, ServeOptions
 
 log = logging.getLogger("trt_spec.ray_serve")
 APP_NAME = "trt-spec"
@@ -173,9 +176,12 @@ class ReplicaDirectory:
         return dict(self.replicas)
 
 
-@serve.ingress()
 class EngineReplica:
-    """One engine and its scheduler; requests reach it through server.create_app's routes."""
+    """One engine and its scheduler; requests reach it through server.create_app's routes,
+    relayed by the prefix-routing ingress (`relay`; routing "prefix") or straight from the
+    proxy (HttpEngineReplica; routing "load")."""
+
+    serves_http = False  # the proxy's own target (serve.ingress runs the app's lifespan)
 
     def __init__(self, source: EngineSource, config: ReplicaConfig):
         from prometheus_client import start_http_server
@@ -193,9 +199,12 @@ class EngineReplica:
         gen = Generator(folder, config.runtime)
         gen.cache.reserve()  # resident from the start, as the single-process server's
         self.scheduler = Scheduler(gen, config.debug_step_delay)
-        self.http_app = create_app(self.scheduler, config.model_name,  # lifespan starts the loop
+        self.http_app = create_app(self.scheduler, config.model_name,
+                                   start_loop=self.serves_http,  # else: started here
                                    max_body_bytes=config.max_body_bytes, access=config.access,
                                    reasoning_in_content=config.reasoning_in_content)
+        if not self.serves_http:
+            self.scheduler.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         host = ray.util.get_node_ip_address()
         registry = self.http_app.state.served.metrics.registry
@@ -210,8 +219,11 @@ class EngineReplica:
             log.warning("no %s actor: replica %s metrics at %s are not listed",
                         DIRECTORY_NAME, self.replica_id, self.metrics_url)
 
-    def __serve_build_asgi_app__(self):
-        return self.http_app
+    async def relay(self, head: dict, body: bytes, key: str | None = None):
+        """One HTTP request from the prefix-routing ingress, answered as it is written
+        (serve/asgi_relay.py). `key` is for the router (serve/ray_routing.py), not the app."""
+        async for part in run_asgi(self.http_app, head, body):
+            yield part
 
     async def __del__(self):
         # Ray Serve's graceful shutdown (scale down, redeploy); a killed process never gets
@@ -223,14 +235,41 @@ class EngineReplica:
             ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE).unregister.remote(self.replica_id)
         except (ValueError, RuntimeError) as e:  # no directory, or the cluster is going down
             log.info("replica %s not unregistered: %s", self.replica_id, e)
-        await super().__del__()  # the app's lifespan: stops the scheduler
+        if self.serves_http:
+            await super().__del__()  # the app's lifespan: stops the scheduler
+        elif hasattr(self, "scheduler"):
+            self.scheduler.stop(timeout=30)
 
 
-def build_app(source: EngineSource, config: ReplicaConfig, scaling: ScalingConfig):
-    """The Ray Serve application: EngineReplica with `scaling`'s deployment options."""
-    deployment = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME,
-                                  **scaling.deployment_options())
-    return deployment.bind(source, config)
+@serve.ingress()
+class HttpEngineReplica(EngineReplica):
+    """EngineReplica as the application's HTTP entry (routing "load")."""
+
+    serves_http = True
+
+    def __serve_build_asgi_app__(self):
+        return self.http_app
+
+
+def build_app(source: EngineSource, config: ReplicaConfig, scaling: ScalingConfig,
+              routing: str = "prefix"):
+    """The Ray Serve application: EngineReplica with `scaling`'s deployment options, behind
+    the prefix-routing ingress (routing "prefix") or the proxy alone ("load")."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r}: expected one of {', '.join(ROUTINGS)}")
+    options = scaling.deployment_options()
+    if routing == "load":
+        return serve.deployment(HttpEngineReplica, name=DEPLOYMENT_NAME,
+                                **options).bind(source, config)
+    from ray.serve.config import RequestRouterConfig
+
+    from trt_spec.serve import ray_routing
+
+    options["request_router_config"] = RequestRouterConfig(
+        request_router_class=ray_routing.ROUTER_CLASS)
+    engine = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME, **options).bind(source,
+                                                                                  config)
+    return ray_routing.ingress_deployment().bind(engine)
 
 
 @dataclass
@@ -278,7 +317,8 @@ class RayDeployment:
 
 def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, host: str,
            port: int, address: str | None = None, ship_engine: bool = False,
-           targets_file: str | None = None, num_cpus: int | None = None) -> RayDeployment:
+           targets_file: str | None = None, num_cpus: int | None = None,
+           routing: str = "prefix") -> RayDeployment:
     """Joins the cluster at `address` (or starts a local Ray), runs the application behind
     Ray Serve's HTTP proxy on host:port, and returns once every replica is up."""
     started = not ray.is_initialized()
@@ -295,7 +335,7 @@ def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, ho
         directory = ReplicaDirectory.options(name=DIRECTORY_NAME, namespace=NAMESPACE,
                                              get_if_exists=True).remote()
         serve.start(http_options={"host": host, "port": port})
-        serve.run(build_app(source, config, scaling), name=APP_NAME, route_prefix="/")
+        serve.run(build_app(source, config, scaling, routing), name=APP_NAME, route_prefix="/")
     except Exception:
         if started:
             ray.shutdown()
@@ -349,11 +389,12 @@ def serve_on_ray(options: ServeOptions, ray_options: RayOptions,
     check_engine(options.engine, engine_checksum)
     name, address = config.model_name, ray_options.address
     where = f"the Ray cluster at {address}" if address else "a local Ray"
-    say(f"deploying {name} ({options.engine}) on {where}: {scaling.deployment_options()}")
+    say(f"deploying {name} ({options.engine}) on {where}, routing by {ray_options.routing}: "
+        f"{scaling.deployment_options()}")
     try:
         deployment = deploy(options.engine, config, scaling, options.host, options.port,
                             address, ray_options.ship_engine, ray_options.metrics_targets,
-                            ray_options.num_cpus)
+                            ray_options.num_cpus, ray_options.routing)
     except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
         raise DeploymentError(f"the Ray Serve deployment failed: {e}") from e
     stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler

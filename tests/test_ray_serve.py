@@ -1,6 +1,8 @@
 """`trt-spec serve --ray`: two replicas on a real local Ray (127.0.0.1, 2 CPUs, no dashboard;
 one Ray instance for the module, started and stopped by the CLI process), driven by the
 official openai client and raw HTTP, against the single-process server on the same engine.
+The module's deployment routes by prefix (the default: an ingress reads each body and relays
+it); one test deploys with --routing load (the proxy hands requests to the replicas).
 
 The engine folder goes to the replicas through Ray's object store (--ship-engine) into a
 cache folder of this test, and every replica checks --engine-checksum and every file's sha256.
@@ -207,6 +209,64 @@ def test_a_killed_replica_is_replaced_and_the_endpoint_keeps_serving(ray_server)
     fresh = next(t for t in targets(ray_server.targets) if t["labels"]["pid"] not in survivor)
     assert replica_metric(fresh, "trt_spec:kv_cache_slots_total") == 2
     assert httpx.get(f"{ray_server.url}/health", timeout=10).json() == {"status": "ok"}
+
+
+def total(server, name, **labels) -> float:
+    """A counter summed over the live replicas."""
+    return sum(replica_metric(t, name, **labels) for t in targets(server.targets))
+
+
+def test_a_chats_later_turns_reach_the_replica_holding_its_history(ray_server):
+    """Each later turn finds its whole history in the cache of the replica it reached. Routed
+    by load instead, each of the 8 later turns would have one chance in two."""
+    c = client(ray_server)
+    for n in range(4):
+        messages = [{"role": "user", "content": f"chat {n}: " + "w1 w2 w3 " * 20}]
+        previous = None
+        for turn in range(3):
+            r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                          temperature=0, extra_body=EXTRA)
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            if previous is not None:
+                assert cached >= previous - 1, (n, turn, cached, previous)
+            previous = r.usage.prompt_tokens
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": f"w{turn} again"}]
+
+
+def test_a_client_gone_mid_stream_stops_its_request_on_the_replica(ray_server):
+    aborted = total(ray_server, "trt_spec:request_success_total", finished_reason="abort")
+    finished = total(ray_server, "trt_spec:request_success_total", finished_reason="length")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "gone soon"}],
+            "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", f"{ray_server.url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            for _ in range(3):
+                next(lines)
+    # the ingress's request is cancelled, then the relay on the replica: the request aborts
+    # (200 tokens at 20 ms a step would have finished with "length" after 4 s)
+    assert wait_for(lambda: total(ray_server, "trt_spec:request_success_total",
+                                  finished_reason="abort") == aborted + 1, 30)
+    assert total(ray_server, "trt_spec:request_success_total",
+                 finished_reason="length") == finished
+
+
+def test_routing_by_load_serves_straight_from_the_proxy(tiny_spec_engine, single_server):
+    s = start_server(tiny_spec_engine, "--ray", "--routing", "load", "--ray-num-cpus", "2",
+                     *SERVE_ARGS, timeout=150)
+    try:
+        messages = [{"role": "user", "content": "h i"}]
+        kw = dict(model="tiny", messages=messages, temperature=0, max_tokens=16,
+                  extra_body=EXTRA)
+        want = client(single_server).chat.completions.create(**kw).choices[0].message.content
+        assert client(s).chat.completions.create(**kw).choices[0].message.content == want
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                           client(s).chat.completions.create(stream=True, **kw))
+        assert streamed == want
+    finally:
+        assert s.stop(timeout=60) == 0
 
 
 def test_scaling_options_map_onto_ray_serve():

@@ -9,7 +9,7 @@ from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail,
                                   runtime_config, speculation_options, threads_option)
 from trt_spec.runtime.options import defaults, from_options
 from trt_spec.runtime.settings import SERVE_MAX_BATCH
-from trt_spec.serve.options import RayOptions, ServeOptions
+from trt_spec.serve.options import ROUTINGS, RayOptions, ServeOptions
 
 SERVE, RAY = defaults(ServeOptions), defaults(RayOptions)
 
@@ -110,6 +110,11 @@ def default_method(engine: str) -> str:
                    "differs (`sha256sum ENGINE/manifest.json`).")
 @click.option("--metrics-targets", type=click.Path(dir_okay=False), default=None,
               help="--ray: keep a Prometheus file_sd JSON of the replicas' /metrics here.")
+@click.option("--routing", type=click.Choice(ROUTINGS), default=RAY["routing"],
+              show_default=True,
+              help="--ray: prefix sends a chat's every turn (a prompt's same opening) to the "
+                   "replica holding its earlier turns, through a small ingress that reads the "
+                   "body; load sends each request to the less loaded of two replicas.")
 @click.option("--ray-num-cpus", type=click.IntRange(min=1), default=None,
               help="--ray without --ray-address: CPUs of the local Ray [default: all].")
 def serve(engine, method, use_ray, engine_checksum, **options):
