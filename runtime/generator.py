@@ -208,6 +208,12 @@ class Generator:
             self._suffix_cache = SuffixCache()
         return self._suffix_cache
 
+    @property
+    def suffix_cache_tokens(self) -> tuple[int, int]:
+        """(tokens held, bound) of the suffix lookups' cache; (0, 0) while no lookup made it."""
+        c = self._suffix_cache
+        return (c.tokens, c.max_tokens) if c is not None else (0, 0)
+
     def corpus(self):
         """The folder's corpus table (runtime/runtime/corpus.py), loaded once; None where it
         has none or the settings turn it off."""

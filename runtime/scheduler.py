@@ -310,6 +310,11 @@ class Scheduler:
         return len(self.gen.cache.kept)
 
     @property
+    def suffix_cache_tokens(self) -> tuple[int, int]:
+        """(tokens held, bound) of the engine's suffix lookup cache: it fills as requests end."""
+        return self.gen.suffix_cache_tokens
+
+    @property
     def prefix_caching(self) -> bool:
         return self.gen.prefix_cache is not None
 

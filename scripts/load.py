@@ -1,6 +1,8 @@
 """Bounded load test of `trt-spec serve` (`make load`).
 
-Starts a server on ENGINE at 127.0.0.1 (a free port), warms it up with one request per client,
+Starts a server on ENGINE at 127.0.0.1 (a free port), warms it up (one request per client,
+then more rounds until the server's bounded caches are full: the suffix lookups' cache of
+ended requests, whose memory grows with it up to its bound; at most --warmup-limit seconds),
 reads its RSS, then runs N streaming chat clients back to back for T seconds (each request
 started before the deadline runs to its end), reads the RSS again and stops the server with
 SIGTERM. Prints requests/s, generated tokens/s, latency and time-to-first-token p50/p99,
@@ -47,6 +49,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_memory import rss_mb, warm_up  # noqa: E402  (scripts/ sits beside this file)
+
 PROMPTS = [json.loads(line) for line in
            (Path(__file__).resolve().parents[1] / "runtime" / "data" / "prompts.jsonl")
            .read_text().splitlines() if line.strip()]
@@ -56,13 +61,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -296,6 +294,8 @@ def main(argv=None) -> int:
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--rss-bound-mb", type=float, default=64,
                     help="largest allowed RSS growth from after warm-up to the end")
+    ap.add_argument("--warmup-limit", type=float, default=300,
+                    help="seconds of warm-up at most while the server's caches fill")
     ap.add_argument("--long-prompt", type=int, default=None, metavar="TOKENS",
                     help="measure the decoding streams' pace while a prompt of TOKENS arrives")
     ap.add_argument("--prompts", type=Path, default=None,
@@ -400,9 +400,18 @@ def main(argv=None) -> int:
               f"{'PASS' if report['passed'] else 'FAIL'} (longest < 1 s, p99 <= 5x median); "
               f"report: {args.json_out}")
         return 0 if report["passed"] else 1
+    def metrics_urls() -> list[str]:
+        if targets is None:
+            return [url]
+        server_rss()  # waits for the targets file
+        return [f"http://{t['targets'][0]}" for t in json.loads(targets.read_text())]
+
     try:
         wait_healthy(url, proc)
-        warm = asyncio.run(run_clients(url, model, args, 0))
+        rss_start = server_rss()
+        warm, warm_s = warm_up(
+            lambda done: asyncio.run(run_clients(url, model, args, 0, start=done)),
+            metrics_urls, args.warmup_limit)
         rss_before = server_rss()
         t0 = time.perf_counter()
         results = asyncio.run(run_clients(url, model, args, args.duration))
@@ -428,6 +437,7 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]}},
         "elapsed_s": elapsed,
+        "warmup": {"requests": len(warm), "seconds": warm_s},
         "requests": len(good),
         "errors": len(errors),
         "error_samples": errors[:5],
@@ -436,7 +446,8 @@ def main(argv=None) -> int:
         "tokens_per_s": tokens / elapsed,
         "latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
         "ttft_s": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
-        "rss_mb": {"before": rss_before, "after": rss_after, "growth": rss_after - rss_before,
+        "rss_mb": {"start": rss_start, "warmup_growth": rss_before - rss_start,
+                   "before": rss_before, "after": rss_after, "growth": rss_after - rss_before,
                    "bound": args.rss_bound_mb,
                    "of": "the server" if targets is None else "the Ray Serve replicas, summed"},
         "server_exit_code": exit_code,
@@ -457,7 +468,8 @@ def main(argv=None) -> int:
           f"latency    p50 {fmt(lat['p50'])} s, p99 {fmt(lat['p99'])} s\n"
           f"first tok  p50 {fmt(ttft['p50'])} s, p99 {fmt(ttft['p99'])} s\n"
           f"server RSS {rss['before']:.0f} MB -> {rss['after']:.0f} MB "
-          f"({rss['growth']:+.1f} MB; bound {args.rss_bound_mb:g} MB)\n"
+          f"({rss['growth']:+.1f} MB; bound {args.rss_bound_mb:g} MB); at start "
+          f"{rss['start']:.0f} MB, {rss['warmup_growth']:+.0f} MB while the caches filled\n"
           f"server exit code {exit_code} (SIGTERM); machine load average "
           f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
           f"{'PASS' if report['passed'] else 'FAIL'}; report: {args.json_out}")

@@ -318,8 +318,8 @@ def main(argv=None) -> int:
               f"{len(later)}")
     if args.compare:
         total = sum(len(c) for c in next(iter(sides.values())))
-        print(f"answers identical on both sides ({' / '.join(sides)}): {total - differ} of "
-              f"{total} turns")
+        how = "routed by prefix and by load" if args.ray else "with and without the cache"
+        print(f"answers identical {how}: {total - differ} of {total} turns")
     if args.json:
         args.json.write_text(json.dumps({
             "machine": platform.processor() or platform.machine(), "engine": args.engine,

@@ -38,6 +38,11 @@ class ServerMetrics:
         gauge("kv_cache_slots_total", "KV-cache slots.", lambda: scheduler.slots)
         gauge("prefix_cache_kept_slots", "Free KV-cache slots keeping a finished request's "
               "rows for the prefix cache.", lambda: scheduler.slots_kept)
+        gauge("suffix_cache_tokens", "Tokens of ended requests the suffix lookups' cache "
+              "holds (its memory grows with them, up to the bound).",
+              lambda: scheduler.suffix_cache_tokens[0])
+        gauge("suffix_cache_max_tokens", "The suffix lookups' cache bound (0: no lookup has "
+              "run yet).", lambda: scheduler.suffix_cache_tokens[1])
 
         def counter(name, doc, extra=()):
             return Counter(P + name, doc, [*labels, *extra], registry=r)

@@ -22,6 +22,8 @@ def test_load_script_reports(tiny_engine, tmp_path):
     assert report["requests_per_s"] == report["requests"] / report["elapsed_s"]
     assert 0 < report["latency_s"]["p50"] <= report["latency_s"]["p99"]
     assert report["rss_mb"]["before"] > 0 and report["rss_mb"]["after"] > 0
+    # the tiny engine serves method none: no suffix cache to fill, one warm-up round
+    assert report["warmup"]["requests"] == 2 and report["rss_mb"]["start"] > 0
     for word in ("requests", "tokens", "latency", "p50", "p99", "errors 0", "server RSS", "PASS"):
         assert word in result.stdout
 

@@ -363,3 +363,16 @@ def test_vllm_guided_fields_hold_the_output(server, client):
         r = httpx.post(f"{server.url}/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": "a", "max_tokens": 4, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
+def test_the_suffix_cache_fill_is_on_metrics(every_step_server):
+    """What `make load` warms up until: the suffix lookups' cache holds each ended request's
+    prompt and output, up to its bound."""
+    s = every_step_server
+    before = s.metric("trt_spec:suffix_cache_tokens")
+    r = httpx.post(f"{s.url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": [5, 6, 7, 8, 9], "max_tokens": 6, "temperature": 0,
+        "ignore_eos": True, "speculative": {"method": "suffix"}})
+    assert r.status_code == 200, r.text
+    assert s.metric("trt_spec:suffix_cache_tokens") == before + 5 + 6
+    assert s.metric("trt_spec:suffix_cache_max_tokens") == 65536

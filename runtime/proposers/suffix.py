@@ -55,6 +55,11 @@ class SuffixCache:
     def __len__(self) -> int:
         return len(self._index.lengths)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens held (at most max_tokens)."""
+        return self._size
+
     def add(self, tokens: list[int]) -> None:
         seq = list(tokens[-self.max_tokens:])
         self._index.extend(seq)
