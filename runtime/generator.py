@@ -261,9 +261,15 @@ class Generator:
         k, or "auto" / "auto:K" (adaptive)."""
         method, k, adaptive = self.resolve(method, num_draft_tokens)
         validation.bias_in_vocabulary(params.logit_bias, self.config.vocab_size)
-        guide = (self.grammars.guide(params, self.speculation.grammar_drafts)
-                 if params.structure is not None else None)
-        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive, guide=guide)
+        return Stream(list(prompt_ids), params, method, k, adaptive=adaptive,
+                      guide=self.guide(params))
+
+    def guide(self, params: SamplingParams):
+        """The request's structure compiled into a guide (runtime/grammar.py), or None when it
+        has none. ValueError (a FieldError naming the field) for a structure that cannot be."""
+        if params.structure is None:
+            return None
+        return self.grammars.guide(params, self.speculation.grammar_drafts)
 
     @property
     def grammars(self) -> Grammars:

@@ -191,8 +191,7 @@ class Scheduler:
     def _guide(self, params: SamplingParams):
         """The request's structure compiled into a guide (one per choice), or None."""
         try:
-            return (self.gen.grammars.guide(params, self.gen.speculation.grammar_drafts)
-                    if params.structure is not None else None)
+            return self.gen.guide(params)
         except FieldError:
             raise
         except ValueError as e:  # llguidance is not installed
