@@ -3,7 +3,8 @@
     client ──HTTP──> Ray Serve proxy (one per node, --port) ──> PrefixIngress ──> replica 1..N
                      (--routing load: the proxy hands requests to the replicas itself)  │
     replica = EngineReplica: its own Generator + Scheduler (background thread) and the same
-              FastAPI app as `trt-spec serve` (server.create_app), bound with serve.ingress;
+              FastAPI app as `trt-spec serve` (server.create_app), which the ingress relays
+              requests to (HttpEngineReplica, bound with serve.ingress, under --routing load);
               its own Prometheus registry, exported on its own port (a scrape target)
 
 Routing (`routing`): "prefix" (the default) reads each request's body in a small ingress and
