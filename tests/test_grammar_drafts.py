@@ -3,12 +3,11 @@ the grammar allows, its state advanced along the draft, so no draft token is one
 structure refuses; greedy output is plain decoding's and sampled output follows the exact
 distribution of plain decoding under the grammar (q renormalised over the allowed tokens)."""
 
-import numpy as np
 import pytest
 
-from tests.test_sampling_controls import chi2_pvalue, target_rows
+from tests.test_sampling_controls import chi2_pvalue, reference
 from trt_spec.runtime.generator import Generator
-from trt_spec.runtime.sampling import SamplingParams, probs
+from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler, generate_ids
 from trt_spec.runtime.settings import SpeculationConfig
 
@@ -37,24 +36,6 @@ def setup(tiny_vocab_engine):
 def speculative(engine, method: str, steer: bool = True) -> Generator:
     return Generator(engine, method=method, max_batch=16, max_len=32, grammar_drafts=steer,
                      speculation=SpeculationConfig(num_draft_tokens=3, fallback=False))
-
-
-def reference(gen, params, prompt, allowed) -> dict[tuple, float]:
-    """Plain decoding's exact distribution under the grammar: each position's target row
-    masked to the tokens allowed there (the same at every history), then the controls."""
-    dist = {(): 1.0}
-    for pos in range(TOKENS):
-        seqs = list(dist)
-        rows = target_rows(gen, [prompt + list(s) for s in seqs])
-        nxt = {}
-        for s, row in zip(seqs, rows):
-            masked = np.full_like(row, -np.inf)
-            masked[list(allowed[pos])] = row[list(allowed[pos])]
-            p = probs(masked, params)
-            for t in np.flatnonzero(p):
-                nxt[s + (int(t),)] = dist[s] * p[t]
-        dist = nxt
-    return dist
 
 
 def test_steered_drafts_are_always_allowed_and_greedy_equals_plain(tiny_vocab_engine, setup):
@@ -90,7 +71,7 @@ def test_sampled_output_under_the_grammar_follows_plain_decoding(tiny_vocab_engi
     params = dict(max_tokens=TOKENS, temperature=1.0, regex=regex,
                   logit_bias={a: 3.0, b: 3.0, c: 3.0})
     dist = reference(gen, SamplingParams(temperature=1.0, logit_bias=params["logit_bias"]),
-                     prompt, allowed)
+                     TOKENS, prompt, allowed)
     steered = speculative(tiny_vocab_engine, method)
     streams = Scheduler(steered).run([steered.stream(prompt, SamplingParams(seed=i, **params),
                                                      method, 3) for i in range(RUNS)])

@@ -81,18 +81,23 @@ def target_rows(gen: Generator, seqs: list[list[int]]) -> np.ndarray:
     return np.stack(rows)
 
 
-def reference(gen: Generator, params: SamplingParams, n: int, prompt: list[int]
-              ) -> dict[tuple, float]:
+def reference(gen: Generator, params: SamplingParams, n: int, prompt: list[int],
+              allowed: list | None = None) -> dict[tuple, float]:
     """The exact distribution of the first n tokens of plain decoding under params (top-k
     bounds its support): each position's target row, teacher-forced, under the controls with
-    the tokens before it."""
+    the tokens before it; allowed[pos]: the tokens a structure allows there (the same at
+    every history), the rest masked out."""
     dist = {(): 1.0}
-    for _ in range(n):
+    for pos in range(n):
         seqs = list(dist)
         rows = target_rows(gen, [prompt + list(s) for s in seqs])
         nxt = {}
         for s, row in zip(seqs, rows):
-            p = probs(process_logits(row[None], params, prompt, list(s))[0], params)
+            z = process_logits(row[None], params, prompt, list(s))[0]
+            if allowed is not None:
+                ids = list(allowed[pos])
+                z = np.where(np.isin(np.arange(len(z)), ids), z, -np.inf)
+            p = probs(z, params)
             for t in np.flatnonzero(p):
                 nxt[s + (int(t),)] = dist[s] * p[t]
         dist = nxt
