@@ -339,14 +339,18 @@ def main(argv=None) -> int:
         cmd += ["--metrics-targets", str(targets)]
     proc = subprocess.Popen(cmd)
 
-    def server_rss() -> float:
-        if targets is None:
-            return rss_mb(proc.pid)
-        for _ in range(50):  # the driver writes it once every replica is up
+    def replicas() -> list[dict]:
+        """The Ray replicas in the targets file (the driver writes it once every one is up)."""
+        for _ in range(50):
             if targets.is_file():
                 break
             time.sleep(0.2)
-        return sum(rss_mb(int(t["labels"]["pid"])) for t in json.loads(targets.read_text()))
+        return json.loads(targets.read_text())
+
+    def server_rss() -> float:
+        if targets is None:
+            return rss_mb(proc.pid)
+        return sum(rss_mb(int(t["labels"]["pid"])) for t in replicas())
 
     if args.compare_plain:
         try:
@@ -403,8 +407,7 @@ def main(argv=None) -> int:
     def metrics_urls() -> list[str]:
         if targets is None:
             return [url]
-        server_rss()  # waits for the targets file
-        return [f"http://{t['targets'][0]}" for t in json.loads(targets.read_text())]
+        return [f"http://{t['targets'][0]}" for t in replicas()]
 
     try:
         wait_healthy(url, proc)

@@ -115,9 +115,8 @@ async def write_response(send, parts: AsyncIterator[dict | bytes], failed) -> No
                 started = True
             else:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the replica or the way to it failed
+    except Exception as e:  # noqa: BLE001 - the replica or the way to it failed (a
+        # cancellation, a BaseException, passes through)
         status, message = failed(e)
         if not started:
             body = error_body(status, message)
