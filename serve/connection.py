@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -79,6 +80,7 @@ class LimitedH11Protocol(H11Protocol):
     """uvicorn's H11Protocol under `limits` (set on the subclass protocol_class makes)."""
 
     limits: ConnectionLimits
+    refusal_logged_at = -1e9  # time.monotonic() of the last "connections refused" warning
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -89,8 +91,11 @@ class LimitedH11Protocol(H11Protocol):
     def connection_made(self, transport):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            log.warning("connection refused: %d open, --max-connections %d",
-                        len(self.connections), self.limits.max_connections)
+            now = time.monotonic()
+            if now - LimitedH11Protocol.refusal_logged_at > 10:  # a flood logs once per 10 s
+                LimitedH11Protocol.refusal_logged_at = now
+                log.warning("connections refused: %d open, --max-connections %d",
+                            len(self.connections), self.limits.max_connections)
             body = error_json(f"the server holds its limit of {self.limits.max_connections} "
                               "connections (--max-connections); retry later", 503,
                               "too_many_connections")

@@ -62,19 +62,15 @@ def read_until_closed(sock: socket.socket) -> tuple[bytes, float]:
     return data, time.time() - t0
 
 
-def read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
-    """One response (status, headers, body) from a keep-alive connection."""
-    sock.settimeout(BOUND)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, headers = parse_head(head)
-    while len(body) < int(headers.get("content-length", 0)):
-        body += sock.recv(65536)
-    return status, headers, body
+def read_response(reader) -> tuple[int, dict, bytes]:
+    """One response (status, headers, body) from a keep-alive connection's reader
+    (socket.makefile("rb"): a second, pipelined answer stays in it)."""
+    lines = []
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        lines.append(line)
+    assert lines, "the connection closed"
+    status, headers = parse_head(b"".join(lines).rstrip(b"\r\n"))
+    return status, headers, reader.read(int(headers.get("content-length", 0)))
 
 
 def parse_head(head: bytes) -> tuple[int, dict]:
@@ -123,19 +119,29 @@ def test_idle_connections_are_closed(server):
     assert data == b""
     with connect(server.url) as sock:  # idle after its response (keep-alive)
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        status, headers, body = read_response(sock)
+        status, headers, body = read_response(sock.makefile("rb"))
         assert status == 200 and json.loads(body) == {"status": "ok"}
         data, took = read_until_closed(sock)
     assert data == b""
 
 
-def test_a_header_past_the_bound_gets_431(server):
+@pytest.mark.parametrize("end", [b"\r\n\r\n", b""], ids=["whole", "still-arriving"])
+def test_a_header_past_the_bound_gets_431(server, end):
     with connect(server.url) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 8000
-                     + b"\r\n\r\n")
-        data, _ = read_until_closed(sock)
+                     + end)
+        data, took = read_until_closed(sock)
     error = error_of(data, 431)
     assert error["code"] == "headers_too_large" and "4096" in error["message"]
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    with connect(server.url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                     b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        reader = sock.makefile("rb")
+        assert json.loads(read_response(reader)[2]) == {"status": "ok"}
+        assert json.loads(read_response(reader)[2])["data"][0]["id"] == "tiny"
 
 
 def test_a_huge_header_is_not_buffered(server):
@@ -199,11 +205,13 @@ def test_requests_and_connections_past_their_caps_get_503(capped):
         third = connect(capped.url)
         held.append(third)
         third.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        status, headers, reply = read_response(third)
+        reader = third.makefile("rb")
+        held.append(reader)  # the socket closes when its reader does too
+        status, headers, reply = read_response(reader)
         assert status == 503 and headers["retry-after"] == "1"
         assert json.loads(reply)["error"]["code"] == "server_overloaded"
         third.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")  # always answers
-        assert read_response(third)[0] == 200
+        assert read_response(reader)[0] == 200
         with connect(capped.url) as fourth:  # past --max-connections 3
             data, _ = read_until_closed(fourth)
         assert error_of(data, 503)["code"] == "too_many_connections"
