@@ -15,7 +15,11 @@ The protocol is uvicorn's h11 one, pinned (`serve` passes it as uvicorn's `http`
 would pick httptools where it is installed, which has no bound on a header's size, and
 neither of uvicorn's protocols has a header or body timeout; h11 exposes the state these
 timers follow (h11.Connection.their_state: IDLE while the head is read, SEND_BODY while the
-body is, DONE after). Its parsing costs microseconds a request, nothing beside a model step.
+body is, DONE after). Measured on the 2-core test VM, a keep-alive GET /health took 0.70 ms
+median through it against 0.54-0.62 ms through httptools: a tenth of a millisecond, small
+beside a model step. The subclass overrides H11Protocol's hooks (connection_made, data_received,
+on_response_complete, send_400_response) and reads its conn, cycle and connections
+(uvicorn 0.55); tests/test_server_connections.py holds each bound over raw sockets.
 """
 
 from __future__ import annotations
