@@ -2,7 +2,9 @@
 ASGI middlewares around the app (serve/server.py), outermost first:
 
     CORS      answers browsers' preflight requests (OPTIONS) and adds the Access-Control
-              headers for the allowed origins, to every answer, a 401 included
+              headers for the allowed origins, to every answer, a 401 included; a refused
+              preflight (an origin, method or header not allowed) is a 400 in OpenAI's
+              error shape, counted as request_rejected_total{reason="invalid"}
     ApiKey    every route but /health, / (the page, which asks for the key itself) and
               /metrics (unless --protect-metrics) needs `Authorization: Bearer KEY`; else a
               401 in OpenAI's error shape, counted in /metrics as
@@ -17,7 +19,9 @@ import hmac
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.options import Access
@@ -52,12 +56,36 @@ class ApiKey:
         await response(scope, receive, send)
 
 
+class Cors(CORSMiddleware):
+    """Starlette's CORS, whose refused preflight (plain text "Disallowed CORS origin") is
+    OpenAI's error JSON instead, keeping Starlette's CORS headers."""
+
+    def __init__(self, app, metrics: ServerMetrics, **kwargs):
+        super().__init__(app, **kwargs)
+        self.metrics = metrics
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        self.metrics.rejected("invalid")
+        what = answer.body.decode().removeprefix("Disallowed CORS ")  # origin, method, ...
+        origin = request_headers.get("origin")
+        error = RequestError(f"CORS preflight from origin {origin!r} refused: not allowed "
+                             f"here: {what} (origins: the server's --allowed-origins; methods: "
+                             f"{', '.join(sorted(self.allow_methods))})",
+                             status=answer.status_code, code="cors_refused")
+        headers = {k: v for k, v in answer.headers.items()
+                   if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), status_code=answer.status_code, headers=headers)
+
+
 def add_access(app: FastAPI, access: Access, metrics: ServerMetrics) -> None:
     """The key check, then CORS outside it (a preflight needs no key; a 401 carries CORS
     headers, so a browser client can read why)."""
     if access.api_key is not None:
         app.add_middleware(ApiKey, access=access, metrics=metrics)
     if access.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(access.allowed_origins),
+        app.add_middleware(Cors, metrics=metrics, allow_origins=list(access.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)

@@ -43,6 +43,32 @@ class Access:
 
 
 @dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold of the server (serve/connection.py), so that a slow or
+    idle client cannot keep sockets, buffers or tasks indefinitely. Times in seconds."""
+
+    header_timeout: float = 10.0  # first byte of a request -> end of its headers; past it, 408
+    body_timeout: float = 30.0  # end of the headers -> end of the body; past it, 408
+    keep_alive_timeout: float = 5.0  # a connection idle between requests (or new) is closed
+    max_header_bytes: int = 32 * 1024  # request line + headers; past it, 431
+    max_connections: int = 512  # open connections; a new one past it gets a 503 and is closed
+    max_concurrent_requests: int = 256  # requests in flight; past it, 503 (/health excepted)
+
+    def __post_init__(self):
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}={value!r}: must be a number of seconds > 0")
+        for name in ("max_header_bytes", "max_connections", "max_concurrent_requests"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+
+
+LIMITS = ConnectionLimits()
+
+
+@dataclass(frozen=True)
 class ServeOptions:
     """`trt-spec serve`'s options, shared by the single-process server (serve_engine) and the
     Ray Serve replicas (serve/ray_serve.py)."""
@@ -59,13 +85,26 @@ class ServeOptions:
     allowed_origins: tuple[str, ...] = ()
     protect_metrics: bool = False
     reasoning_in_content: bool = False  # a thinking section stays in content (no split)
+    docs: bool = False  # serve /docs, /redoc and /openapi.json
+    header_timeout: float = LIMITS.header_timeout  # ConnectionLimits's fields, flat (the CLI's)
+    body_timeout: float = LIMITS.body_timeout
+    keep_alive_timeout: float = LIMITS.keep_alive_timeout
+    max_header_bytes: int = LIMITS.max_header_bytes
+    max_connections: int = LIMITS.max_connections
+    max_concurrent_requests: int = LIMITS.max_concurrent_requests
 
     def __post_init__(self):
-        self.access  # noqa: B018 - checked once, here
+        self.access, self.limits  # noqa: B018 - checked once, here
 
     @property
     def access(self) -> Access:
         return Access(self.api_key, self.allowed_origins, self.protect_metrics)
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.header_timeout, self.body_timeout, self.keep_alive_timeout,
+                                self.max_header_bytes, self.max_connections,
+                                self.max_concurrent_requests)
 
     @property
     def model_name(self) -> str:

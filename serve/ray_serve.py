@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -69,6 +70,7 @@ class ReplicaConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     access: Access = Access()  # the API key and CORS origins, as `trt-spec serve`'s
     reasoning_in_content: bool = False
+    docs: bool = False  # /docs, /redoc, /openapi.json
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ class EngineReplica:
         self.http_app = create_app(self.scheduler, config.model_name,
                                    start_loop=self.serves_http,  # else: started here
                                    max_body_bytes=config.max_body_bytes, access=config.access,
-                                   reasoning_in_content=config.reasoning_in_content)
+                                   reasoning_in_content=config.reasoning_in_content,
+                                   docs=config.docs)
         if not self.serves_http:
             self.scheduler.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -319,9 +322,11 @@ class RayDeployment:
 def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, host: str,
            port: int, address: str | None = None, ship_engine: bool = False,
            targets_file: str | None = None, num_cpus: int | None = None,
-           routing: str = "prefix") -> RayDeployment:
+           routing: str = "prefix", keep_alive_timeout: float | None = None) -> RayDeployment:
     """Joins the cluster at `address` (or starts a local Ray), runs the application behind
-    Ray Serve's HTTP proxy on host:port, and returns once every replica is up."""
+    Ray Serve's HTTP proxy on host:port, and returns once every replica is up.
+    keep_alive_timeout: the proxy's idle keep-alive (whole seconds; None: Ray's default);
+    the proxy has no header or body timeout of its own to set."""
     started = not ray.is_initialized()
     if started:
         kw = {"address": address} if address else {"num_cpus": num_cpus,
@@ -335,7 +340,10 @@ def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, ho
                              f"--engine-checksum {config.engine_checksum}")
         directory = ReplicaDirectory.options(name=DIRECTORY_NAME, namespace=NAMESPACE,
                                              get_if_exists=True).remote()
-        serve.start(http_options={"host": host, "port": port})
+        http = {"host": host, "port": port}
+        if keep_alive_timeout is not None:
+            http["keep_alive_timeout_s"] = max(1, math.ceil(keep_alive_timeout))
+        serve.start(http_options=http)
         serve.run(build_app(source, config, scaling, routing), name=APP_NAME, route_prefix="/")
     except Exception:
         if started:
@@ -358,7 +366,7 @@ def replica_config(options: ServeOptions, engine_checksum: str | None = None) ->
                          debug_step_delay=options.debug_step_delay,
                          engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes,
                          access=options.access,
-                         reasoning_in_content=options.reasoning_in_content)
+                         reasoning_in_content=options.reasoning_in_content, docs=options.docs)
 
 
 def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:
@@ -395,7 +403,8 @@ def serve_on_ray(options: ServeOptions, ray_options: RayOptions,
     try:
         deployment = deploy(options.engine, config, scaling, options.host, options.port,
                             address, ray_options.ship_engine, ray_options.metrics_targets,
-                            ray_options.num_cpus, ray_options.routing)
+                            ray_options.num_cpus, ray_options.routing,
+                            options.keep_alive_timeout)
     except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
         raise DeploymentError(f"the Ray Serve deployment failed: {e}") from e
     stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler

@@ -13,10 +13,12 @@ accepting connections and waits (up to --shutdown-timeout) for in-flight respons
 finish; past it the scheduler stops, ending whatever is left with "abort": a stream gets a
 last error event and [DONE], a full response a 503.
 
-No single request can stall the others: the body is read up to --max-body-bytes (413 past
-it), prompts are tokenized and chat templates rendered on worker threads (the tokenizer
-releases the GIL), a prompt that cannot fit the context is refused from its size before
-tokenizing, and a long prompt is prefilled in chunks (Scheduler.max_prefill_tokens).
+No single request can stall the others: a request's head and body must arrive within
+--header-timeout and --body-timeout, an idle connection is closed (serve/connection.py), the
+body is read up to --max-body-bytes (413 past it), prompts are tokenized and chat templates
+rendered on worker threads (the tokenizer releases the GIL), a prompt that cannot fit the
+context is refused from its size before tokenizing, and a long prompt is prefilled in chunks
+(Scheduler.max_prefill_tokens).
 
     server.py       the app and its lifecycle: create_app (the scheduler thread started and
                     stopped with the app), error handlers, /health, /metrics, /v1/models;
@@ -24,6 +26,8 @@ tokenizing, and a long prompt is prefilled in chunks (Scheduler.max_prefill_toke
     completions.py  POST /v1/completions        chat.py  POST /v1/chat/completions
     tokenize.py     POST /tokenize, /detokenize, GET /tokenizer_info
     access.py       the API key (--api-key) and CORS (--allowed-origins), as middleware
+    connection.py   what one connection may hold: header and body timeouts, idle
+                    keep-alive, header size, connections and requests in flight
     page.py         GET /: the browser page, serve/static/index.html
     endpoint.py     what both do with a request: body, size, the one check, queue, answer
     streaming.py    the answer from the scheduler's Outputs: server-sent events or one body
@@ -41,6 +45,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from trt_spec.runtime.scheduler import Scheduler
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
@@ -48,7 +53,8 @@ from trt_spec.serve import chat, completions, page, tokenize
 from trt_spec.serve.endpoint import Served, served
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.access import add_access
-from trt_spec.serve.options import Access, ServeOptions
+from trt_spec.serve.connection import InFlightLimit, uvicorn_limits
+from trt_spec.serve.options import Access, ConnectionLimits, ServeOptions
 from trt_spec.serve.protocol import RequestError
 
 log = logging.getLogger("trt_spec.server")
@@ -58,11 +64,18 @@ ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST 
 
 def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access(),
-               reasoning_in_content: bool = False) -> FastAPI:
+               reasoning_in_content: bool = False, docs: bool = False,
+               max_concurrent_requests: int | None = None) -> FastAPI:
     """The FastAPI app serving `scheduler` as `model_name`; its lifespan starts the
     scheduler's thread (start_loop; False: the caller steps it) and stops it. access: the
     API key and CORS origins (serve/access.py); reasoning_in_content: a thinking section
-    stays in `content` (no `reasoning_content`)."""
+    stays in `content` (no `reasoning_content`); docs: serve /docs, /redoc and
+    /openapi.json (off: nothing about the API is published, and Swagger's page loads its
+    scripts from a CDN); max_concurrent_requests: past it in flight, 503
+    (serve/connection.py; None: no cap, as under Ray Serve, whose replicas have their own).
+
+    No route redirects: a path with a trailing slash is a 404 like any unknown path, since
+    Starlette's redirect would name the host the request's Host header gave."""
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
     metrics = ServerMetrics(scheduler, model_name)
@@ -74,11 +87,14 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
         yield
         scheduler.stop(timeout=30)
 
-    app = FastAPI(title="trt-spec", lifespan=lifespan)
+    published = {} if docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="trt-spec", lifespan=lifespan, redirect_slashes=False, **published)
     app.state.served = Served(scheduler, model_name, metrics, max_body_bytes,
                               reasoning_in_content)
     add_error_handlers(app, metrics)
     add_access(app, access, metrics)
+    if max_concurrent_requests is not None:  # outermost: counts every request, refused or not
+        app.add_middleware(InFlightLimit, limit=max_concurrent_requests, metrics=metrics)
     for routes in (router, completions.router, chat.router, tokenize.router):
         app.include_router(routes)
     app.include_router(page.router)  # GET /: the browser page, open without the key
@@ -100,6 +116,12 @@ def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def on_http_error(request: Request, e: StarletteHTTPException):
         return error(RequestError(f"{request.method} {request.url.path}: {e.detail}; this "
                                   f"server has {ROUTES}", status=e.status_code))
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_client_gone(request: Request, e: ClientDisconnect):
+        # the client went away mid-body, or its body timed out (serve/connection.py, which
+        # answered the 408): no one reads this answer, and it is no server error
+        return Response(status_code=499)  # nginx's "client closed request"; never sent
 
     @app.exception_handler(Exception)
     async def on_bug(request: Request, e: Exception):
@@ -136,8 +158,10 @@ async def models(request: Request):
 
 def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
           shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          access: Access = Access(), reasoning_in_content: bool = False) -> None:
-    """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown)."""
+          access: Access = Access(), reasoning_in_content: bool = False, docs: bool = False,
+          limits: ConnectionLimits = ConnectionLimits()) -> None:
+    """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown). limits: what
+    one connection may hold (serve/connection.py: uvicorn's h11 protocol with them)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -153,9 +177,11 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
                 timer.cancel()
 
     app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes, access=access,
-                     reasoning_in_content=reasoning_in_content)
+                     reasoning_in_content=reasoning_in_content, docs=docs,
+                     max_concurrent_requests=limits.max_concurrent_requests)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=shutdown_timeout + 10)
+                            timeout_graceful_shutdown=shutdown_timeout + 10,
+                            **uvicorn_limits(limits))
     # uvicorn handles the signal while it runs, then raises it again under the handlers it
     # found; these make that a no-op, so a graceful shutdown exits with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -177,4 +203,5 @@ def serve_engine(options: ServeOptions, say=print) -> None:
     say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
         f"http://{options.host}:{options.port}")
     serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
-          options.max_body_bytes, options.access, options.reasoning_in_content)
+          options.max_body_bytes, options.access, options.reasoning_in_content, options.docs,
+          options.limits)

@@ -75,6 +75,31 @@ def default_method(engine: str) -> str:
 @click.option("--reasoning-in-content", is_flag=True,
               help="Keep a reasoning model's thinking section in `content` [default: apart, "
                    "as `reasoning_content`].")
+@click.option("--docs", is_flag=True,
+              help="Serve the API's OpenAPI schema at /openapi.json and its pages at /docs and "
+                   "/redoc (which load their scripts from a CDN) [default: off].")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=SERVE["header_timeout"], show_default=True,
+              help="Seconds from a request's first byte to the end of its headers; past it, "
+                   "408 and the connection is closed.")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=SERVE["body_timeout"], show_default=True,
+              help="Seconds from the end of a request's headers to the end of its body; past "
+                   "it, 408 and the connection is closed.")
+@click.option("--keep-alive-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=SERVE["keep_alive_timeout"], show_default=True,
+              help="Seconds a connection may stay idle (new, or between requests) before it "
+                   "is closed.")
+@click.option("--max-header-bytes", type=click.IntRange(min=1),
+              default=SERVE["max_header_bytes"], show_default=True,
+              help="Largest request line plus headers; past it, 431.")
+@click.option("--max-connections", type=click.IntRange(min=1),
+              default=SERVE["max_connections"], show_default=True,
+              help="Open connections; a new one past it gets a 503 and is closed.")
+@click.option("--max-concurrent-requests", type=click.IntRange(min=1),
+              default=SERVE["max_concurrent_requests"], show_default=True,
+              help="Requests in flight (a stream until it ends); past it, 503 with "
+                   "Retry-After (/health and /metrics always answer).")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0),
               default=SERVE["debug_step_delay"], hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
