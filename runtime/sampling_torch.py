@@ -27,6 +27,16 @@ from __future__ import annotations
 
 import torch
 
+from trt_spec.runtime.sampling import GREEDY_TEMPERATURE
+
+
+def greedy_as_zero(temperature: torch.Tensor) -> torch.Tensor:
+    """temperature [B] -> [B] with every value below GREEDY_TEMPERATURE (1e-5) at 0: greedy,
+    as SamplingParams stores it, so an op fed temperatures from elsewhere agrees with the
+    host on which rows are greedy (a division by a subnormal one overflows)."""
+    return torch.where(temperature < GREEDY_TEMPERATURE, torch.zeros_like(temperature),
+                       temperature)
+
 
 def temperature_or_one(temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
     """temperature [B], greedy [B] bool -> [B]: 1 on greedy rows, whose temperature (0) must
