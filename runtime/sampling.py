@@ -64,8 +64,8 @@ def check_finite(x: np.ndarray, what: str) -> np.ndarray:
     top = np.asarray(x.max(-1)).ravel()
     bad = top[np.isnan(top) | (top == np.inf)]
     if len(bad):
-        raise NonFiniteError(f"{what} is not finite (a row's maximum is {bad[0]}): the "
-                             "model or the request's sampling controls overflowed")
+        raise NonFiniteError(f"{what} are not finite (a row's maximum is {bad[0]}): the "
+                             "model's output or the request's sampling controls overflowed")
     return x
 
 
@@ -326,7 +326,7 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     ruled out, a grammar's dead end, is its guide's to report)."""
     p = probs(logits, params)
     if logits.max() > -np.inf:
-        check_finite(p, "the target's distribution under the request's temperature")
+        check_finite(p, "the target's probabilities under the request's temperature")
     return p
 
 

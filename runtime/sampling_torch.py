@@ -97,7 +97,7 @@ def mask_top_k(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 
 
 def mask_top_p(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """z [B, R, V], top_p [B] in (0, 1] (1: off) -> z with the tokens outside the top-p set
+    """z [B, R, V], top_p [B] in [1e-20, 1] (1: off) -> z with the tokens outside the top-p set
     at -inf: a token stays if the mass of the tokens more likely than it is < p. Tokens of
     equal probability straddling the boundary are ordered as topk orders them (ONNX TopK: the
     lower index first, as runtime/sampling.py; torch's eager topk leaves it unspecified)."""

@@ -278,7 +278,7 @@ def controlled(s: Stream, logits: np.ndarray, drafts=()) -> np.ndarray:
     row holds NaN or +inf (the model's, or a control's overflow): caught here, where it
     arises, so that the stream alone fails (runtime/engine.py isolated)."""
     z = process_logits(logits, s.params, s.prompt_ids, s.output_ids, drafts)
-    return check_finite(z, "the target's logits after the request's sampling controls")
+    return check_finite(z, "the target's logits under the request's sampling controls")
 
 
 def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:

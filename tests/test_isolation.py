@@ -119,7 +119,8 @@ def test_a_failing_request_ends_alone(gen, alone, method, kind, when, monkeypatc
     assert victim.stream.output_ids == alone[method]
     assert victim.stream.finish_reason == "length"
     assert bad.stream.finish_reason == "error"
-    assert bad.error.startswith("NonFiniteError: ") and "is not finite" in bad.error, bad.error
+    assert bad.error.startswith("NonFiniteError: the target's ") and "are not finite" in \
+        bad.error, bad.error
     assert bad.stream.slot is None and sched.slots_used == 0
     finals = [o for o in outputs if o.finished]
     assert sorted(o.finish_reason for o in finals) == ["error", "length"]
@@ -178,7 +179,8 @@ def test_run_raises_the_streams_error(gen):
     """generate / generate_ids (Scheduler.run) raise a stream's error, as before."""
     stream = gen.stream(BAD, greedy(), "none")
     SET(stream.params, "repetition_penalty", 1e-310)
-    with pytest.raises(NonFiniteError, match="not finite"):
+    with pytest.raises(NonFiniteError, match="logits under the request's sampling controls "
+                                             "are not finite"):
         Scheduler(gen).run([stream])
     assert gen.cache.free_slots == gen.cache.slots
 
@@ -268,7 +270,7 @@ def test_check_finite_names_what_failed():
     ok = np.array([[0.0, -np.inf], [-np.inf, -np.inf]])  # a grammar's dead end passes
     assert check_finite(ok, "x") is ok
     for bad in (np.nan, np.inf):
-        with pytest.raises(NonFiniteError, match=rf"the rows is not finite \(a row's maximum "
+        with pytest.raises(NonFiniteError, match=rf"the rows are not finite \(a row's maximum "
                                                  rf"is {bad}\)"):
             check_finite(np.array([[0.0, bad]]), "the rows")
 
@@ -278,7 +280,8 @@ def test_a_temperature_past_the_checks_fails_in_the_target_distribution():
     SET(params, "temperature", 1e-310)  # below the epsilon, yet past the normalisation
     assert params.greedy  # the property reads the bound too
     SET(params, "temperature", math.nan)
-    with pytest.raises(NonFiniteError, match="distribution"):
+    with pytest.raises(NonFiniteError, match="the target's probabilities under the "
+                                             "request's temperature are not finite"):
         target_probs(np.array([1.0, 2.0]), params)
     # a drafter's distribution is not checked: its NaN makes the planner drop the draft
     assert np.isnan(probs_from_logits(np.array([1.0, 2.0]), math.nan)).all()
