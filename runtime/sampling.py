@@ -26,12 +26,15 @@ runtime/sampling_torch.py.
 Bounds. Every value SamplingParams accepts keeps the logits finite through every step above,
 in float32 (the torch path's dtype) for logits of magnitude up to ~1e4: a temperature below
 GREEDY_TEMPERATURE (1e-5, vLLM's epsilon) is greedy (temperature 0), so a division by it
-makes at most 1e4 / 1e-5 = 1e9; repetition_penalty, temperature and 1 / top_p stay within
-MAX_SCALE (1e20), so a penalized logit is at most 1e24 and, divided by the smallest
-temperature, 1e29 (float32 holds 3.4e38). Past MAX_SCALE a value only saturates: it behaves
-as the bound does within float32's precision (a temperature of 1e20 already draws uniformly,
-a top_p of 1e-20 already keeps the most likely token alone), or overflows (repetition_penalty
-1e-310: z / r = inf, a distribution of NaN). min_p (0..1), the frequency and presence
+makes at most 1e4 / 1e-5 = 1e9; repetition_penalty and temperature stay within MAX_SCALE
+(1e20) and its inverse, so a penalized logit is at most 1e24 and, divided by the smallest
+temperature, 1e29 (float32 holds 3.4e38; measured, a repetition_penalty below 3e-30 or above
+3.4e29 overflows at temperature 1e-5, a temperature past 3.4e38 is inf in float32 and makes a
+ruled-out token's -inf / inf NaN); top_p is at least 1 / MAX_SCALE (below 1.4e-45 float32
+holds it as 0, which keeps no token). Past these bounds a value overflows (repetition_penalty
+1e-310: z / r = inf, a distribution of NaN) or only saturates, behaving as the bound does
+within float32's precision (a temperature of 1e20 already draws uniformly, a top_p of 1e-20
+already keeps the most likely token alone). min_p (0..1), the frequency and presence
 penalties (-2..2) and logit_bias (-100..100) are finite everywhere in their ranges. A row
 that is not finite all the same (a model's NaN) fails its stream alone (NonFiniteError,
 runtime/engine.py).

@@ -207,6 +207,11 @@ def test_a_temperature_below_the_epsilon_is_greedy():
                                      "overflows float32)"),
     ({"repetition_penalty": 1e21}, "repetition_penalty=1e+21: must be a finite number in "
                                    "1e-20..1e20"),
+    # an int past float's range is refused, not an OverflowError from math.isfinite
+    ({"temperature": 10**400}, "temperature=" + "1" + "0" * 76 + "...: must be a finite "
+                               "number in 0..1e20"),
+    ({"logit_bias": {3: -10**400}}, "logit_bias[3]=-" + "1" + "0" * 75 + "...: must be a "
+                                    "finite number in -100..100"),
 ])
 def test_values_that_overflow_are_refused(kwargs, message):
     with pytest.raises(FieldError) as e:
@@ -269,6 +274,7 @@ def test_every_accepted_value_keeps_the_distribution_finite(edge):
 def test_check_finite_names_what_failed():
     ok = np.array([[0.0, -np.inf], [-np.inf, -np.inf]])  # a grammar's dead end passes
     assert check_finite(ok, "x") is ok
+    target_probs(ok[1], SamplingParams(temperature=1.0))  # its guide reports it, not this
     for bad in (np.nan, np.inf):
         with pytest.raises(NonFiniteError, match=rf"the rows are not finite \(a row's maximum "
                                                  rf"is {bad}\)"):
@@ -285,3 +291,29 @@ def test_a_temperature_past_the_checks_fails_in_the_target_distribution():
         target_probs(np.array([1.0, 2.0]), params)
     # a drafter's distribution is not checked: its NaN makes the planner drop the draft
     assert np.isnan(probs_from_logits(np.array([1.0, 2.0]), math.nan)).all()
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-6, 9.99e-6])
+def test_spec_verify_takes_a_temperature_below_the_epsilon_as_greedy(temperature):
+    """The SpecVerify op fed temperatures from elsewhere: below 1e-5 its NumPy reference and
+    its torch form both verify greedily (a division by 1e-40 would make the row NaN), as the
+    host's SamplingParams would."""
+    torch = pytest.importorskip("torch")
+    from trt_spec.plugins.spec_verify import spec_verify_reference, spec_verify_torch
+
+    rng = np.random.default_rng(3)
+    batch, k, vocab = 3, 4, 40
+    logits = rng.normal(0, 2, (batch, k + 1, vocab)).astype(np.float32)
+    drafts = logits[:, :k].argmax(-1)  # greedy: every draft accepted
+    drafts[1, 2] = (drafts[1, 2] + 1) % vocab  # row 1: the third rejected
+    case = dict(draft_tokens=drafts.astype(np.int64), draft_lens=np.full(batch, k, np.int32),
+                target_logits=logits, draft_probs=np.ones((batch, k, 1), np.float32),
+                uniforms=rng.random((batch, k + 1)).astype(np.float32),
+                temperature=np.full(batch, temperature, np.float32))
+    want = np.array([k, 2, k])
+    accepted, tokens = spec_verify_reference(**case)
+    np.testing.assert_array_equal(accepted, want)
+    t_accepted, t_tokens = spec_verify_torch(**{n: torch.tensor(x) for n, x in case.items()})
+    np.testing.assert_array_equal(t_accepted.numpy(), want)
+    np.testing.assert_array_equal(t_tokens.numpy(), tokens)
+    assert tokens[1, 2] == logits[1, 2].argmax()

@@ -235,6 +235,8 @@ BAD = [  # (path, body, status, message)
      "presence_penalty=-3.0: must be a finite number in -2..2"),
     ("completions", {**GOOD, "repetition_penalty": 0}, 400,
      "repetition_penalty=0.0: must be a finite number in 1e-20..1e20"),
+    ("completions", {**GOOD, "repetition_penalty": 1e-310}, 400,  # its logits would overflow
+     "repetition_penalty=1e-310: must be a finite number in 1e-20..1e20"),
     ("completions", {**GOOD, "min_p": 1.5}, 400, "min_p=1.5: must be a finite number in 0..1"),
     ("completions", {**GOOD, "logit_bias": {"500": 1}}, 400,
      "logit_bias has token ids [500] outside the vocabulary 0..127"),
@@ -267,6 +269,15 @@ def test_bad_input_gets_4xx_and_the_server_keeps_serving(server, path, body, sta
     assert error["type"] == "invalid_request_error"
     ok = httpx.post(f"{server.url}/v1/completions", json=GOOD)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_temperature_below_the_epsilon_is_greedy(server):
+    """1e-310 made the target's distribution NaN; below 1e-5 a request is greedy."""
+    body = {**GOOD, "max_tokens": 8, "ignore_eos": True}
+    answers = [httpx.post(f"{server.url}/v1/completions", json={**body, "temperature": t})
+               for t in (0, 1e-310)]
+    assert [r.status_code for r in answers] == [200, 200]
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
 
 
 def test_null_means_the_default(server):
