@@ -50,12 +50,11 @@ def alone(gen):
     return out
 
 
-def methods():
-    return ["none", "vanilla", "mtp", "eagle", "eagle3", "ngram", "suffix", "hybrid", "auto"]
+METHODS = ["none", "vanilla", "mtp", "eagle", "eagle3", "ngram", "suffix", "hybrid", "auto"]
 
 
 def test_the_engine_runs_every_method(gen):
-    assert set(gen.methods) == set(methods())
+    assert set(gen.methods) == set(METHODS)
 
 
 # --- the failures, each armed at the start (prefill) or after two tokens (decode) ---------
@@ -107,15 +106,20 @@ def run_beside(gen, method, params, arm, when, monkeypatch):
     return sched, victim, bad, outputs
 
 
-@pytest.mark.parametrize("method", methods())
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind", sorted(FAILURES))
 @pytest.mark.parametrize("when", ["prefill", "decode"])
 def test_a_failing_request_ends_alone(gen, alone, method, kind, when, monkeypatch):
     """The victim's output is its output alone; the failing request ends with "error", a
     message naming the cause, its slot freed; every slot is free at the end."""
     params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=1.0, seed=7)
+    released = []
+    release = gen.engine.release
+    monkeypatch.setattr(gen.engine, "release", lambda s, keep=True: (
+        released.append((s.id, keep)), release(s, keep)))
     sched, victim, bad, outputs = run_beside(gen, method, params, FAILURES[kind], when,
                                              monkeypatch)
+    assert (bad.stream.id, False) in released  # its rows are not kept for a prefix hit
     assert victim.stream.output_ids == alone[method]
     assert victim.stream.finish_reason == "length"
     assert bad.stream.finish_reason == "error"
@@ -136,7 +140,7 @@ def test_a_greedy_request_with_nan_logits_ends_alone(gen, alone, monkeypatch):
     assert bad.stream.finish_reason == "error" and "NonFiniteError" in bad.error
 
 
-@pytest.mark.parametrize("method", [m for m in methods() if m != "none"])
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "none"])
 def test_a_drafters_nan_q_drops_the_draft(gen, alone, method, monkeypatch):
     """A proposer whose q (or confidence) is NaN for one stream: that stream does not draft
     that step, and both streams' greedy tokens are the ones they make alone."""
