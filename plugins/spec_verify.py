@@ -4,7 +4,8 @@ Same semantics and vocabulary as runtime/verify.py (accepted, recovered, bonus; 
 q = draft; Leviathan et al. 2023, Algorithm 1), written as a pure function: the random
 numbers are an input. Per row b with n = draft_lens[b] valid drafts x_0..x_{n-1}:
 
-    greedy (temperature[b] == 0): accept the longest prefix with x_i == argmax(logits[b, i]);
+    greedy (temperature[b] below GREEDY_TEMPERATURE, 1e-5, as runtime/sampling.py: taken as
+        0 on entry, so every form agrees): accept the longest prefix with x_i == argmax(logits[b, i]);
         the next token is argmax(logits[b, a]).
     stochastic: p_i = softmax(filter(logits[b, i] / T)) (top-k, then top-p, exactly as
         runtime.sampling.probs_from_logits); accept x_i while uniforms[b, i] < p_i(x_i) / q_i(x_i);
@@ -24,7 +25,7 @@ draft, then one for the emitted token), so `uniforms = rng.random(k + 1)` reprod
                   or [batch, k, 1]: a deterministic         PLACEHOLDER (-1)
                   drafter, q = one-hot of its draft
     uniforms      [batch, k + 1] float in [0, 1)
-    temperature   [batch] float (0: greedy row)
+    temperature   [batch] float (0, or below 1e-5: greedy row)
     top_k         [batch] int32 (0: off)
     top_p         [batch] float (1: off)
 
@@ -52,7 +53,7 @@ import torch
 from trt_spec.plugins import lowering
 from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.verify import PLACEHOLDER, Q_FLOOR
-from trt_spec.runtime.sampling import probs_from_logits
+from trt_spec.runtime.sampling import GREEDY_TEMPERATURE, probs_from_logits
 
 PLUGIN = "trt_spec::SpecVerify"
 RESIDUAL_FLOOR = 1e-12  # a residual with less mass than this falls back to p (as sampler.residual)
@@ -84,7 +85,7 @@ def spec_verify_reference(draft_tokens, draft_lens, target_logits, draft_probs, 
         assert 0 <= n <= k, (n, k)
         x = draft_tokens[b, :n]
         logits = np.asarray(target_logits[b, :n + 1], dtype=np.float64)
-        if temperature[b] == 0:
+        if temperature[b] < GREEDY_TEMPERATURE:
             target = logits.argmax(-1)
             mismatch = np.nonzero(x != target[:n])[0]
             a = int(mismatch[0]) if mismatch.size else n
@@ -131,6 +132,7 @@ def spec_verify_torch(
     dtype = torch.promote_types(target_logits.dtype, torch.float32)
     x = draft_tokens.to(torch.int64)
     n = draft_lens.to(torch.int64).view(-1, 1)  # (B, 1)
+    temperature = sampling_torch.greedy_as_zero(temperature)
     greedy = (temperature == 0).view(-1, 1)  # (B, 1)
     valid = torch.arange(k, device=x.device).view(1, -1) < n  # (B, K)
 
@@ -212,6 +214,7 @@ def spec_verify_triton(draft_tokens, draft_lens, target_logits, draft_probs, uni
     batch, k = draft_tokens.shape
     vocab = target_logits.shape[-1]
     logits = target_logits
+    temperature = sampling_torch.greedy_as_zero(temperature)  # the kernel tests == 0
     if top_k is not None or top_p is not None:  # a logit mask; the kernel then sees -inf there
         t = sampling_torch.temperature_or_one(temperature, temperature == 0)
         masked = sampling_torch.filter_logits(logits.float() / t.view(-1, 1, 1).float(), top_k,

@@ -18,16 +18,22 @@ It keeps no per-stream state (the planner's windows, a proposer's caches: keyed 
         planner.observe(streams, drafts, step)         # acceptance and costs, for next plan
 
 Every step therefore runs at most two target forwards (prefill, then decode/verify), however
-many methods and draft lengths its streams use. Under a grammar (runtime/guided_step.py) a
+many methods and draft lengths its streams use. What is one stream's own in a step (its rows
+under its controls, its sampling and verification, its commit) runs `isolated`: an error
+there (a row that is not finite: runtime/sampling.py NonFiniteError) fails that stream alone,
+finish_reason "error" with the error on Stream.error, its slot freed; the others go on with
+the output they would have had without it. Under a grammar (runtime/guided_step.py) a
 forced continuation is drafted for free, drafts are held to what the grammar allows, and the
 rows' masks are made while the target runs.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -37,7 +43,7 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Proposer
 from trt_spec.runtime.provenance import step_sources
-from trt_spec.runtime.sampling import next_token
+from trt_spec.runtime.sampling import NonFiniteError, next_token
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.speculation.cost_cache import CostCache
@@ -46,9 +52,13 @@ from trt_spec.runtime.speculation.planner import (ProposerSource, SpeculationPla
                                                   StepTimes, Verified)
 from trt_spec.runtime.step_inputs import SlotTokens
 from trt_spec.runtime.stream import (StepMetrics, StopChecker, Stream, append, cached_tokens,
-                                     controlled, count_drafted, count_positions,
+                                     controlled, count_drafted, count_positions, fail,
                                      finish_unsampled, prefill_chunks, record_prompt_logprobs)
 from trt_spec.runtime.verify import verify_batch
+
+log = logging.getLogger("trt_spec.engine")
+T = TypeVar("T")
+FAILED = Verified(0, 0, [])  # the outcome of a stream that failed its verification
 
 # one worker for the grammar's masks, made while the target's forward runs (engine.decode)
 MASKER = ThreadPoolExecutor(1, thread_name_prefix="trt-spec-masks")
@@ -156,6 +166,24 @@ class Engine:
             self.cache.release(s.slot, tokens, s.id)
             s.slot = None
 
+    def isolated(self, s: Stream, work: Callable[..., T], *args) -> T | None:
+        """work(*args): s's own part of a step (its rows under its controls, its sampling and
+        verification, its commit). An exception there fails s alone and gives None: s ends
+        with finish_reason "error" (the exception on s.error), its slot freed without keeping
+        its rows, and the step goes on for the others as if s had not been in it. Work the
+        batch shares (a forward, a proposer's call) is not isolated: its error fails the
+        step (the scheduler)."""
+        try:
+            return work(*args)
+        except Exception as e:  # noqa: BLE001 - one stream's failure is its own
+            if isinstance(e, NonFiniteError):
+                log.warning("stream %s failed: %s", s.id, e)
+            else:
+                log.exception("stream %s failed", s.id)
+            fail(s, e)
+            self.release(s, keep=False)
+            return None
+
     def observe(self, s: Stream, start: int, rows: dict[str, list[np.ndarray]], i: int,
                 n: int | None = None) -> None:
         """Hands s's proposer its rows (request i of a step, the first n) of the output it
@@ -197,27 +225,33 @@ class Engine:
                                        at))
         out = self.target.step(self.cache, requests, self.reads([s for s, _ in chunks]))
         for i, ((s, n), logits) in enumerate(zip(chunks, out.logits)):
-            start, s.prefill_pos = s.prefill_pos, s.prefill_pos + n
-            self.observe(s, start, out.rows, i)
-            if s.params.prompt_logprobs is not None:
-                record_prompt_logprobs(s, start, logits)
-            if s.prefill_pos < len(s.prompt_ids):
-                continue  # more chunks to come
-            for c in [c for c in self.running.values() if c.fork_of is s]:
-                self.fork(c)  # the request's other choices start from these rows
-            s.stats.record(0, 0)
-            if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
-                finish_unsampled(s)
-                self.release(s)
-                continue
-            row = logits[-1:]
-            if s.guide is not None:  # the first token under the grammar too
-                row = row.copy()
-                s.guide.apply(row, s.guide.masks([]))
-            token = next_token(controlled(s, row)[0], s.params, s.rng)
-            append(s, [token], self.stops, logits[-1:], step_sources(0, None, 0, 0, 1))
-            if s.finished:
-                self.release(s)
+            self.isolated(s, self.read_chunk, s, n, logits, out.rows, i)
+
+    def read_chunk(self, s: Stream, n: int, logits: np.ndarray,
+                   rows: dict[str, list[np.ndarray]], i: int) -> None:
+        """After prefill: s read its next n prompt tokens (request i of the forward, logits
+        [rows asked, vocab]); after its last, its first token is sampled."""
+        start, s.prefill_pos = s.prefill_pos, s.prefill_pos + n
+        self.observe(s, start, rows, i)
+        if s.params.prompt_logprobs is not None:
+            record_prompt_logprobs(s, start, logits)
+        if s.prefill_pos < len(s.prompt_ids):
+            return  # more chunks to come
+        for c in [c for c in self.running.values() if c.fork_of is s]:
+            self.fork(c)  # the request's other choices start from these rows
+        s.stats.record(0, 0)
+        if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
+            finish_unsampled(s)
+            self.release(s)
+            return
+        row = logits[-1:]
+        if s.guide is not None:  # the first token under the grammar too
+            row = row.copy()
+            s.guide.apply(row, s.guide.masks([]))
+        token = next_token(controlled(s, row)[0], s.params, s.rng)
+        append(s, [token], self.stops, logits[-1:], step_sources(0, None, 0, 0, 1))
+        if s.finished:
+            self.release(s)
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
@@ -247,53 +281,55 @@ class Engine:
             s.stats.sample_s += times.sample_s / len(streams)
         m.propose_s, m.score_s, m.sample_s = times.propose_s, times.score_s, times.sample_s
 
-    @staticmethod
-    def verify(streams: list[Stream], drafts: list[Draft], scores: StepOutput,
+    def verify(self, streams: list[Stream], drafts: list[Draft], scores: StepOutput,
                raw: dict[int, np.ndarray]) -> StepResult:
-        """Streams that drafted: their accepted prefix and one token more (runtime/verify.py);
-        the others take the target's next token as plain decoding samples it (the same draw
-        from the same distribution as verifying no drafts). Each row is under its stream's
-        sampling controls, counting the drafts before it (stream.controlled). raw: logits
-        before the grammar's masks, where logprobs report them."""
-        spec = [i for i, d in enumerate(drafts) if len(d)]
-        out = verify_batch([drafts[i].tokens for i in spec], [drafts[i].q for i in spec],
-                           [controlled(streams[i], scores.logits[i], drafts[i].tokens)
-                            for i in spec], [streams[i].params for i in spec],
-                           [streams[i].rng for i in spec])
-        row = {i: r for r, i in enumerate(spec)}
-        verified = []
-        for i, s in enumerate(streams):
-            if i in row:
-                r = row[i]
-                verified.append(Verified(len(drafts[i]), int(out.num_accepted[r]),
-                                         out.tokens[r, :out.num_emitted[r]]))
-            else:
-                token = next_token(controlled(s, scores.logits[i][-1:])[0], s.params, s.rng)
-                verified.append(Verified(0, 0, [token]))
+        """Each stream's outcome (verify_one), isolated: one that fails is FAILED. raw:
+        logits before the grammar's masks, where logprobs report them."""
+        verified = [self.isolated(s, self.verify_one, s, d, x) or FAILED
+                    for s, d, x in zip(streams, drafts, scores.logits)]
         logits = [raw.get(i, x) for i, x in enumerate(scores.logits)]
         return StepResult(verified, logits, scores.rows, drafts)
+
+    @staticmethod
+    def verify_one(s: Stream, d: Draft, logits: np.ndarray) -> Verified:
+        """A stream that drafted: its accepted prefix and one token more (runtime/verify.py);
+        one that did not takes the target's next token as plain decoding samples it (the
+        same draw from the same distribution as verifying no drafts). Its rows, logits
+        [len(d) + 1, vocab], are under its sampling controls, each counting the drafts
+        before it (stream.controlled)."""
+        if not len(d):
+            return Verified(0, 0, [next_token(controlled(s, logits[-1:])[0], s.params, s.rng)])
+        out = verify_batch([d.tokens], [d.q], [controlled(s, logits, d.tokens)], [s.params],
+                           [s.rng])
+        return Verified(len(d), int(out.num_accepted[0]), out.tokens[0, :out.num_emitted[0]])
 
     def commit(self, streams: list[Stream], step: StepResult, m: StepMetrics) -> None:
         """Appends each stream's emitted tokens and records them; a finished stream frees its
         slot, the others rewind the target's cache to what was accepted and hand their
         proposer the target's rows of the accepted positions."""
         for i, (s, v) in enumerate(zip(streams, step.verified)):
-            s.stats.record(v.proposed, v.accepted)
-            m.speculating_streams += v.proposed > 0
-            m.proposed_tokens += v.proposed
-            m.accepted_tokens += v.accepted
-            count_positions(m.accepted_per_position, v.accepted)
-            sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted,
-                                             len(v.tokens))
-            m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i], sources)
-            if s.finished:
-                self.release(s)
-                continue
-            # rows of [last, d1..d_accepted]: positions n-1 .. n-1+accepted
-            start = len(s.prompt_ids) + len(s.output_ids) - len(v.tokens) - 1
-            self.observe(s, start, step.rows, i, v.accepted + 1)
-            self.scorer.rewind(s)
-            p = self.proposer(s)
-            if p is not None:
-                p.commit(s)
+            if s.error is None:  # (failed in verify: released there)
+                self.isolated(s, self.commit_one, s, v, step, i, m)
 
+    def commit_one(self, s: Stream, v: Verified, step: StepResult, i: int,
+                   m: StepMetrics) -> None:
+        """Stream i of the step: its tokens appended and counted, then its slot freed when it
+        finished, else its caches rewound and its proposer handed the accepted rows."""
+        s.stats.record(v.proposed, v.accepted)
+        m.speculating_streams += v.proposed > 0
+        m.proposed_tokens += v.proposed
+        m.accepted_tokens += v.accepted
+        count_positions(m.accepted_per_position, v.accepted)
+        sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted,
+                                         len(v.tokens))
+        m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i], sources)
+        if s.finished:
+            self.release(s)
+            return
+        # rows of [last, d1..d_accepted]: positions n-1 .. n-1+accepted
+        start = len(s.prompt_ids) + len(s.output_ids) - len(v.tokens) - 1
+        self.observe(s, start, step.rows, i, v.accepted + 1)
+        self.scorer.rewind(s)
+        p = self.proposer(s)
+        if p is not None:
+            p.commit(s)

@@ -22,6 +22,22 @@ a token it forbids stays at -inf through every step):
 
 (vLLM's order.) Their torch twin, for the torch backends (batched, one setting per row), is
 runtime/sampling_torch.py.
+
+Bounds. Every value SamplingParams accepts keeps the logits finite through every step above,
+in float32 (the torch path's dtype) for logits of magnitude up to ~1e4: a temperature below
+GREEDY_TEMPERATURE (1e-5, vLLM's epsilon) is greedy (temperature 0), so a division by it
+makes at most 1e4 / 1e-5 = 1e9; repetition_penalty and temperature stay within MAX_SCALE
+(1e20) and its inverse, so a penalized logit is at most 1e24 and, divided by the smallest
+temperature, 1e29 (float32 holds 3.4e38; measured, a repetition_penalty below 3e-30 or above
+3.4e29 overflows at temperature 1e-5, a temperature past 3.4e38 is inf in float32 and makes a
+ruled-out token's -inf / inf NaN); top_p is at least 1 / MAX_SCALE (below 1.4e-45 float32
+holds it as 0, which keeps no token). Past these bounds a value overflows (repetition_penalty
+1e-310: z / r = inf, a distribution of NaN) or only saturates, behaving as the bound does
+within float32's precision (a temperature of 1e20 already draws uniformly, a top_p of 1e-20
+already keeps the most likely token alone). min_p (0..1), the frequency and presence
+penalties (-2..2) and logit_bias (-100..100) are finite everywhere in their ranges. A row
+that is not finite all the same (a model's NaN) fails its stream alone (NonFiniteError,
+runtime/engine.py).
 """
 
 from __future__ import annotations
@@ -33,16 +49,38 @@ import numpy as np
 from trt_spec.runtime import validation as v
 
 MAX_LOGPROBS = 20  # most likely alternatives per token, as OpenAI's top_logprobs
+GREEDY_TEMPERATURE = 1e-5  # a temperature below this is greedy (0): vLLM's _SAMPLING_EPS
+MAX_SCALE = 1e20  # the bound of temperature, repetition_penalty and 1 / top_p (see above;
+# the messages of SamplingParams spell both bounds out)
+
+
+class NonFiniteError(ArithmeticError):
+    """One request's logits or distribution hold NaN or +inf: what the engine fails that
+    request alone with (runtime/engine.py)."""
+
+
+def check_finite(x: np.ndarray, what: str) -> np.ndarray:
+    """x [..., vocab] logits (-inf: a token ruled out) or probabilities -> x, or
+    NonFiniteError where a row's maximum is NaN or +inf: one reduction, and a NaN anywhere
+    propagates through it. A row with every token at -inf passes: that is a grammar's dead
+    end, which its guide reports (runtime/stream.py append)."""
+    top = np.asarray(x.max(-1)).ravel()
+    bad = top[np.isnan(top) | (top == np.inf)]
+    if len(bad):
+        raise NonFiniteError(f"{what} are not finite (a row's maximum is {bad[0]}): the "
+                             "model's output or the request's sampling controls overflowed")
+    return x
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Names follow vLLM's SamplingParams. temperature 0 means greedy."""
+    """Names follow vLLM's SamplingParams. temperature 0 means greedy (and so does any below
+    GREEDY_TEMPERATURE: it is stored as 0)."""
 
     max_tokens: int = 128  # 0: no new token, the prompt is only read (for prompt_logprobs)
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0..1e20; below 1e-5: greedy (stored as 0)
     top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
+    top_p: float = 1.0  # 1e-20..1 (1: off)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -71,7 +109,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (): none; bias in -100..100
     presence_penalty: float = 0.0  # -2..2 (0: off)
     frequency_penalty: float = 0.0  # -2..2 (0: off)
-    repetition_penalty: float = 1.0  # > 0 (1: off)
+    repetition_penalty: float = 1.0  # 1e-20..1e20 (1: off)
     min_p: float = 0.0  # 0..1 (0: off)
 
     def __post_init__(self):
@@ -80,11 +118,13 @@ class SamplingParams:
         set_ = object.__setattr__
         set_(self, "max_tokens", v.integer("max_tokens", self.max_tokens, 0,
                                            allowed=" (0: the prompt is only read)"))
-        set_(self, "temperature", v.real("temperature", self.temperature, ">= 0 (0 = greedy)",
-                                         lo=0))
+        t = v.real("temperature", self.temperature, "in 0..1e20 (below 1e-5: greedy)", lo=0,
+                   hi=MAX_SCALE)
+        set_(self, "temperature", 0.0 if t < GREEDY_TEMPERATURE else t)
         set_(self, "top_k", v.integer("top_k", self.top_k, 0, allowed=" (0 = off)"))
-        set_(self, "top_p", v.real("top_p", self.top_p, "in (0, 1] (1 = off)", lo=0, hi=1,
-                                   lo_open=True))
+        set_(self, "top_p", v.real("top_p", self.top_p, "in 1e-20..1 (1 = off; a smaller "
+                                   "top_p would keep the most likely token alone, as 1e-20 "
+                                   "does)", lo=1 / MAX_SCALE, hi=1))
         set_(self, "seed", v.seed(self.seed))
         set_(self, "stop", v.strings("stop", self.stop, "a string or a list of strings "
                                                         "(() for none)"))
@@ -111,8 +151,9 @@ class SamplingParams:
         set_(self, "logit_bias", v.logit_bias(self.logit_bias))
         for name in ("presence_penalty", "frequency_penalty"):
             set_(self, name, v.real(name, getattr(self, name), "in -2..2 (0 = off)", -2, 2))
-        set_(self, "repetition_penalty", v.real("repetition_penalty", self.repetition_penalty,
-                                                "> 0 (1 = off)", lo=0, lo_open=True))
+        set_(self, "repetition_penalty", v.real(
+            "repetition_penalty", self.repetition_penalty, "in 1e-20..1e20 (1 = off; past "
+            "these a penalized logit overflows float32)", lo=1 / MAX_SCALE, hi=MAX_SCALE))
         set_(self, "min_p", v.real("min_p", self.min_p, "in 0..1 (0 = off)", 0, 1))
 
     @property
@@ -123,7 +164,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """temperature 0 (stored for any below GREEDY_TEMPERATURE; the test reads the bound
+        too, so params built around the checks agree with the device's greedy_as_zero)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def processes_logits(self) -> bool:
@@ -197,7 +240,9 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
     A new per-request control is one more step here (or in process_logits, when it reads the
     tokens so far or changes the argmax) and one there, at the same place in the order;
     tests/test_sampling_torch.py holds the two to each other."""
-    assert temperature > 0, temperature
+    # (a NaN passes: its distribution is NaN, which the target's check_finite and the
+    # planner's Draft.finite catch for the one stream; an assert would fail the batch)
+    assert not temperature <= 0, temperature
     # every step in place on one float64 copy: a full-vocabulary temporary per operation
     # cost ~3x the arithmetic (fresh pages each time)
     x = logits.astype(np.float64)
@@ -278,11 +323,21 @@ def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
                              params.min_p)
 
 
+def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """probs of the target's row [vocab] (after process_logits and check_finite), checked:
+    NonFiniteError where the request's temperature overflowed it (a row with every token
+    ruled out, a grammar's dead end, is its guide's to report)."""
+    p = probs(logits, params)
+    if logits.max() > -np.inf:
+        check_finite(p, "the target's probabilities under the request's temperature")
+    return p
+
+
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """logits: [vocab] (after process_logits) -> token id."""
+    """logits: [vocab] (the target's, after process_logits and check_finite) -> token id."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample_from_probs(probs(logits, params), rng)
+    return sample_from_probs(target_probs(logits, params), rng)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,16 @@ from __future__ import annotations
 
 import torch
 
+from trt_spec.runtime.sampling import GREEDY_TEMPERATURE
+
+
+def greedy_as_zero(temperature: torch.Tensor) -> torch.Tensor:
+    """temperature [B] -> [B] with every value below GREEDY_TEMPERATURE (1e-5) at 0: greedy,
+    as SamplingParams stores it, so an op fed temperatures from elsewhere agrees with the
+    host on which rows are greedy (a division by a subnormal one overflows)."""
+    return torch.where(temperature < GREEDY_TEMPERATURE, torch.zeros_like(temperature),
+                       temperature)
+
 
 def temperature_or_one(temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
     """temperature [B], greedy [B] bool -> [B]: 1 on greedy rows, whose temperature (0) must
@@ -87,7 +97,7 @@ def mask_top_k(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 
 
 def mask_top_p(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """z [B, R, V], top_p [B] in (0, 1] (1: off) -> z with the tokens outside the top-p set
+    """z [B, R, V], top_p [B] in [1e-20, 1] (1: off) -> z with the tokens outside the top-p set
     at -inf: a token stays if the mass of the tokens more likely than it is < p. Tokens of
     equal probability straddling the boundary are ordered as topk orders them (ONNX TopK: the
     lower index first, as runtime/sampling.py; torch's eager topk leaves it unspecified)."""

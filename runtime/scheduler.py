@@ -13,8 +13,10 @@
                                                                   prompt rows: Engine.fork)
         engine.step(running streams, max_prefill_tokens)          (one engine, every method:
             prefill, then one target forward for every decode/verify row; a long prompt is
-            read in chunks over several steps while the other streams keep decoding)
-        hand each request its delta: new token ids and text (the result when finished)
+            read in chunks over several steps while the other streams keep decoding; a
+            stream whose own part of the step fails ends alone: Engine.isolated)
+        hand each request its delta: new token ids and text (the result when finished; a
+                                     failed stream's error as Request.error)
 
 `LLM` drives `step()` itself; the server runs it in one background thread (`start`), and
 talks to it only through `prepare`, `enqueue` (`submit`: both) and `cancel` (thread-safe) and
@@ -356,8 +358,8 @@ class Scheduler:
             try:
                 report.engine = engine.step([r.stream for r in self._running],
                                             self.max_prefill_tokens)
-            except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
-                if self._raise:
+            except Exception as e:  # noqa: BLE001 - what the batch shares failed (a forward,
+                if self._raise:         # a proposer's call): fail these requests, keep serving
                     raise
                 log.exception("engine step")
                 for r in self._running:
@@ -377,10 +379,17 @@ class Scheduler:
         self.gen.engine.release(r.stream, keep)
 
     def _emit(self, r: Request, report: StepReport) -> None:
+        """Hands r what its stream added this step. A stream the engine failed alone
+        (Stream.error: Engine.isolated, its slot already freed) ends with "error" and that
+        error's message; run() raises it instead."""
         s = r.stream
         if r.done:
             return
         if s.finish_reason == "error":
+            if s.error is not None:
+                if self._raise:
+                    raise s.error
+                r.error = r.error or f"{type(s.error).__name__}: {s.error}"
             self._end(r, "error", report)
             return
         if r.detok is None:

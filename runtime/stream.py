@@ -17,8 +17,8 @@ import numpy as np
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.provenance import TokenSource
-from trt_spec.runtime.sampling import (SamplingParams, TokenLogprob, process_logits,
-                                       token_logprob, token_logprobs)
+from trt_spec.runtime.sampling import (SamplingParams, TokenLogprob, check_finite,
+                                       process_logits, token_logprob, token_logprobs)
 from trt_spec.runtime.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -99,6 +99,9 @@ class Stream:
     slot: int | None = None
     prefill_pos: int = 0  # prompt tokens already in the target's cache (chunked prefill)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    # finish_reason "error" from an exception in this stream's own part of a step (a row
+    # that is not finite, ...: Engine.isolated), which failed it alone; None: none
+    error: Exception | None = None
     text: str = ""
     rng: np.random.Generator = None
     # per output token, when params.logprobs is set: its log-probability under the target
@@ -260,11 +263,22 @@ def finish_unsampled(s: Stream) -> None:
     s.stats.t_finished = time.perf_counter()
 
 
+def fail(s: Stream, error: Exception) -> None:
+    """s ends with finish_reason "error" because of `error`, raised by its own part of a step
+    (Engine.isolated frees its slot)."""
+    s.error = error
+    s.finish_reason = "error"
+    s.stats.t_finished = s.stats.t_finished or time.perf_counter()
+
+
 def controlled(s: Stream, logits: np.ndarray, drafts=()) -> np.ndarray:
     """The target's rows for s, logits [R, vocab] over [last, d1..d(R-1)] (R = 1: the next
     token), after its logits controls (runtime/sampling.py process_logits: row j counts the
-    output so far and drafts[:j]); `logits` itself when it uses none."""
-    return process_logits(logits, s.params, s.prompt_ids, s.output_ids, drafts)
+    output so far and drafts[:j]); `logits` itself when it uses none. NonFiniteError where a
+    row holds NaN or +inf (the model's, or a control's overflow): caught here, where it
+    arises, so that the stream alone fails (runtime/engine.py isolated)."""
+    z = process_logits(logits, s.params, s.prompt_ids, s.output_ids, drafts)
+    return check_finite(z, "the target's logits under the request's sampling controls")
 
 
 def prefill_chunks(new: list[Stream], budget: int | None) -> list[tuple[Stream, int]]:

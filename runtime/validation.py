@@ -41,14 +41,23 @@ def integer(field: str, value, lo: int, hi: int | None = None, allowed: str = ""
     return value
 
 
-def real(field: str, value, allowed: str, lo: float = -math.inf, hi: float = math.inf,
-         lo_open: bool = False) -> float:
-    """A finite real number (int or float, not a bool) in [lo, hi] ((lo, hi] when lo_open)."""
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value > lo if lo_open else value >= lo) and value <= hi
+def real(field: str, value, allowed: str, lo: float = -math.inf,
+         hi: float = math.inf) -> float:
+    """A finite real number (int or float, not a bool) in [lo, hi]."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and _finite(value) \
+        and lo <= value <= hi
     if not ok:
         raise FieldError(field, f"{field}={_show(value)}: must be a finite number {allowed}")
     return float(value)
+
+
+def _finite(value: Real) -> bool:
+    """Whether a real number is a finite float (an int past float's range is not: math
+    raises OverflowError for it)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def strings(field: str, value, allowed: str) -> tuple[str, ...]:
@@ -247,7 +256,7 @@ def logit_bias(value) -> tuple[tuple[int, float], ...]:
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             raise FieldError("logit_bias", f"logit_bias key {_show(key)}: expected a token id "
                                            "(an integer >= 0, or its decimal string)")
-        if not (isinstance(bias, Real) and not isinstance(bias, bool) and math.isfinite(bias)
+        if not (isinstance(bias, Real) and not isinstance(bias, bool) and _finite(bias)
                 and abs(bias) <= MAX_LOGIT_BIAS):
             raise FieldError("logit_bias", f"logit_bias[{token}]={_show(bias)}: must be a "
                                            f"finite number in -{MAX_LOGIT_BIAS:g}.."

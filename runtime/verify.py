@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import SamplingParams, probs, sample_from_probs
+from trt_spec.runtime.sampling import SamplingParams, sample_from_probs, target_probs
 
 PLACEHOLDER = -1  # fills fixed-shape token outputs past what a row emitted
 Q_FLOOR = 1e-10  # q(x) is never below this in a division
@@ -68,7 +68,7 @@ def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
     """drafts: [k]; draft_probs: [k, vocab] (q at each draft position) or None for a
     deterministic drafter; target_logits: [k + 1, vocab] (after process_logits)."""
     def p(i: int) -> np.ndarray:  # row by row: rows after the first rejection are never read
-        return probs(target_logits[i], params)
+        return target_probs(target_logits[i], params)
 
     out = []
     for i, x in enumerate(int(d) for d in drafts):

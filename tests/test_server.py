@@ -207,11 +207,11 @@ BAD = [  # (path, body, status, message)
     ("chat/completions", {**CHAT, "max_tokens": -5}, 400, "max_tokens=-5: must be an integer >= 0"),
     ("completions", {**GOOD, "max_tokens": 1000}, 400,
      "max_tokens=1000: the prompt has 2 tokens and the context holds 256, so at most 254"),
-    ("completions", {**GOOD, "temperature": -0.5}, 400, "temperature=-0.5: must be a finite number >= 0"),
+    ("completions", {**GOOD, "temperature": -0.5}, 400, "temperature=-0.5: must be a finite number in 0..1e20"),
     ("completions", {**GOOD, "temperature": "hot"}, 400,
      "temperature: Input should be a valid number"),
-    ("completions", {**GOOD, "top_p": 0}, 400, "top_p=0.0: must be a finite number in (0, 1]"),
-    ("chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p=1.5: must be a finite number in (0, 1]"),
+    ("completions", {**GOOD, "top_p": 0}, 400, "top_p=0.0: must be a finite number in 1e-20..1"),
+    ("chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p=1.5: must be a finite number in 1e-20..1"),
     ("completions", {**GOOD, "n": 5}, 400,
      "n=5: at most 4 choices per request (--max-num-seqs 4; each choice decodes"),
     ("chat/completions", {**CHAT, "n": 0}, 400, "n=0: must be an integer >= 1"),
@@ -234,7 +234,9 @@ BAD = [  # (path, body, status, message)
     ("chat/completions", {**CHAT, "presence_penalty": -3}, 400,
      "presence_penalty=-3.0: must be a finite number in -2..2"),
     ("completions", {**GOOD, "repetition_penalty": 0}, 400,
-     "repetition_penalty=0.0: must be a finite number > 0"),
+     "repetition_penalty=0.0: must be a finite number in 1e-20..1e20"),
+    ("completions", {**GOOD, "repetition_penalty": 1e-310}, 400,  # its logits would overflow
+     "repetition_penalty=1e-310: must be a finite number in 1e-20..1e20"),
     ("completions", {**GOOD, "min_p": 1.5}, 400, "min_p=1.5: must be a finite number in 0..1"),
     ("completions", {**GOOD, "logit_bias": {"500": 1}}, 400,
      "logit_bias has token ids [500] outside the vocabulary 0..127"),
@@ -269,6 +271,15 @@ def test_bad_input_gets_4xx_and_the_server_keeps_serving(server, path, body, sta
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_a_temperature_below_the_epsilon_is_greedy(server):
+    """1e-310 made the target's distribution NaN; below 1e-5 a request is greedy."""
+    body = {**GOOD, "max_tokens": 8, "ignore_eos": True}
+    answers = [httpx.post(f"{server.url}/v1/completions", json={**body, "temperature": t})
+               for t in (0, 1e-310)]
+    assert [r.status_code for r in answers] == [200, 200]
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
+
+
 def test_null_means_the_default(server):
     body = {**GOOD, "max_tokens": None, "temperature": None, "top_p": None, "n": None,
             "stop": None, "seed": None, "stream": None, "ignore_eos": True}
@@ -301,7 +312,7 @@ def test_the_page_is_served_with_its_script_pinned(server):
 
 
 def test_openai_client_sees_the_error(server, client):
-    with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be a finite number >= 0"):
+    with pytest.raises(openai.BadRequestError, match="temperature=-1.0: must be a finite number in 0..1e20"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
                                        temperature=-1)
     with pytest.raises(openai.NotFoundError, match="model 'nope' does not exist"):

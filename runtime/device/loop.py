@@ -203,7 +203,7 @@ class DeviceLoop:
             ids[st.slot - lo, n:] = st.prompt_ids[-1]  # padding: a real token (see _score)
             q[st.slot - lo], new[st.slot - lo] = n, True
             p = st.params
-            s.temperature[st.slot] = p.temperature if p.temperature > 0 else 1.0
+            s.temperature[st.slot] = 1.0 if p.greedy else p.temperature
             s.top_k[st.slot] = p.top_k
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy

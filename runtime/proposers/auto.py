@@ -63,12 +63,12 @@ class AutoProposer(Proposer):
                ) -> tuple[str | None, int]:
         """(source, drafts) for one stream: ("suffix", j), (head name, j) or (None, 0).
         found: the lookup's draft, continuing an n-gram of n tokens."""
-        if not self.measured() or (s.params.temperature > 0 and s.params.seed is not None):
+        if not self.measured() or (not s.params.greedy and s.params.seed is not None):
             if len(found) >= min(self.min_run, k) or self.head is None:
                 return (self.lookup.name, len(found)) if len(found) else (None, 0)
             return self.head.name, k
         rule, batch = gate.rule, gate.batch
-        sampled = s.params.temperature > 0
+        sampled = not s.params.greedy
         options = []
         if len(found):
             acc = rule.acceptance(source_key(self.name, self.lookup_key(n)), sampled)

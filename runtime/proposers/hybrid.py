@@ -47,10 +47,10 @@ class HybridProposer(Proposer):
         takes the best length by that source's measured acceptance within hybrid (a lookup
         matching 4 tokens but accepted for 1 is cut to what pays); else n."""
         if (gate is None or not self.measured() or gate.adaptive[i]
-                or (s.params.temperature > 0 and s.params.seed is not None)):
+                or (not s.params.greedy and s.params.seed is not None)):
             return n
         rule = gate.rule
-        acc = rule.acceptance(source_key(self.name, source), s.params.temperature > 0)
+        acc = rule.acceptance(source_key(self.name, source), not s.params.greedy)
         cost_of = None if source == self.lookup.name else source
         best, gain = acc.best(rule.costs, cost_of, n, gate.batch, drafting)
         if gain >= 1 or cost_of is None:  # a lookup drafts for free; the batch width cuts it

@@ -130,10 +130,10 @@ class SuffixProposer(NgramProposer):
         probes), at a fixed k and at k = auto alike (an adaptive stream's draft is then cut
         by position too, in the engine); else n."""
         if (gate is None or not self.measured()
-                or (s.params.temperature > 0 and s.params.seed is not None)):
+                or (not s.params.greedy and s.params.seed is not None)):
             return n
         rule = gate.rule
-        acc = rule.acceptance(source_key(self.name, key), s.params.temperature > 0)
+        acc = rule.acceptance(source_key(self.name, key), not s.params.greedy)
         best, gain = acc.best(rule.costs, None, n, gate.batch, drafting)
         if gain >= 1:
             return best

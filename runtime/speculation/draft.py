@@ -32,6 +32,13 @@ class Draft:
         return len(self.tokens)
 
     @property
+    def finite(self) -> bool:
+        """Whether q and the confidences are finite numbers (a drafter's NaN: not a draft the
+        verifier can judge, min(1, p / q) being NaN)."""
+        q_ok = self.q is None or not len(self) or bool(np.isfinite(self.q.sum()))
+        return q_ok and (not self.confidence or bool(np.isfinite(self.confidence[1]).all()))
+
+    @property
     def drafted(self) -> int:
         """The drafter's own tokens (without a forced run after them)."""
         return len(self) if self.forced_from is None else self.forced_from

@@ -18,6 +18,7 @@ per unit of time. (Cf. the dynamic draft lengths of EAGLE-2 and of vLLM / Tensor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -224,8 +225,12 @@ class DraftGate:
 
     def more(self, i: int, conf: float) -> bool:
         """gain[i]: P(every draft so far accepted); the next one is expected to be accepted
-        as often as this one (a drafter's confidence runs in stretches)."""
+        as often as this one (a drafter's confidence runs in stretches). A confidence that is
+        not a finite number (a drafter's NaN) stops the stream's drafting (the planner then
+        drops its draft: Draft.finite)."""
         self.confidences[i].append(float(conf))
+        if not math.isfinite(conf):
+            return False
         if not self.adaptive[i]:
             return True
         rate = self.calib.rate(conf)

@@ -7,7 +7,8 @@ it. The engine calls it three times a step:
     drafts = planner.draft(streams, ks)          each method's proposer on its streams, its
                                                  drafts cut by position (`auto`: draft_length.py)
                                                  and to the width the whole step pays best at
-                                                 (batch_width.py): one Draft row per stream
+                                                 (batch_width.py): one Draft row per stream (a
+                                                 draft whose q or confidence is not finite: none)
     planner.observe(streams, drafts, verified)   acceptance by position and by confidence,
                                                  step costs, each stream's gain window
 
@@ -132,7 +133,7 @@ class SpeculationPlanner:
         """What s's drafts are accepted at, engine-wide, in s's sampling mode: its method's,
         or (key) its source's within it."""
         name = s.method if key is None else source_key(s.method, key)
-        return self.draft_length.acceptance(name, s.params.temperature > 0)
+        return self.draft_length.acceptance(name, not s.params.greedy)
 
     def expected_gain(self, s, k: int, batch: int, drafting: int) -> tuple[int, float]:
         """(k', gain): the draft length s does best with now, at most k, and the tokens per
@@ -194,6 +195,8 @@ class SpeculationPlanner:
             elif len(row) and plans:  # planned: calibrated by position
                 row.confidence = (position_key(method),
                                   [position_confidence(p) for p in range(len(row))])
+            if not row.finite:  # a drafter's NaN (its model's, or the request's controls'):
+                row.cut(0)  # no draft, a plain row; the target's own rows judge the stream
         return rows
 
     def cut_to_width(self, streams: list, drafts: list[Draft]) -> None:
@@ -225,6 +228,8 @@ class SpeculationPlanner:
         step_cost = costs.ratio(width, batch) + sum(
             len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
         for s, d, v in zip(streams, drafts, verified):
+            if s.error is not None:  # failed this step (Engine.isolated): nothing measured
+                continue
             own = min(v.accepted, d.drafted)
             if v.proposed and d.confidence:
                 self.draft_length.calib(d.confidence[0]).observe(d.confidence[1], own)

@@ -115,8 +115,7 @@ class SpeculationPolicy:
 
     def judged(self, s) -> bool:
         """Whether the gain rules apply to s (see the module's docstring)."""
-        return self.config.fallback and not (s.params.temperature > 0
-                                             and s.params.seed is not None)
+        return self.config.fallback and (s.params.greedy or s.params.seed is None)
 
     def observe(self, s, proposed: int, accepted: int, cost: float | None = None) -> None:
         """Records a step (cost: what the whole step cost, in plain decoding steps c_B(1);
