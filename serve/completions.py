@@ -49,8 +49,7 @@ async def completions(request: Request):
         ids = next(encoded) if isinstance(p, str) else p
         default = min(DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
         params = sampling_params(req, req.max_tokens, max(default, 1))
-        echo = None if not req.echo else p if isinstance(p, str) else \
-            scheduler.tokenizer.decode(ids, skip_special_tokens=False)
+        echo = None if not req.echo else p  # token ids: decoded once checked (prepare)
         shape = CompletionShape(scheduler.tokenizer, params.logprobs, i, echo,
                                 req.prompt_logprobs is not None)
         choices.append(Prompted(ids, params, shape))
@@ -63,9 +62,11 @@ class CompletionShape(Shape):
     prompt_param = "prompt"
 
     def __init__(self, tokenizer: Tokenizer, logprobs: int | None, index: int,
-                 echo: str | None, with_prompt_logprobs: bool):
-        """logprobs: alternatives per token (None: no logprobs); echo: the prompt's text when
-        the request echoes it; with_prompt_logprobs: vLLM's prompt_logprobs asked for."""
+                 echo: str | list[int] | None, with_prompt_logprobs: bool):
+        """logprobs: alternatives per token (None: no logprobs); echo: the prompt when the
+        request echoes it (its text, or its token ids: decoded when first shown, after
+        Scheduler.prepare found them in the vocabulary); with_prompt_logprobs: vLLM's
+        prompt_logprobs asked for."""
         super().__init__(tokenizer, logprobs is not None, index)
         self.top = logprobs or 0
         self.echo = echo
@@ -96,11 +97,17 @@ class CompletionShape(Shape):
                 ids, lps = s.prompt_ids + ids, s.prompt_logprobs + lps
             lp = completion_logprobs(self.tokenizer, ids, lps, self.offset, self.top)
             self.offset += sum(len(t) for t in lp["tokens"])
-        out = {"index": self.index, "text": (self.echo if echo else "") + (text or ""),
+        out = {"index": self.index, "text": (self.echo_text() if echo else "") + (text or ""),
                "logprobs": lp, "finish_reason": finish_reason}
         if self.with_prompt_logprobs and first:
             out["prompt_logprobs"] = prompt_logprobs(self.tokenizer, s.prompt_logprobs)
         return out
+
+    def echo_text(self) -> str:
+        """The echoed prompt's text (token ids decoded the first time)."""
+        if not isinstance(self.echo, str):
+            self.echo = self.tokenizer.decode(self.echo, skip_special_tokens=False)
+        return self.echo
 
 
 def completion_logprobs(tokenizer: Tokenizer, ids: list[int],

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
@@ -31,6 +32,9 @@ from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, Token
                                       collect, events)
 
 log = logging.getLogger("trt_spec.server")
+# the status of a request whose client left before it was read (nginx's "client closed
+# request"): a 4xx, as the cause is the client's, never a server error; nobody reads it
+CLIENT_CLOSED = 499
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
 # a structure (response_format) that takes longer to compile is refused (its thread finishes
 # on its own; llguidance's parser limits bound it too)
@@ -61,11 +65,15 @@ async def read_body(request: Request) -> bytes:
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left mid-body: no one to answer, nothing wrong here
+        raise RequestError("the client disconnected before the request body was read",
+                           status=CLIENT_CLOSED, code="client_disconnected") from None
     return b"".join(chunks)
 
 
