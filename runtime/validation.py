@@ -200,7 +200,7 @@ def json_depth(value) -> int:
         children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
         if children is not None:
             deepest = max(deepest, d)
-            todo.extend((c, d + 1) for c in children)
+            todo.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
     return deepest
 
 

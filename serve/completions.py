@@ -15,9 +15,10 @@ from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
+from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
+                                     served)
 from trt_spec.serve.protocol import (CompletionRequest, RequestError, completion_prompts,
-                                     parse_body, sampling_params)
+                                     sampling_params)
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions (chat: the rest of the context)
@@ -29,7 +30,7 @@ router = APIRouter()
 async def completions(request: Request):
     ctx = served(request)
     scheduler = ctx.scheduler
-    req = parse_body(await read_body(request), CompletionRequest)
+    req = await read_request(request, CompletionRequest)
     check_model(req.model, ctx.model_name)
     prompts = completion_prompts(req)
     bound, n = scheduler.max_waiting, req.n if isinstance(req.n, int) and req.n > 1 else 1
@@ -76,6 +77,18 @@ class CompletionShape(Shape):
 
     def wants_chunk(self, out: Output) -> bool:
         return super().wants_chunk(out) or (self.echo is not None and not self.started)
+
+    def prompt_copies(self, params) -> int:
+        """Each choice shows them: in its prompt_logprobs, and again in its logprobs when it
+        echoes the prompt with logprobs."""
+        echoed = self.echo is not None and self.with_logprobs
+        return params.n * (int(echoed) + int(self.with_prompt_logprobs))
+
+    def bulky(self) -> bool:
+        """The first chunk carries the prompt's logprobs (echo with logprobs, or
+        prompt_logprobs)."""
+        return not self.started and ((self.echo is not None and self.with_logprobs)
+                                     or self.with_prompt_logprobs)
 
     def delta(self, job: Job, out: Output) -> dict:
         first, self.started = not self.started, True

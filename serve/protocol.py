@@ -139,7 +139,7 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise RequestError(f"the request body is not valid UTF-8: byte {raw[e.start]:#04x} at "
                            f"offset {e.start}; send UTF-8 JSON") from None
     try:
-        data = json.loads(text, parse_int=LongInt.parse, parse_constant=not_json)
+        data = load_json(text)
     except json.JSONDecodeError as e:
         raise RequestError(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
                            f"column {e.colno}") from None
@@ -163,6 +163,18 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
 
 
 json_depth = validation.json_depth
+
+
+def load_json(text: str):
+    """json.loads, NaN and Infinity refused. An integer of more than 4,300 digits (which
+    Python refuses to parse) is kept as text (LongInt), for check_integers to name its
+    field: read again with a hook only then, as a hook costs per integer."""
+    try:
+        return json.loads(text, parse_constant=not_json)
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError) or "digits" not in str(e):
+            raise
+    return json.loads(text, parse_int=LongInt.parse, parse_constant=not_json)
 
 
 def not_json(name: str):
@@ -191,6 +203,9 @@ def check_integers(value, path: str = "") -> None:
         for k, v in value.items():
             check_integers(v, f"{path}.{k}" if path else str(k))
     elif isinstance(value, list):
+        if value and all(type(v) is int for v in value) and \
+                INT64[0] <= min(value) and max(value) <= INT64[1]:
+            return  # a token-id list, at C speed
         for i, v in enumerate(value):
             check_integers(v, f"{path}[{i}]")
 
@@ -207,7 +222,7 @@ def check_utf8(value, path: str = "") -> None:
         for k, v in value.items():
             check_utf8(k, path)
             check_utf8(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list):
+    elif isinstance(value, list) and not all(type(v) is int for v in value):
         for i, v in enumerate(value):
             check_utf8(v, f"{path}[{i}]")
 
