@@ -180,6 +180,23 @@ def test_a_client_that_disconnects_mid_body_is_not_an_error(server):
 WIDE = "start: " + " | ".join(f'"a x{i}"' for i in range(2100))
 
 
+def test_a_limit_passed_while_drafts_are_checked_ends_that_request_alone(server):
+    """The lexer's limit passed while the grammar looks past drafts (its forced tokens):
+    no engine error for the step, a 400 naming the field for the request."""
+    victim = httpx.post(f"{server.url}/v1/completions", json={**GOOD, "max_tokens": 20,
+                                                              "temperature": 0})
+    r = httpx.post(f"{server.url}/v1/completions", json={
+        **GOOD, "max_tokens": 8, "temperature": 0, "logit_bias": {"10": 100},  # 10: "c"
+        "guided_regex": "(a|b)*c{99999}"}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "guided_regex" and error["code"] == "structure_limit", error
+    assert "too many expressions" in error["message"]
+    again = httpx.post(f"{server.url}/v1/completions", json={**GOOD, "max_tokens": 20,
+                                                             "temperature": 0})
+    assert again.json()["choices"][0]["text"] == victim.json()["choices"][0]["text"]
+
+
 def test_a_grammar_past_the_engines_limits_is_a_400_naming_it(server):
     r = httpx.post(f"{server.url}/v1/completions", json={
         **GOOD, "max_tokens": 8, "guided_grammar": WIDE}, timeout=60)
