@@ -15,8 +15,12 @@ model's tokenizer. Per stream, the engine asks its Guide for:
 
 Grammars are compiled where a request is submitted (the caller's thread, not the scheduler's),
 cached by their text, and bounded: inputs past validation.MAX_STRUCTURE_BYTES are refused, and
-llguidance's parser limits (LIMITS) bound compile and per-token work. A structure that does not
-compile is a ValueError naming the field and the library's reason.
+llguidance's parser limits (`limits`) bound compile and per-token work. A structure that does not
+compile is a ValueError naming the field and the library's reason, and so is one that cannot
+start (its first mask is computed when it compiles: an empty language, a limit passed at once).
+What only shows later (a limit passed deep in the output, a text no token spells) ends the
+stream with finish_reason "error" and the Guide's `failure` saying which: the server answers
+it as the request's structure's fault (a 400 naming its field), never the model's.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ BYTE_TERMS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axi
 
 
 def lark_choice(choices: tuple[str, ...]) -> str:
-    """A Lark grammar whose language is exactly `choices` (JSON string literals)."""
-    return "start: " + " | ".join(json.dumps(c) for c in choices)
+    """A Lark grammar whose language is exactly `choices` (JSON string literals), as one
+    terminal: the lexer holds them as one automaton, where alternatives of the rule would be
+    parser items, one each (2,000 choices passed llguidance's 2,000 items in a row)."""
+    return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in choices)
 
 
 def grammar_text(kind: str, value) -> str:
@@ -151,6 +157,7 @@ class Grammars:
             proto = LLMatcher(tokenizer, text, log_level=0, limits=limits())
             if proto.is_error():
                 raise FieldError(kind, f"{kind} does not compile: {first_line(proto.get_error())}")
+            check_start(kind, proto, self.vocab_size)
             with self._lock:
                 self._cache[key] = proto
                 while len(self._cache) > CACHED:
@@ -166,8 +173,46 @@ class Grammars:
         return Guide(self.compile(*structure), self.vocab_size, self.eos_ids, steer)
 
 
+def check_start(kind: str, proto, vocab_size: int) -> None:
+    """FieldError(kind) where the structure cannot start: its language is empty (a regex
+    no text matches, a grammar or schema whose every rule recurses), or the first token's
+    mask already passes the engine's limits. What only shows later ends the stream
+    (Guide.failure)."""
+    from llguidance.numpy import fill_next_token_bitmask
+
+    probe = proto.deep_copy()
+    fill_next_token_bitmask(probe, np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32), 0)
+    if not probe.is_error():
+        return
+    reason = first_line(probe.get_error())
+    if reason.startswith(EMPTY):
+        raise FieldError(kind, f"{kind}: no text matches it (its language is empty), so no "
+                               "output can follow it")
+    if past_limit(reason):
+        raise FieldError(kind, f"{kind} cannot start within the grammar engine's limits: "
+                               f"{reason}")
+    raise FieldError(kind, f"{kind} cannot start: {reason}")
+
+
+# Guide.failure's two kinds: the structure's own, or the engine's limits
+DEAD_END = "no token of this model's vocabulary can continue it from here"
+LIMIT = "it passed the grammar engine's limits"
+def past_limit(error: str) -> bool:
+    """llguidance's error says one of its limits was passed (items in a row, lexer fuel,
+    lexer states, grammar size)."""
+    text = error.lower()
+    return any(word in text for word in ("max is", "fuel", "limit", "too many", "too big"))
+
+
+# llguidance's error where nothing at all can be produced (the matcher's message then goes
+# on with its state)
+EMPTY = "NoExtensionBias"
+
+
 def first_line(message: str, limit: int = 300) -> str:
-    """llguidance's message on one line, at most `limit` characters."""
+    """llguidance's message on one line, at most `limit` characters (without the matcher's
+    state, which follows its reason)."""
+    message = message.split("<state>")[0]
     text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
     return (text[:limit - 3] + "...") if len(text) > limit else (text or "unknown error")
 
@@ -184,6 +229,9 @@ class Guide:
         self.words = (vocab_size + 31) // 32
         self.mask_s = 0.0  # seconds spent computing and applying masks
         self.masks_made = 0
+        # why the output could not go on (consume refused a token), None while it can: the
+        # engine's reason where a limit was passed, else DEAD_END
+        self.failure: str | None = None
 
     @property
     def done(self) -> bool:
@@ -257,6 +305,10 @@ class Guide:
             if j == len(drafts) or int(drafts[j]) in self.eos_ids:
                 break  # nothing follows an EOS, and it is never consumed here (`ahead`)
             if not self.matcher.consume_token(int(drafts[j])):
+                if self.matcher.is_error() and past_limit(first_line(self.matcher.get_error())):
+                    # past one of the engine's limits on the way: the rows after allow EOS
+                    # only, which the grammar refuses: this stream ends (Guide.failure)
+                    break
                 raise AssertionError(f"draft {int(drafts[j])} was not valid: "
                                      f"{self.matcher.get_error()}")
             consumed += 1
@@ -285,5 +337,11 @@ class Guide:
 
     def consume(self, token: int) -> bool:
         """An emitted token (chosen under this guide's masks). False where the grammar cannot
-        go on (a dead end: no token spells what it needs next)."""
-        return self.matcher.consume_token(int(token)) and not self.matcher.is_error()
+        go on: a dead end (no token spells what it needs next), or the matcher past one of
+        the engine's limits (`limits`); `failure` says which."""
+        if self.matcher.consume_token(int(token)) and not self.matcher.is_error():
+            return True
+        error = first_line(self.matcher.get_error()) if self.matcher.is_error() else ""
+        self.failure = f"{LIMIT}: {error}" if past_limit(error) else \
+            DEAD_END + (f" ({error})" if error and not error.startswith(EMPTY) else "")
+        return False

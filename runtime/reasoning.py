@@ -25,8 +25,11 @@ import json
 from trt_spec.runtime.validation import FieldError, _show
 
 OPEN, CLOSE = "<think>", "</think>"
-# the template's own variables: chat_template_kwargs may not set them
-RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+# the template's own variables: chat_template_kwargs may not set them; nor the renderer's
+# own argument (self) or the names the template calls (runtime/tokenizer.py's environment:
+# jinja's globals and raise_exception), which a variable would shadow
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "self",
+            "raise_exception", "range", "dict", "lipsum", "cycler", "joiner", "namespace")
 MAX_KWARGS = 32
 
 
@@ -52,7 +55,8 @@ def template_kwargs(value, field: str = "chat_template_kwargs") -> dict:
     taken = [k for k in value if k in RESERVED]
     if taken:
         raise FieldError(field, f"{field} sets {', '.join(taken)}, which the server sets "
-                                f"itself ({', '.join(RESERVED)} are the template's own)")
+                                f"itself ({', '.join(RESERVED)} are the template's and its "
+                                "renderer's own)")
     return dict(value)
 
 

@@ -131,9 +131,21 @@ class Tokenizer:
             env.globals["raise_exception"] = raise_exception
             env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
             self._template = env.from_string(self.chat_template)
-        return self._template.render(**variables, messages=messages,
-                                     add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(**variables, messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "",
+                                         eos_token=self.eos_token or "")
+        except ValueError:  # raise_exception's, saying why
+            raise
+        except (TemplateError, TypeError, LookupError, AttributeError, ArithmeticError,
+                RecursionError) as e:
+            # what the template does with the request's messages, tools and variables is
+            # the request's: the template cannot render them (the caller's 400)
+            raise ValueError(f"the chat template cannot render this request: "
+                             f"{type(e).__name__}: {e}") from None
 
     def encode_chat(self, messages: list[dict], **variables) -> list[int]:
         """As transformers' apply_chat_template(tokenize=True): the template writes the special

@@ -196,7 +196,7 @@ def call_schema(t: Tool) -> dict:
 def parse_call(body: str, names: set[str]) -> ToolCall | None:
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser: no call
         return None
     if not isinstance(obj, dict) or obj.get("name") not in names \
             or not isinstance(obj.get("arguments", {}), dict):

@@ -17,6 +17,9 @@ MAX_SEED = 2**64 - 1
 # (compiling is bounded too: runtime/grammar.py)
 MAX_STRUCTURE_BYTES = 64 * 1024
 STRUCTURES = ("json_schema", "regex", "grammar", "choice")
+# JSON nesting, in a request body and in the JSON text it carries (a schema, a call's
+# arguments): a request needs 4 ({"messages": [{"content": [{...}]}]})
+MAX_DEPTH = 32
 
 
 class FieldError(ValueError):
@@ -166,15 +169,48 @@ def tool_calls(calls, where: str) -> list[dict]:
 
 def call_arguments(value: str | dict, at: str) -> dict:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments is not "
-                                                         f"valid JSON: {e.msg}") from None
+        value = loads(f"{at}.function.arguments", value)
     if not isinstance(value, dict):
         raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments="
                          f"{_show(value)}: expected a JSON object")
     return value
+
+
+def loads(field: str, text: str):
+    """JSON text a request carries in a field (a schema, a call's arguments), parsed within
+    the request body's own bounds: FieldError where it is not JSON (NaN and Infinity are
+    not), nests past MAX_DEPTH, or holds an integer past Python's parsing limit."""
+    def constant(name):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        value = json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as e:
+        raise FieldError(field, f"{field}={_show(text)}: not JSON (not valid JSON: {e.msg} at "
+                                f"line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise FieldError(field, f"{field} nests JSON too deeply; at most {MAX_DEPTH} levels "
+                                "are allowed") from None
+    except ValueError as e:  # an integer of more than 4,300 digits, NaN
+        raise FieldError(field, f"{field}={_show(text)}: not JSON (not valid JSON: {e})") \
+            from None
+    depth = json_depth(value)
+    if depth > MAX_DEPTH:
+        raise FieldError(field, f"{field} nests JSON {depth} levels deep; at most {MAX_DEPTH} "
+                                "are allowed")
+    return value
+
+
+def json_depth(value) -> int:
+    """Nesting depth of parsed JSON, without recursion (a scalar is 0)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is not None:
+            deepest = max(deepest, d)
+            todo.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 def _bounded(field: str, text: str) -> str:
@@ -188,16 +224,13 @@ def _bounded(field: str, text: str) -> str:
 def json_schema(value) -> str | None:
     """A JSON schema (a dict, True, or its JSON text) -> its JSON text, or None. Key order is
     kept: an object's properties are written in the order the schema lists them."""
-    import json
-
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise FieldError("json_schema", f"json_schema={_show(value)}: not JSON ({e})") \
-                from None
+        value = loads("json_schema", value)
+    elif isinstance(value, dict) and json_depth(value) > MAX_DEPTH:
+        raise FieldError("json_schema", f"json_schema nests {json_depth(value)} levels deep; "
+                                        f"at most {MAX_DEPTH} are allowed")
     if not (isinstance(value, dict) or value is True):
         raise FieldError("json_schema", f"json_schema={_show(value)}: expected a JSON schema "
                                         "(an object)")
@@ -252,7 +285,10 @@ def logit_bias(value) -> tuple[tuple[int, float], ...]:
             raise FieldError("logit_bias", f"logit_bias={_show(value)}: expected an object of "
                                            "token id -> bias")
         key, bias = pair
-        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+        # (at most 20 digits: past uint64 no id can be in a vocabulary, and past 4,300 int()
+        # refuses)
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() \
+            and len(key) <= 20 else key
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
             raise FieldError("logit_bias", f"logit_bias key {_show(key)}: expected a token id "
                                            "(an integer >= 0, or its decimal string)")

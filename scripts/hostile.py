@@ -4,8 +4,11 @@ Starts a server on ENGINE, warms it up (good requests, then --warm-up-rounds hos
 the preallocated KV cache's pages and ONNX Runtime's arenas reach the sizes the measured
 rounds need; measured here, RSS stops growing after about 10), reads its RSS, then sends
 ROUNDS rounds of malformed, oversized and abusive requests (bodies at and past the size
-limit, JSON nested past the parser, wrong types, negative seeds, prompts far past the
-context, streams dropped mid-way, bursts past the queue), reads the RSS again and stops it.
+limit, JSON nested past the parser, wrong types, negative seeds, integers of 5,000 digits,
+ids outside the vocabulary, template variables that collide with the renderer's own, JSON
+text nested past the parser, a regex no text matches, a large echo with logprobs, prompts
+far past the context, streams dropped mid-way, bursts past the queue), reads the RSS again
+and stops it.
 Prints every status seen and the RSS change; exits 1 on any 5xx or an RSS growth past
 --rss-bound-mb.
 
@@ -56,6 +59,17 @@ def bodies(model: str) -> list[tuple[str, bytes]]:
         ("completions", json.dumps({**good, "prompt": "\ud800"}).encode()),
         ("chat/completions", json.dumps({**chat, "top_logprobs": 50, "logprobs": True})
          .encode()),
+        ("completions", json.dumps(good).encode()[:-1] + b', "seed": ' + b"9" * 5000 + b"}"),
+        ("completions", json.dumps({**good, "prompt": [5, -1], "echo": True}).encode()),
+        ("completions", json.dumps({**good, "logit_bias": {"9" * 5000: 1}}).encode()),
+        ("chat/completions", json.dumps({**chat, "chat_template_kwargs": {"self": 1}})
+         .encode()),
+        ("chat/completions", json.dumps({**chat, "guided_json": "[" * 50000 + "]" * 50000})
+         .encode()),
+        ("completions", json.dumps({**good, "guided_regex": "[^\\s\\S]"}).encode()),
+        # a large answer (33,600 values), built off the event loop
+        ("completions", json.dumps({**good, "prompt": [[5 + i] * 400 for i in range(4)],
+                                    "echo": True, "logprobs": 20, "max_tokens": 1}).encode()),
     ]
 
 

@@ -18,8 +18,9 @@ from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
 from trt_spec.runtime.validation import FieldError
-from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
-from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, parse_body, \
+from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
+                                     served)
+from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, \
     sampling_params, structure_param
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
@@ -30,7 +31,7 @@ router = APIRouter()
 async def chat_completions(request: Request):
     ctx = served(request)
     scheduler = ctx.scheduler
-    req = parse_body(await read_body(request), ChatRequest)
+    req = await read_request(request, ChatRequest)
     check_model(req.model, ctx.model_name)
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")

@@ -15,9 +15,10 @@ from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.serve.endpoint import Prompted, answer, check_model, check_size, read_body, served
+from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
+                                     served)
 from trt_spec.serve.protocol import (CompletionRequest, RequestError, completion_prompts,
-                                     parse_body, sampling_params)
+                                     sampling_params)
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions (chat: the rest of the context)
@@ -29,7 +30,7 @@ router = APIRouter()
 async def completions(request: Request):
     ctx = served(request)
     scheduler = ctx.scheduler
-    req = parse_body(await read_body(request), CompletionRequest)
+    req = await read_request(request, CompletionRequest)
     check_model(req.model, ctx.model_name)
     prompts = completion_prompts(req)
     bound, n = scheduler.max_waiting, req.n if isinstance(req.n, int) and req.n > 1 else 1
@@ -49,8 +50,7 @@ async def completions(request: Request):
         ids = next(encoded) if isinstance(p, str) else p
         default = min(DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
         params = sampling_params(req, req.max_tokens, max(default, 1))
-        echo = None if not req.echo else p if isinstance(p, str) else \
-            scheduler.tokenizer.decode(ids, skip_special_tokens=False)
+        echo = None if not req.echo else p  # token ids: decoded once checked (prepare)
         shape = CompletionShape(scheduler.tokenizer, params.logprobs, i, echo,
                                 req.prompt_logprobs is not None)
         choices.append(Prompted(ids, params, shape))
@@ -63,9 +63,11 @@ class CompletionShape(Shape):
     prompt_param = "prompt"
 
     def __init__(self, tokenizer: Tokenizer, logprobs: int | None, index: int,
-                 echo: str | None, with_prompt_logprobs: bool):
-        """logprobs: alternatives per token (None: no logprobs); echo: the prompt's text when
-        the request echoes it; with_prompt_logprobs: vLLM's prompt_logprobs asked for."""
+                 echo: str | list[int] | None, with_prompt_logprobs: bool):
+        """logprobs: alternatives per token (None: no logprobs); echo: the prompt when the
+        request echoes it (its text, or its token ids: decoded when first shown, after
+        Scheduler.prepare found them in the vocabulary); with_prompt_logprobs: vLLM's
+        prompt_logprobs asked for."""
         super().__init__(tokenizer, logprobs is not None, index)
         self.top = logprobs or 0
         self.echo = echo
@@ -75,6 +77,18 @@ class CompletionShape(Shape):
 
     def wants_chunk(self, out: Output) -> bool:
         return super().wants_chunk(out) or (self.echo is not None and not self.started)
+
+    def prompt_copies(self, params) -> int:
+        """Each choice shows them: in its prompt_logprobs, and again in its logprobs when it
+        echoes the prompt with logprobs."""
+        echoed = self.echo is not None and self.with_logprobs
+        return params.n * (int(echoed) + int(self.with_prompt_logprobs))
+
+    def bulky(self) -> bool:
+        """The first chunk carries the prompt's logprobs (echo with logprobs, or
+        prompt_logprobs)."""
+        return not self.started and ((self.echo is not None and self.with_logprobs)
+                                     or self.with_prompt_logprobs)
 
     def delta(self, job: Job, out: Output) -> dict:
         first, self.started = not self.started, True
@@ -96,11 +110,17 @@ class CompletionShape(Shape):
                 ids, lps = s.prompt_ids + ids, s.prompt_logprobs + lps
             lp = completion_logprobs(self.tokenizer, ids, lps, self.offset, self.top)
             self.offset += sum(len(t) for t in lp["tokens"])
-        out = {"index": self.index, "text": (self.echo if echo else "") + (text or ""),
+        out = {"index": self.index, "text": (self.echo_text() if echo else "") + (text or ""),
                "logprobs": lp, "finish_reason": finish_reason}
         if self.with_prompt_logprobs and first:
             out["prompt_logprobs"] = prompt_logprobs(self.tokenizer, s.prompt_logprobs)
         return out
+
+    def echo_text(self) -> str:
+        """The echoed prompt's text (token ids decoded the first time)."""
+        if not isinstance(self.echo, str):
+            self.echo = self.tokenizer.decode(self.echo, skip_special_tokens=False)
+        return self.echo
 
 
 def completion_logprobs(tokenizer: Tokenizer, ids: list[int],

@@ -1,8 +1,11 @@
 """What both generation endpoints (completions.py, chat.py) do with a request:
 
-    read_body     the body, within --max-body-bytes (413 past it)
+    read_body     the body, within --max-body-bytes (413 past it); read_request parses it
+                  too (a large one on a worker thread)
     check_model   the model is the one served (404)
     check_size    a prompt whose bytes alone cannot fit the context is refused untokenized
+    check_response_size   an answer that could hold more than MAX_RESPONSE_VALUES
+                  log-probability values is refused (400)
     answer        each of the request's prompts checked once and its n choices' Streams
                   built (Scheduler.prepare, off the event loop when it compiles a grammar),
                   all queued together (429 when the queue has no room for all), then
@@ -20,18 +23,30 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import Request
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.validation import STRUCTURES, FieldError
 from trt_spec.serve.metrics import ServerMetrics
-from trt_spec.serve.protocol import IGNORED, RequestError, ignored_fields, structure_param
+from trt_spec.serve.protocol import (IGNORED, RequestError, ignored_fields, parse_body,
+                                     structure_param)
 from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, TokenSources, cancel,
                                       collect, events)
 
 log = logging.getLogger("trt_spec.server")
+# the status of a request whose client left before it was read (nginx's "client closed
+# request"): a 4xx, as the cause is the client's, never a server error; nobody reads it
+CLIENT_CLOSED = 499
 RETRY_AFTER_S = 1  # a 429's Retry-After: a slot frees within a few steps
+# The most log-probability values (a token's logprob or one of its alternatives) one
+# response may hold: each takes 20-70 bytes of JSON, so this is 20-70 MB. The largest request
+# an evaluation harness sends passes it: lm-evaluation-harness's loglikelihood requests
+# (echo, logprobs 1, max_tokens 0 or 1) of 128 prompts of 4,096 tokens (2 values a token).
+# Estimated before anything is queued (response_values): past it, a 400 that says why.
+MAX_RESPONSE_VALUES = 1 << 20
 # a structure (response_format) that takes longer to compile is refused (its thread finishes
 # on its own; llguidance's parser limits bound it too)
 COMPILE_TIMEOUT_S = 10.0
@@ -61,12 +76,29 @@ async def read_body(request: Request) -> bytes:
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left mid-body: no one to answer, nothing wrong here
+        raise RequestError("the client disconnected before the request body was read",
+                           status=CLIENT_CLOSED, code="client_disconnected") from None
     return b"".join(chunks)
+
+
+# a body past this is parsed and checked on a worker thread (a 1 MiB one takes ~0.1 s)
+PARSE_INLINE_BYTES = 64 * 1024
+
+
+async def read_request(request: Request, model: type[BaseModel]) -> BaseModel:
+    """The body read (read_body) and parsed into `model` (protocol.parse_body), a large
+    body on a worker thread: the event loop is not held while it is walked."""
+    raw = await read_body(request)
+    if len(raw) <= PARSE_INLINE_BYTES:
+        return parse_body(raw, model)
+    return await asyncio.to_thread(parse_body, raw, model)
 
 
 def check_model(name: str, served_name: str) -> None:
@@ -109,6 +141,7 @@ async def answer(request: Request, req, prompts: list[Prompted]):
         raise RequestError("stream_options is only allowed with stream: true",
                            "stream_options")
     note_ignored(req)
+    check_response_size(req, prompts)
     outputs = Outputs()
     rid = f"{prompts[0].shape.id_prefix}-{uuid.uuid4().hex[:24]}"
     jobs, choices = [], []  # a Request per prompt (its choice 0); every choice
@@ -130,10 +163,41 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStream(events(rid, choices, outputs, ctx.model_name, created,
-                                  include_usage),
+                                  include_usage, structure_param(req)),
                            lambda: cancel(ctx.scheduler, [c.job for c in choices]))
     return await collect(request, ctx.scheduler, rid, choices, outputs, ctx.model_name,
-                         created)
+                         created, structure_param(req))
+
+
+def response_values(prompts: list[Prompted], stream: bool) -> tuple[int, int]:
+    """(prompt, output) log-probability values the answer would hold at most: per prompt,
+    its tokens x (alternatives + 1) in each place that shows them (Shape.prompt_copies),
+    and unless streamed (each chunk holds only its tokens') max_tokens x (logprobs + 1) x
+    n."""
+    prompt = output = 0
+    for p in prompts:
+        params = p.params
+        if params.prompt_logprobs is not None:
+            prompt += len(p.ids) * (params.prompt_logprobs + 1) * p.shape.prompt_copies(params)
+        if params.logprobs is not None and not stream:
+            output += params.max_tokens * (params.logprobs + 1) * params.n
+    return prompt, output
+
+
+def check_response_size(req, prompts: list[Prompted]) -> None:
+    """RequestError (400) where the answer could hold more than MAX_RESPONSE_VALUES
+    log-probability values, naming the field that asks for the larger part."""
+    prompt, output = response_values(prompts, bool(req.stream))
+    if prompt + output <= MAX_RESPONSE_VALUES:
+        return
+    logprobs = "top_logprobs" if hasattr(req, "top_logprobs") else "logprobs"
+    param = logprobs if output >= prompt or req.prompt_logprobs is None else "prompt_logprobs"
+    raise RequestError(
+        f"this answer could hold {prompt + output:,} log-probability values ({prompt:,} for "
+        f"the prompts: tokens x (alternatives + 1) x n per prompt; {output:,} for the "
+        f"output: max_tokens x ({logprobs} + 1) x n per prompt, unless streamed); at most "
+        f"{MAX_RESPONSE_VALUES:,} are answered: ask for fewer alternatives, a smaller n or "
+        "max_tokens, or send fewer prompts per request", param, code="response_too_large")
 
 
 async def prepare(scheduler: Scheduler, req, ids: list[int], params: SamplingParams,

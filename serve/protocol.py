@@ -21,7 +21,9 @@ MAX_STOP = 4  # stop strings per request, as OpenAI
 # queue's bound (--max-waiting) caps it too
 MAX_PROMPTS = 128
 MAX_STOP_CHARS = 256
-MAX_DEPTH = 32  # JSON nesting: a request needs 4 ({"messages": [{"content": [{...}]}]})
+MAX_DEPTH = validation.MAX_DEPTH  # JSON nesting: a request needs 4
+# every integer in a body is an int64, as the fields that hold them are (seed: a uint64)
+INT64 = (-2**63, 2**63 - 1)
 STRICT = ConfigDict(extra="forbid", strict=True)  # no coercion: "max_tokens": true is a 400
 
 
@@ -137,13 +139,15 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise RequestError(f"the request body is not valid UTF-8: byte {raw[e.start]:#04x} at "
                            f"offset {e.start}; send UTF-8 JSON") from None
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except json.JSONDecodeError as e:
         raise RequestError(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
                            f"column {e.colno}") from None
     except RecursionError:
         raise RequestError(f"the request body nests JSON too deeply; at most {MAX_DEPTH} "
                            "levels are allowed") from None
+    except ValueError as e:  # NaN, Infinity
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}")
     depth = json_depth(data)
@@ -151,22 +155,59 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise RequestError(f"the request body nests JSON {depth} levels deep; at most "
                            f"{MAX_DEPTH} are allowed")
     check_utf8(data)
+    check_integers(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e, model) from None
 
 
-def json_depth(value) -> int:
-    """Nesting depth of parsed JSON, without recursion (a scalar is 0)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
-        if children is not None:
-            deepest = max(deepest, d)
-            todo.extend((c, d + 1) for c in children)
-    return deepest
+json_depth = validation.json_depth
+
+
+def load_json(text: str):
+    """json.loads, NaN and Infinity refused. An integer of more than 4,300 digits (which
+    Python refuses to parse) is kept as text (LongInt), for check_integers to name its
+    field: read again with a hook only then, as a hook costs per integer."""
+    try:
+        return json.loads(text, parse_constant=not_json)
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError) or "digits" not in str(e):
+            raise
+    return json.loads(text, parse_int=LongInt.parse, parse_constant=not_json)
+
+
+def not_json(name: str):
+    raise ValueError(f"{name} is not JSON (JSON numbers are finite)")
+
+
+class LongInt(str):
+    """A JSON integer of more digits than any int64 has, kept as its text: Python refuses to
+    parse one of more than 4,300 digits (a ValueError), and none of them fits a field."""
+
+    @staticmethod
+    def parse(digits: str):
+        return int(digits) if len(digits) <= 20 else LongInt(digits)
+
+
+def check_integers(value, path: str = "") -> None:
+    """RequestError naming the first integer outside int64 (seed: its own check, uint64)."""
+    if isinstance(value, LongInt) or (type(value) is int and path != "seed"
+                                      and not INT64[0] <= value <= INT64[1]):
+        shown = f"an integer of {len(value.lstrip('-'))} digits" if isinstance(value, LongInt) \
+            else str(value)
+        raise RequestError(f"{path or 'a value'}={shown}: past int64 "
+                           f"({INT64[0]}..{INT64[1]}), more than any field takes",
+                           path or None)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_integers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        if value and all(type(v) is int for v in value) and \
+                INT64[0] <= min(value) and max(value) <= INT64[1]:
+            return  # a token-id list, at C speed
+        for i, v in enumerate(value):
+            check_integers(v, f"{path}[{i}]")
 
 
 def check_utf8(value, path: str = "") -> None:
@@ -181,7 +222,7 @@ def check_utf8(value, path: str = "") -> None:
         for k, v in value.items():
             check_utf8(k, path)
             check_utf8(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list):
+    elif isinstance(value, list) and not all(type(v) is int for v in value):
         for i, v in enumerate(value):
             check_utf8(v, f"{path}[{i}]")
 

@@ -6,7 +6,10 @@
                                   each choice's last carries this server's metrics, then
                                   usage (stream_options.include_usage) and [DONE]
                        collect(): waits for every choice's last Output, then answers in one
-                                  body
+                                  body, built and serialized on a worker thread (with
+                                  logprobs it may hold a million values: endpoint.py
+                                  MAX_RESPONSE_VALUES); a chunk that carries the prompt's
+                                  logprobs is built on one too
 
 An answer has one choice per queued scheduler Request: n per prompt (SamplingParams.n, the
 prompt read once), and a completions request with several prompts has n for each, indexed
@@ -22,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import codecs
 import copy
+import functools
 import json
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
+from trt_spec.runtime.grammar import LIMIT
 from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output, Scheduler
@@ -39,8 +44,6 @@ from trt_spec.serve.protocol import RequestError
 DONE = "data: [DONE]\n\n"
 SHUTDOWN = ("the request was cancelled: the server is shutting down and --shutdown-timeout "
             "has passed")
-DEAD_END = ("the output reached a point where no token can continue the structure it is "
-            "held to (its text so far is a prefix no token extends)")
 
 
 class Shape:
@@ -89,6 +92,16 @@ class Shape:
     def response_fields(self, job: Job) -> dict:
         """Fields of a whole response besides choices (chat: prompt_logprobs)."""
         return {}
+
+    def prompt_copies(self, params) -> int:
+        """How many times the answer shows the prompt's logprobs (params.prompt_logprobs set):
+        once, beside the choices."""
+        return 1
+
+    def bulky(self) -> bool:
+        """The next streamed delta carries the prompt's logprobs (built on a worker
+        thread)."""
+        return False
 
 
 class TokenSources:
@@ -191,11 +204,38 @@ def response_metrics(m: RequestMetrics) -> dict:
             "decode_tokens_per_s": m.decode_tokens_per_s, "drafted_by": dict(m.drafted_by)}
 
 
-def failure(job: Job) -> str:
-    """Why a choice ended with abort or error."""
+@dataclass(frozen=True)
+class Failure:
+    """Why a choice ended with abort or error, as the client is told: a whole response's
+    status, or a stream's error event."""
+
+    message: str
+    status: int
+    code: str
+    param: str | None = None
+
+    def body(self) -> dict:
+        return RequestError(self.message, self.param, self.status, self.code).body()
+
+
+def failure(job: Job, structure: str | None) -> Failure:
+    """Why a choice ended with abort or error. A structure the output could not go on with
+    (runtime/grammar.py Guide.failure: a text no token spells, or the grammar engine's
+    limits) is the request's fault, a 400 naming `structure` (the field that asked for
+    it); an engine error a 500; the shutdown a 503."""
+    s = job.stream
     if job.error:
-        return job.error
-    return DEAD_END if job.stream.finish_reason == "error" else SHUTDOWN
+        return Failure(f"generation failed: {job.error}", 500, "error")
+    guide = s.guide
+    if s.finish_reason == "error" and guide is not None and guide.failure is not None:
+        code = "structure_limit" if guide.failure.startswith(LIMIT) else "structure_dead_end"
+        return Failure(f"{structure}: the output was held to it, and after "
+                       f"{len(s.output_ids)} tokens ({s.text[-60:]!r}) {guide.failure}; "
+                       "simplify the structure or give the vocabulary a way through it",
+                       400, code, structure)
+    if s.finish_reason == "error":
+        return Failure("generation failed: the output could not go on", 500, "error")
+    return Failure(SHUTDOWN, 503, "abort")
 
 
 def whole(c: Choice) -> dict:
@@ -206,16 +246,55 @@ def whole(c: Choice) -> dict:
         if c.shape.sources else choice
 
 
+PIECE = 512  # list items serialized per call (json's C encoder holds the GIL for a call)
+
+
+def dumps(obj, separators=(",", ":")) -> str:
+    """JSON as the responses write it (compact, UTF-8, as Starlette's JSONResponse), made in
+    pieces: a long list PIECE items per call of the C encoder, which holds the GIL for the
+    whole call (one call for a 50 MB body would stall the event loop for half a second;
+    a piece takes a few milliseconds). Same text as json.dumps."""
+    out: list[str] = []
+    encode = json.JSONEncoder(ensure_ascii=False, separators=separators).encode
+    item, key = separators
+
+    def walk(v):
+        if isinstance(v, dict):
+            out.append("{")
+            for j, (k, x) in enumerate(v.items()):
+                out.append((item if j else "") + encode(str(k)) + key)
+                walk(x)
+            out.append("}")
+        elif isinstance(v, list) and len(v) > PIECE:
+            out.append("[")
+            for i in range(0, len(v), PIECE):
+                out.append((item if i else "") + encode(v[i:i + PIECE])[1:-1])
+            out.append("]")
+        elif isinstance(v, list):
+            out.append("[")
+            for i, x in enumerate(v):
+                if i:
+                    out.append(item)
+                walk(x)
+            out.append("]")
+        else:
+            out.append(encode(v))
+
+    walk(obj)
+    return "".join(out)
+
+
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, created: int,
-                 include_usage: bool):
+                 include_usage: bool, structure: str | None = None):
     """The server-sent events of a streamed answer: a chunk per delta of any choice, each
     choice's last with its finish reason and metrics; with include_usage (as OpenAI) a chunk
-    of empty choices and usage; then [DONE]. An abort or error ends with an error event and
-    [DONE] (the other choices are cancelled as the response closes)."""
+    of empty choices and usage; then [DONE]. An abort or error ends with an error event
+    (`failure`; structure: the request field holding its structure) and [DONE] (the other
+    choices are cancelled as the response closes)."""
     head = {"id": rid, "object": choices[0].shape.chunk_object, "created": created,
             "model": model}
     by_job = {c.job: c for c in choices}  # the n choices of a prompt share its id
@@ -229,25 +308,30 @@ async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, 
         traced = c.shape.sources
         if not out.finished:
             if c.shape.wants_chunk(out) or (traced and out.token_ids):
-                choice = c.shape.delta(c.job, out)
-                if traced:
-                    choice = traced.add(choice, out.token_ids, out.sources)
-                yield sse({**head, "choices": [choice]})
+                yield await chunk(head, c, out)
             continue
         left -= 1
         if out.finish_reason in ("abort", "error"):
-            yield sse({"error": {"message": failure(c.job), "type": "server_error",
-                                 "param": None, "code": out.finish_reason}})
+            yield sse(failure(c.job, structure).body())
             yield DONE
             return
-        choice = c.shape.delta(c.job, out)
-        if traced:
-            choice = traced.add(choice, out.token_ids, out.sources, final=True)
-        yield sse({**head, "choices": [choice],
-                   "metrics": response_metrics(c.job.stream.metrics())})
+        yield await chunk(head, c, out, {"metrics": response_metrics(c.job.stream.metrics())})
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage([c.job for c in choices])})
     yield DONE
+
+
+async def chunk(head: dict, c: Choice, out: Output, more: dict | None = None) -> str:
+    """The event of one choice's delta; on a worker thread where it carries the prompt's
+    logprobs (Shape.bulky: up to a million values), else here (a few tokens' worth)."""
+    def build(bulky: bool) -> str:
+        choice = c.shape.delta(c.job, out)
+        if c.shape.sources:
+            choice = c.shape.sources.add(choice, out.token_ids, out.sources, out.finished)
+        event = {**head, "choices": [choice], **(more or {})}
+        return f"data: {dumps(event, (', ', ': '))}\n\n" if bulky else sse(event)
+
+    return await asyncio.to_thread(build, True) if c.shape.bulky() else build(False)
 
 
 class EventStream(StreamingResponse):
@@ -275,9 +359,12 @@ def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
 
 
 async def collect(request: Request, scheduler: Scheduler, rid: str, choices: list[Choice],
-                  outputs: Outputs, model: str, created: int) -> dict:
-    """The whole answer, once every choice's last Output is in; a client that disconnects
-    first cancels its requests. An error is a 500, an abort (shutdown) a 503."""
+                  outputs: Outputs, model: str, created: int,
+                  structure: str | None = None) -> Response:
+    """The whole answer, once every choice's last Output is in, as JSON built on a worker
+    thread; a client that disconnects first cancels its requests. A failed choice answers
+    for all (`failure`: the structure's fault a 400 naming `structure`, an engine error a
+    500, an abort (shutdown) a 503)."""
     jobs = [c.job for c in choices]
 
     async def watch_disconnect():
@@ -295,12 +382,36 @@ async def collect(request: Request, scheduler: Scheduler, rid: str, choices: lis
         cancel(scheduler, jobs)
     reasons = [j.stream.finish_reason for j in jobs]
     if "error" in reasons:
-        job = jobs[reasons.index("error")]
-        raise RequestError(f"generation failed: {failure(job)}", status=500, code="error")
+        f = failure(jobs[reasons.index("error")], structure)
+        raise RequestError(f.message, f.param, f.status, f.code)
     if "abort" in reasons:
         raise RequestError("the request was cancelled", status=503, code="abort")
+    build = functools.partial(whole_body, rid, choices, model, created)
+    body = await asyncio.to_thread(build) if bulky(jobs) else build()
+    return Response(body, media_type="application/json")
+
+
+BULKY_VALUES = 4096  # an answer with more tokens and logprobs is built on a worker thread
+
+
+def bulky(jobs: list[Job]) -> bool:
+    """The answer holds more than BULKY_VALUES tokens and log-probability values (a small
+    one is built here: a worker thread would cost more than it saves)."""
+    values = 0
+    for j in jobs:
+        s, p = j.stream, j.stream.params
+        values += len(s.output_ids) * (1 if p.logprobs is None else p.logprobs + 2)
+        if p.prompt_logprobs is not None:
+            values += len(s.prompt_ids) * (p.prompt_logprobs + 2)
+    return values > BULKY_VALUES
+
+
+def whole_body(rid: str, choices: list[Choice], model: str, created: int) -> bytes:
+    """A whole answer's JSON, from its finished choices."""
+    jobs = [c.job for c in choices]
     ms = [j.stream.metrics() for j in jobs]
     shape = choices[0].shape
-    return {"id": rid, "object": shape.object, "created": created, "model": model,
-            "choices": [whole(c) for c in choices], "usage": usage(jobs),
-            "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}
+    return dumps({"id": rid, "object": shape.object, "created": created, "model": model,
+                  "choices": [whole(c) for c in choices], "usage": usage(jobs),
+                  "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}
+                 ).encode("utf-8")

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from trt_spec.runtime import validation
-from trt_spec.serve.endpoint import check_model, read_body, served
-from trt_spec.serve.protocol import STRICT, RequestError, parse_body
+from trt_spec.serve.endpoint import check_model, read_request, served
+from trt_spec.serve.protocol import STRICT, RequestError
 
 router = APIRouter()
 
@@ -44,7 +44,7 @@ class DetokenizeRequest(BaseModel):
 @router.post("/tokenize")
 async def tokenize(request: Request):
     ctx = served(request)
-    req = parse_body(await read_body(request), TokenizeRequest)
+    req = await read_request(request, TokenizeRequest)
     if req.model is not None:
         check_model(req.model, ctx.model_name)
     if (req.prompt is None) == (req.messages is None):
@@ -70,7 +70,7 @@ async def tokenize(request: Request):
 @router.post("/detokenize")
 async def detokenize(request: Request):
     ctx = served(request)
-    req = parse_body(await read_body(request), DetokenizeRequest)
+    req = await read_request(request, DetokenizeRequest)
     if req.model is not None:
         check_model(req.model, ctx.model_name)
     tokenizer = ctx.scheduler.tokenizer

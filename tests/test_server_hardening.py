@@ -60,6 +60,12 @@ HOSTILE = [  # (path, raw body, status, param, message)
      .encode(), 400, "messages[0].content", "messages[0].content=None: expected a string"),
     ("completions", json.dumps({**GOOD, "prompt": "word " * 30000}).encode(), 400, "prompt",
      "the prompt has at least"),
+    ("completions", b'{"model": "tiny", "prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
+     400, "max_tokens", "max_tokens=an integer of 5000 digits: past int64"),
+    ("completions", json.dumps({**GOOD, "prompt": [5, -1], "echo": True}).encode(), 400,
+     "prompt", "prompt token ids [-1] are outside"),
+    ("chat/completions", json.dumps({**CHAT, "chat_template_kwargs": {"self": 1}}).encode(),
+     400, "chat_template_kwargs", "chat_template_kwargs sets self"),
 ]
 
 
