@@ -2,6 +2,12 @@
 
 A step runs over a contiguous range of cache slots [lo, hi). Slots in the range that have
 nothing to do this step are idle rows (query_seqlens = 0): their cache is left untouched.
+
+Every row of a step is padded to its widest request (`columns`), and the attention kernels
+place a row's padded columns after the row's cached tokens, idle rows included: so a step
+fits only when every slot of its range has room for that many columns (`fits`). A stream
+near the end of the context beside a long prompt chunk does not; the step is then run one
+request at a time (StepGraph.step, runtime/backends/base.py), where each request fits alone.
 """
 
 from __future__ import annotations
@@ -29,6 +35,22 @@ class StepInputs:
     feeds: dict[str, np.ndarray]
 
 
+def columns(requests: list[SlotTokens], min_rows: int = 1) -> int:
+    """T: the token columns of a step over `requests` (build_step_inputs' new_tokens): its
+    widest request, or more so that batch x T >= min_rows."""
+    slots = [r.slot for r in requests]
+    least = -(-min_rows // (max(slots) + 1 - min(slots)))
+    return max(max(len(r.tokens) for r in requests), least)
+
+
+def fits(cache: KVCache, requests: list[SlotTokens], min_rows: int = 1) -> bool:
+    """Whether every slot of the step's range, idle ones included, has room in its cache rows
+    (max_len + scratch) for the step's padded columns after its cached tokens."""
+    lo, hi = min(r.slot for r in requests), max(r.slot for r in requests) + 1
+    room = cache.max_len + cache.scratch_rows - cache.lengths[lo:hi]
+    return bool((room >= columns(requests, min_rows)).all())
+
+
 def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions: int,
                       scratch: int = 0, min_rows: int = 1) -> StepInputs:
     """scratch: rows a request may write past the cache's max_len (at most cache.scratch_rows;
@@ -44,7 +66,7 @@ def build_step_inputs(cache: KVCache, requests: list[SlotTokens], max_positions:
     lo, hi = min(slots), max(slots) + 1
     batch = hi - lo
     least = -(-min_rows // batch)  # columns so that batch x columns >= min_rows
-    new_tokens = max(max(len(r.tokens) for r in requests), least)
+    new_tokens = columns(requests, min_rows)
     num_logits = max(max(len(r.logits_at) for r in requests), 1, least)
     input_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)
     position_ids = np.zeros((batch, new_tokens), dtype=np.int64)  # (B, T)

@@ -9,7 +9,9 @@ inputs already built. Everything else about a step is here, written once:
                                                        # decoding for engines without it in-graph)
         inputs   = build_step_inputs(cache, requests,  # runtime/step_inputs.py
                                      min_rows=step_min_rows)
-        logits, rows, lo = run(cache, inputs, want)    # the backend: one forward
+        logits, rows, lo = run(cache, inputs, want)    # the backend: one forward (one per
+                                                       # request when the padded step does
+                                                       # not fit a slot's rows: fits)
         cache lengths += new tokens
         -> StepOutput: per request, its logits rows and its rows of each wanted output
 
@@ -28,7 +30,8 @@ from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.manifest import Manifest
-from trt_spec.runtime.step_inputs import SlotTokens, StepInputs, build_step_inputs, commit_lengths
+from trt_spec.runtime.step_inputs import (SlotTokens, StepInputs, build_step_inputs,
+                                          commit_lengths, fits)
 
 
 
@@ -71,15 +74,25 @@ class StepGraph(ABC):
         if unknown:
             raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
         run, scratch = self.prepare(cache, requests)
-        step = build_step_inputs(cache, run, self.max_positions, scratch, self.step_min_rows)
-        if self.takes_hidden != (HIDDEN_INPUT in step.feeds):
-            raise ValueError("a drafter graph needs hidden states with every request; a "
-                             "target graph takes none")
-        logits, rows, lo = self.run(cache, step, want)
+        # near the end of the context a slot may lack room for the step's padded columns:
+        # then each request alone (it fits by itself: its own tokens are within max_len)
+        groups = [run] if fits(cache, run, self.step_min_rows) else [[r] for r in run]
+        ran = {}  # slot -> (logits, rows, lo) of the forward it ran in
+        for group in groups:
+            step = build_step_inputs(cache, group, self.max_positions, scratch,
+                                     self.step_min_rows)
+            if self.takes_hidden != (HIDDEN_INPUT in step.feeds):
+                raise ValueError("a drafter graph needs hidden states with every request; a "
+                                 "target graph takes none")
+            result = self.run(cache, step, want)
+            ran.update((r.slot, result) for r in group)
         commit_lengths(cache, requests)
-        out = StepOutput([logits[r.slot - lo, :len(r.logits_at)] for r in requests], {})
-        for name in want:
-            out.rows[name] = [rows[name][r.slot - lo, :len(r.tokens)] for r in requests]
+        out = StepOutput([], {name: [] for name in want})
+        for r in requests:
+            logits, rows, lo = ran[r.slot]
+            out.logits.append(logits[r.slot - lo, :len(r.logits_at)])
+            for name in want:
+                out.rows[name].append(rows[name][r.slot - lo, :len(r.tokens)])
         return out
 
 
