@@ -58,17 +58,17 @@ def route_key(path: str, body: bytes) -> str | None:
     replica that gets it answers with the error)."""
     if path.rstrip("/") not in KEYED_ROUTES:
         return None
-    try:
+    try:  # (JSON nested past Python's recursion limit: the replica refuses it, with a 400)
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        if not isinstance(data, dict):
+            return None
+        opening = (chat_opening(data) if path.rstrip("/").endswith("chat/completions")
+                   else completion_opening(data))
+        if opening is None:
+            return None
+        return _digest(json.dumps(opening, sort_keys=True, ensure_ascii=False, default=str))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict):
-        return None
-    opening = (chat_opening(data) if path.rstrip("/").endswith("chat/completions")
-               else completion_opening(data))
-    if opening is None:
-        return None
-    return _digest(json.dumps(opening, sort_keys=True, ensure_ascii=False, default=str))
 
 
 def rank(key: str, replicas: list[str]) -> list[str]:

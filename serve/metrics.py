@@ -51,7 +51,8 @@ class ServerMetrics:
                                  "(stop, length, abort = cancelled or disconnected, error).",
                                  ["finished_reason"])
         self._rejected = counter("request_rejected", "Requests refused before queueing, by "
-                                 "reason (invalid = 4xx, queue_full = 429).", ["reason"])
+                                 "reason (invalid = 4xx, queue_full = 429, disconnected = the "
+                                 "client left mid-body).", ["reason"])
         self._prompt = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self._pc_queries = counter("prefix_cache_queries", "Prompt tokens of requests admitted "
                                    "with the prefix cache on.")

@@ -104,8 +104,9 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     """Every error as OpenAI's JSON ({"error": {message, type, param, code}}), counted."""
     def error(e: RequestError) -> JSONResponse:
-        if e.status < 500:
-            metrics.rejected("queue_full" if e.status == 429 else "invalid")
+        if e.status < 500:  # a client gone mid-body was refused nothing: counted apart
+            metrics.rejected("queue_full" if e.status == 429 else "disconnected"
+                             if e.code == "client_disconnected" else "invalid")
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestError)

@@ -50,7 +50,8 @@ def test_completions_prompts_that_extend_each_other_share_a_key():
 @pytest.mark.parametrize("path, body", [
     ("/v1/models", b""), ("/metrics", b""), ("/tokenize", b'{"prompt": "a"}'),
     (CHAT, b"{not json"), (CHAT, b"[1, 2]"), (CHAT, b'{"messages": []}'),
-    ("/v1/completions", b'{"prompt": 5}'), (CHAT, b"\xff\xfe")])
+    ("/v1/completions", b'{"prompt": 5}'), (CHAT, b"\xff\xfe"),
+    (CHAT, b'{"messages": ' + b"[" * 100000 + b"]" * 100000 + b"}")])  # past the recursion limit
 def test_requests_without_a_key_go_by_load(path, body):
     assert route_key(path, body) is None
 

@@ -162,6 +162,7 @@ def test_two_thousand_choices_are_held_to(server):
 
 def test_a_client_that_disconnects_mid_body_is_not_an_error(server):
     before = server.metric("trt_spec:request_rejected_total", reason="error")
+    gone = server.metric("trt_spec:request_rejected_total", reason="disconnected")
     port = int(server.url.rsplit(":", 1)[1])
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):
         with socket.create_connection(("127.0.0.1", port)) as s:
@@ -171,6 +172,11 @@ def test_a_client_that_disconnects_mid_body_is_not_an_error(server):
     time.sleep(0.5)
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert server.metric("trt_spec:request_rejected_total", reason="error") == before
+    deadline = time.time() + 20  # counted once the server reads the closed socket
+    while time.time() < deadline and \
+            server.metric("trt_spec:request_rejected_total", reason="disconnected") < gone + 3:
+        time.sleep(0.1)
+    assert server.metric("trt_spec:request_rejected_total", reason="disconnected") == gone + 3
     text = server.log.read_text()
     assert "Traceback" not in text and "ClientDisconnect" not in text, text[-2000:]
 
