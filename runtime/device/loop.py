@@ -204,7 +204,7 @@ class DeviceLoop:
             q[st.slot - lo], new[st.slot - lo] = n, True
             p = st.params
             s.temperature[st.slot] = 1.0 if p.greedy else p.temperature
-            s.top_k[st.slot] = p.top_k
+            s.top_k[st.slot] = p.top_k if p.top_k < self.vocab_size else 0  # (>= V: off)
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy
             s.end[st.slot] = n + p.max_tokens
