@@ -297,6 +297,8 @@ class Engine:
         same draw from the same distribution as verifying no drafts). Its rows, logits
         [len(d) + 1, vocab], are under its sampling controls, each counting the drafts
         before it (stream.controlled)."""
+        if s.fault is not None:  # raised for s in the step's shared work (its grammar)
+            raise s.fault
         if not len(d):
             return Verified(0, 0, [next_token(controlled(s, logits[-1:])[0], s.params, s.rng)])
         out = verify_batch([d.tokens], [d.q], [controlled(s, logits, d.tokens)], [s.params],

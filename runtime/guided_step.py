@@ -1,5 +1,10 @@
 """A decode step under structured outputs (runtime/grammar.py): drafts the grammar forces,
-drafts held to what it allows, and the bitmasks of the rows the target verifies."""
+drafts held to what it allows, and the bitmasks of the rows the target verifies.
+
+Each function loops over the step's streams; what one stream's grammar raises (a limit of
+the grammar engine passed, a bug) is kept on that stream (Stream.fault: `guarded`), which
+then drafts nothing and fails alone in its own part of the step (Engine.verify_one), so the
+other streams of the step go on."""
 
 from __future__ import annotations
 
@@ -9,6 +14,18 @@ from trt_spec.runtime.speculation.draft import Draft
 from trt_spec.runtime.stream import StepMetrics
 
 
+def guarded(s, work, *args):
+    """work(*args) for stream s, or None when it raises: the exception is kept on s.fault
+    (the first one) and raised again in s's own part of the step."""
+    if s.fault is not None:
+        return None
+    try:
+        return work(*args)
+    except Exception as e:  # noqa: BLE001 - one stream's grammar fails that stream alone
+        s.fault = e
+        return None
+
+
 def forced_drafts(streams: list, ks: list[int], limit: int, room) -> dict[int, np.ndarray]:
     """Per stream under a grammar that allows exactly one continuation from here: those
     tokens (at most `limit`, SpeculationConfig.forced_tokens, and room(s)), drafted for free;
@@ -16,12 +33,17 @@ def forced_drafts(streams: list, ks: list[int], limit: int, room) -> dict[int, n
     forced = {}
     for i, s in enumerate(streams):
         if s.guide is not None and limit:
-            tokens = s.guide.forced(min(limit, room(s)))
-            tokens = tokens[:s.guide.valid(tokens)]  # as the mask allows them
+            tokens = guarded(s, forced_tokens, s, min(limit, room(s)))
             if tokens:
                 forced[i] = np.asarray(tokens, dtype=np.int64)
+            if tokens or s.fault is not None:  # (a faulted stream drafts nothing)
                 ks[i] = 0
     return forced
+
+
+def forced_tokens(s, limit: int) -> list[int]:
+    tokens = s.guide.forced(limit)
+    return tokens[:s.guide.valid(tokens)]  # as the mask allows them
 
 
 def hold_to_grammar(streams: list, drafts: list[Draft], forced: dict[int, np.ndarray],
@@ -39,13 +61,19 @@ def hold_to_grammar(streams: list, drafts: list[Draft], forced: dict[int, np.nda
         if i in forced:
             drafts[i] = Draft.forced(forced[i])
             continue
-        d = drafts[i]
-        n = s.guide.valid(d.tokens)
-        if n < len(d):
-            d.cut(n + 1 if d.q is not None and not s.params.greedy else n)
-        elif len(d) and planner is not None:
-            limit = min(planner.config.forced_tokens, planner.room(s) - len(d))
-            d.extend_forced(s.guide.forced_after(d.tokens, limit))
+        guarded(s, hold, s, drafts[i], planner)
+        if s.fault is not None:
+            drafts[i].cut(0)
+
+
+def hold(s, d: Draft, planner) -> None:
+    """s's draft d, cut or extended by its grammar (hold_to_grammar)."""
+    n = s.guide.valid(d.tokens)
+    if n < len(d):
+        d.cut(n + 1 if d.q is not None and not s.params.greedy else n)
+    elif len(d) and planner is not None:
+        limit = min(planner.config.forced_tokens, planner.room(s) - len(d))
+        d.extend_forced(s.guide.forced_after(d.tokens, limit))
 
 
 def masks(streams: list, drafts: list[Draft]) -> dict[int, np.ndarray]:
@@ -55,9 +83,14 @@ def masks(streams: list, drafts: list[Draft]) -> dict[int, np.ndarray]:
     out = {}
     for i, s in enumerate(streams):
         if s.guide is not None:
-            tokens = drafts[i].tokens
-            out[i] = s.guide.masks(tokens[:s.guide.valid(tokens)])
+            bits = guarded(s, row_masks, s, drafts[i].tokens)
+            if bits is not None:  # (a faulted stream fails before its rows are read)
+                out[i] = bits
     return out
+
+
+def row_masks(s, tokens) -> np.ndarray:
+    return s.guide.masks(tokens[:s.guide.valid(tokens)])
 
 
 def apply_masks(streams: list, bits: dict[int, np.ndarray], logits: list[np.ndarray],

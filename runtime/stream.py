@@ -102,6 +102,10 @@ class Stream:
     # finish_reason "error" from an exception in this stream's own part of a step (a row
     # that is not finite, ...: Engine.isolated), which failed it alone; None: none
     error: Exception | None = None
+    # an exception raised on this stream's behalf in work its step shares (its grammar's
+    # forced tokens, drafts and masks: runtime/guided_step.py), raised again in its own part
+    # of the step, so that it fails alone there (Engine.verify_one)
+    fault: Exception | None = None
     text: str = ""
     rng: np.random.Generator = None
     # per output token, when params.logprobs is set: its log-probability under the target

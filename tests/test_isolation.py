@@ -170,6 +170,30 @@ def test_a_drafters_nan_q_drops_the_draft(gen, alone, method, monkeypatch):
     assert bad.stream.stats.proposed == 0  # each of its drafts was dropped
 
 
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("part", ["masks", "valid", "forced"])
+def test_a_grammar_that_raises_fails_its_request_alone(gen, alone, method, part, monkeypatch):
+    """A request held to a regex whose grammar raises once it has two tokens (in its masks,
+    in holding drafts to it, or in its forced tokens: work the step shares): it ends with
+    that error, and the victim's greedy tokens are the ones it makes alone."""
+    sched = Scheduler(gen)
+    victim = sched.submit(VICTIM, greedy(), method)
+    bad = sched.submit(BAD, SamplingParams(max_tokens=TOKENS, regex="(ab|xy)c(d|fg|h)+e"),
+                       method)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the grammar broke")
+
+    while sched.has_work():
+        sched.step()
+        if len(bad.stream.output_ids) >= 2 and bad.stream.guide is not None:
+            monkeypatch.setattr(bad.stream.guide, part, broken)
+    assert victim.stream.output_ids == alone[method]
+    assert bad.stream.finish_reason == "error"
+    assert bad.error == "RuntimeError: the grammar broke", bad.error
+    assert sched.slots_used == 0
+
+
 def test_a_nan_confidence_stops_the_gate():
     """The draft-length rule reads a NaN confidence as "draft no more" (it raised "cannot
     convert float NaN to integer" in Calibration.bin)."""
