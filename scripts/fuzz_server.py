@@ -73,7 +73,8 @@ def main() -> int:
         print(f"  {route:32s} {dict(sorted(counts.items(), key=str))}")
     print(f"victim stream beside the run: {run.stream_runs} streams, "
           f"{len(run.stream_problems)} failed or differed")
-    print(f"/health after: {run.health_status} in {run.health_s * 1000:.0f} ms")
+    print(f"/health after: {run.health_status} in {run.health_s * 1000:.0f} ms; slowest "
+          f"during the run (every 0.2 s): {run.health_max_s * 1000:.0f} ms")
     if run.rss_mb:
         print(f"server RSS: {run.rss_mb[0]:.0f} -> {run.rss_mb[1]:.0f} MB")
     for took, call in sorted(t.slow, key=lambda x: -x[0])[:10]:
@@ -89,7 +90,8 @@ def main() -> int:
             "by_route": {r: {str(k): v for k, v in c.items()} for r, c in t.by_route().items()},
             "slow": [[s, c.show(20000)] for s, c in t.slow], "failures": failures,
             "failed_calls": [[p, c.show(200000)] for c, p in t.failures],
-            "rss_mb": run.rss_mb, "victim_streams": run.stream_runs}, indent=1))
+            "rss_mb": run.rss_mb, "victim_streams": run.stream_runs,
+            "health_max_s": run.health_max_s}, indent=1))
     return 1 if failures or code != 0 else 0
 
 

@@ -6,7 +6,12 @@ Starlette's TestClient on the app in process: the same interface), and returns a
 statuses by route, every failure (`verdict`, a timeout or a dropped connection: a hang or a
 crash), and every request slower than SLOW_S. It never raises on a bad response: a run
 reports every failure it meets, not the first one shrunk (tests/test_fuzz_server.py's
-per-route tests shrink).
+per-route tests shrink). Without a strategy it sends each route's in turn (ROUTES), by its
+share in WEIGHTS.
+
+`campaign(url, examples)` is the whole check on a real server: a greedy victim before and
+after, a greedy victim stream in a loop beside the fuzzed calls, /health probed beside them,
+the server's log read for tracebacks and its RSS compared.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from dataclasses import dataclass, field
 import httpx
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tests.fuzz_strategies import Call, calls, verdict, victim_body
+from tests.fuzz_strategies import ROUTES, WEIGHTS, Call, verdict, victim_body
 
 SLOW_S = 1.0  # a request slower than this is noted (the tiny model answers in milliseconds)
 TIMEOUT_S = 30.0  # one past this is a hang
+HEALTH_EVERY_S = 0.2
 
 
 @dataclass
@@ -70,10 +76,20 @@ def send(client: httpx.Client, call: Call, tally: Tally) -> None:
         tally.slow.append((round(took, 2), call))
 
 
-def fuzz(client: httpx.Client, examples: int, seed_: int = 0, strategy=calls,
-         tally: Tally | None = None) -> Tally:
-    """`examples` calls drawn from `strategy` with seed `seed_`, sent one after another."""
+def fuzz(client: httpx.Client, examples: int, seed_: int = 0, strategy=None,
+         tally: Tally | None = None, weights: dict = WEIGHTS) -> Tally:
+    """`examples` calls drawn from `strategy` with seed `seed_`, sent one after another;
+    without a strategy, from each route's (ROUTES) in turn, by its share in `weights` (one
+    strategy over all the routes draws the deep values of each less often)."""
     tally = tally or Tally()
+    if strategy is None:
+        total, start = sum(weights.values()), tally.requests
+        for i, (name, weight) in enumerate(weights.items()):
+            last = i == len(weights) - 1
+            share = examples - (tally.requests - start) if last else examples * weight // total
+            if share > 0:
+                fuzz(client, share, seed_, ROUTES[name], tally)
+        return tally
 
     @seed(seed_)
     @settings(max_examples=examples, phases=[Phase.generate], database=None, deadline=None,
@@ -111,6 +127,7 @@ class Campaign:
     stream_problems: list  # each a stream that failed or whose text differed
     health_s: float  # /health's latency after the run
     health_status: int
+    health_max_s: float  # /health's slowest answer during the run (probed every 0.2 s)
     tracebacks: list  # log lines: "Traceback" and the exception line that ends each
     rss_mb: tuple[float, float] | None  # the server's RSS before and after
 
@@ -127,7 +144,7 @@ class Campaign:
 
 
 def campaign(url: str, examples: int, seed_: int = 0, log_path=None, pid: int | None = None,
-             strategy=calls) -> Campaign:
+             strategy=None, weights: dict = WEIGHTS) -> Campaign:
     """The greedy victim answered, then `examples` fuzzed calls with a victim stream running
     beside them in a loop, then the victim again, /health, the server's log (log_path: its
     stderr) read for tracebacks and its RSS (pid) compared."""
@@ -150,19 +167,30 @@ def campaign(url: str, examples: int, seed_: int = 0, log_path=None, pid: int | 
                         problems.append(f"{type(e).__name__}: {str(e)[:300]}")
                     runs[0] += 1
 
-        beside = threading.Thread(target=stream_beside, daemon=True)
-        beside.start()
+        health_during = [0.0]
+
+        def probe_health():
+            with httpx.Client(base_url=url, timeout=TIMEOUT_S) as own:
+                while not stop.wait(HEALTH_EVERY_S):
+                    t0 = time.perf_counter()
+                    own.get("/health")
+                    health_during[0] = max(health_during[0], time.perf_counter() - t0)
+
+        beside = [threading.Thread(target=f, daemon=True) for f in (stream_beside, probe_health)]
+        for thread in beside:
+            thread.start()
         try:
-            tally = fuzz(client, examples, seed_, strategy)
+            tally = fuzz(client, examples, seed_, strategy, weights=weights)
         finally:
             stop.set()
-            beside.join(TIMEOUT_S)
+            for thread in beside:
+                thread.join(TIMEOUT_S)
         after = greedy(client, victim_body())
         t0 = time.perf_counter()
         health = client.get("/health").status_code
         health_s = time.perf_counter() - t0
         rss1 = rss_mb(pid)
-    return Campaign(tally, victim, after, runs[0], problems, health_s, health,
+    return Campaign(tally, victim, after, runs[0], problems, health_s, health, health_during[0],
                     tracebacks(log_path), None if rss0 is None else (rss0, rss1))
 
 

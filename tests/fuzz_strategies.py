@@ -13,6 +13,12 @@ tools); each is mixed with hostile values a client can send:
                  $ref schemas, huge choice lists, empty-language regexes, bad grammars
     template     chat_template_kwargs named like the renderer's own variables
 
+A body is clean (values each field accepts: CLEAN), clean but for one or two edge fields
+(what reaches the code past the first check), or mixed throughout. ROUTES holds one
+strategy per route, plus `sampling` (a speculating request with its sampling controls at the
+edge: subnormal, tiny, huge) and `heavy` (the most work one request may ask for: n,
+several long prompts, every logprob, prompt logprobs, echo).
+
 A request is a `Call` (method, path, raw body bytes): the body is written as JSON text by
 `dump`, so a value Python's encoder would refuse or round (1e400, NaN, a 5,000-digit integer)
 goes on the wire as a client would write it. Generated max_tokens stay small (0..8 mostly) so
@@ -225,6 +231,10 @@ speculative = st.fixed_dictionaries({}, optional={
     "num_draft_tokens": st.one_of(st.integers(-1, 10), st.sampled_from(["auto", "auto:3",
                                                                         "auto:0", "x"]))})
 
+# the sampling controls' edge: subnormal and tiny values make a distribution non-finite
+tiny_floats = st.sampled_from([0, 0.0, Raw("-0.0"), 1e-8, 1e-45, Raw("1e-310"), Raw("5e-324"),
+                               Raw("-1e-310"), 2.2250738585072014e-308])
+
 # fields whose annotation says little (Any) or whose valid range is narrow
 BY_NAME = {
     "model": st.one_of(st.just(MODEL), st.just(MODEL), st.text(max_size=10)),
@@ -232,10 +242,13 @@ BY_NAME = {
     "max_tokens": st.one_of(st.integers(0, 8), st.integers(0, 8), st.integers(-2, 300)),
     "max_completion_tokens": st.integers(0, 8),
     "n": st.one_of(st.integers(1, 3), st.integers(-1, 300)),
-    "temperature": st.one_of(st.floats(0, 2), st.sampled_from([0, 0.0, 1e-8, 1e-45])),
-    "top_p": st.floats(0, 1), "min_p": st.floats(0, 1), "top_k": st.integers(-1, VOCAB + 2),
-    "repetition_penalty": st.floats(0, 3), "presence_penalty": st.floats(-2, 2),
-    "frequency_penalty": st.floats(-2, 2),
+    "temperature": st.one_of(st.floats(0, 2), tiny_floats),
+    "top_p": st.one_of(st.floats(0, 1), tiny_floats), "min_p": st.one_of(st.floats(0, 1),
+                                                                         tiny_floats),
+    "top_k": st.integers(-1, VOCAB + 2),
+    "repetition_penalty": st.one_of(st.floats(0, 3), tiny_floats, st.just(Raw("1e308"))),
+    "presence_penalty": st.one_of(st.floats(-2, 2), tiny_floats),
+    "frequency_penalty": st.one_of(st.floats(-2, 2), tiny_floats),
     "logprobs": st.one_of(st.integers(0, 21), st.booleans()), "top_logprobs": st.integers(0, 21),
     "prompt_logprobs": st.integers(-1, 21), "seed": st.integers(0, 2**64),
     "stop": st.one_of(words, st.lists(words, max_size=5), st.just([""]), st.just("a" * 300)),
@@ -249,7 +262,7 @@ BY_NAME = {
     "tokens": st.lists(token_ids, max_size=12),
 }
 # Values each field accepts (or nearly: the combinations still meet the checks), for the
-# half of the requests that must get past validation to reach the scheduler and the model.
+# requests that must get past validation to reach the scheduler and the model.
 CLEAN = {
     "model": st.just(MODEL), "prompt": st.one_of(words, st.lists(words, min_size=1, max_size=3),
                                                  st.lists(st.integers(0, VOCAB - 1), min_size=1,
@@ -313,10 +326,32 @@ def field_value(name: str, field, clean: bool) -> st.SearchStrategy:
 
 
 def body(model) -> st.SearchStrategy:
-    """A JSON object for `model`, half of them clean (values each field accepts), half mixed
-    with edge and hostile values: required fields and ALWAYS almost always, up to 6 others
-    (4 when clean), an unknown field now and then."""
-    return st.one_of(fields_of(model, clean=True), fields_of(model, clean=False))
+    """A JSON object for `model`: a third clean (values each field accepts), a third clean
+    but for one or two fields (an edge or hostile value: what reaches the code past the
+    first check), a third mixed with edge and hostile values throughout."""
+    return st.one_of(fields_of(model, clean=True), one_off(model),
+                     fields_of(model, clean=False))
+
+
+SAMPLING = {"temperature", "top_p", "min_p", "top_k", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "logit_bias", "seed"}
+
+
+def one_off(model) -> st.SearchStrategy:
+    """A clean body with one or two fields (any of the model's) set to an edge value."""
+    edge = {n: field_value(n, f, clean=False) for n, f in model.model_fields.items()}
+
+    # the sampling controls twice as often: their edge values reach the model step
+    names = sorted(edge) + [n for n in sorted(edge) if n in SAMPLING]
+
+    @st.composite
+    def build(draw):
+        out = draw(fields_of(model, clean=True))
+        for name in draw(st.sets(st.sampled_from(names), min_size=1, max_size=2)):
+            out[name] = draw(edge[name])
+        return out
+
+    return build()
 
 
 def fields_of(model, clean: bool) -> st.SearchStrategy:
@@ -336,6 +371,8 @@ def fields_of(model, clean: bool) -> st.SearchStrategy:
             if rest else set()
         if either and draw(st.integers(0, 9)):  # 1 in 10 as drawn: both, or neither
             wanted = (wanted - set(either)) | {draw(st.sampled_from(either))}
+        if clean and "speculative" in rest and draw(st.booleans()):
+            wanted.add("speculative")  # half of the clean requests speculate
         for name in sorted(wanted):
             out[name] = draw(rest[name])
         if not clean and not draw(st.integers(0, 30)):
@@ -366,8 +403,45 @@ ROUTES = {
     "get": st.one_of(st.sampled_from(GETS), st.text(alphabet="/abcdefhilmortv1_.%?=", max_size=20)
                      .map(lambda p: "/" + p)).map(lambda p: Call("GET", p)),
 }
+# The most work one request may ask for: every logprob, prompt logprobs, echo, n choices of
+# several prompts filling the context (what made /health wait 10.9 s on SmolLM2).
+heavy = st.fixed_dictionaries({
+    "model": st.just(MODEL), "max_tokens": st.integers(1, 64), "echo": st.booleans(),
+    "prompt": st.integers(1, 8).flatmap(lambda k: st.just([" ".join(["w7 a"] * 60)] * k)),
+    "logprobs": st.sampled_from([5, 20]), "prompt_logprobs": st.sampled_from([None, 20]),
+    "n": st.integers(1, 4), "stream": st.booleans(), "ignore_eos": st.just(True)}).map(
+    lambda b: {k: v for k, v in b.items() if v is not None and not (
+        k == "prompt_logprobs" and b["stream"])})
+FLOATS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+          "frequency_penalty"}
+# A clean generation request that speculates, with one or two sampling controls at their
+# edge (subnormal, tiny, huge): a non-finite distribution in one row of a speculative step.
+sampling = st.tuples(
+    st.sampled_from([("/v1/completions", CompletionRequest), ("/v1/chat/completions",
+                                                              ChatRequest)]),
+    st.sampled_from(["none", "vanilla", "ngram", "suffix", "hybrid", "auto"]),
+    st.sets(st.sampled_from(sorted(FLOATS) * 3 + sorted(SAMPLING)), min_size=1, max_size=2),
+    st.booleans())
+
+
+@st.composite
+def edge_sampling(draw):
+    (path, model), method, names, stream = draw(sampling)
+    out = draw(fields_of(model, clean=True))
+    out.update({name: draw(st.one_of(tiny_floats, tiny_floats, BY_NAME[name]) if name in FLOATS
+                           else BY_NAME[name]) for name in names},
+               speculative={"method": method}, stream=stream)
+    return Call("POST", path, dump(out).encode("utf-8", "surrogatepass"))
+
+
+ROUTES["sampling"] = edge_sampling()
+ROUTES["heavy"] = heavy.map(lambda b: Call("POST", "/v1/completions",
+                                           dump(b).encode()))
 # completions and chat generate, the rest are cheap: their share of a mixed run
-WEIGHTS = {"completions": 4, "chat": 4, "tokenize": 1, "detokenize": 1, "get": 1}
+# (in this order: the sampling edge first, on a fresh server, where a non-finite row is
+# known to fail the step; after some traffic the same requests may pass)
+WEIGHTS = {"sampling": 10, "completions": 40, "chat": 40, "tokenize": 10, "detokenize": 10,
+           "get": 10, "heavy": 1}  # a heavy request takes seconds: 1 in 121
 calls = st.sampled_from([name for name, w in WEIGHTS.items() for _ in range(w)]).flatmap(
     ROUTES.__getitem__)
 KNOWN = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/health",
@@ -404,8 +478,11 @@ def is_stream(call: Call) -> bool:
 
 
 def victim_body(stream: bool = False) -> dict:
-    """The greedy request whose output must not change across a fuzzing run."""
+    """The greedy request whose output must not change across a fuzzing run; the stream
+    beside the run speculates with the vanilla draft (a method whose step a non-finite
+    distribution in another row can fail), the other does not."""
     return {"model": MODEL, "prompt": "a b c w7", "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True, "stream": stream}
+            "ignore_eos": True, "stream": stream,
+            "speculative": {"method": "vanilla" if stream else "none"}}
 
 
