@@ -112,7 +112,8 @@ def greedy(client: httpx.Client, body: dict) -> str:
         return r.json()["choices"][0]["text"]
     parts = [json.loads(line[6:]) for line in r.text.splitlines()
              if line.startswith("data: {")]
-    assert all("error" not in p for p in parts), parts
+    errors = [p["error"] for p in parts if "error" in p]
+    assert not errors, f"the victim stream ended with an error event: {errors}"
     return "".join(p["choices"][0]["text"] for p in parts if p.get("choices"))
 
 

@@ -16,7 +16,8 @@ tools); each is mixed with hostile values a client can send:
 A body is clean (values each field accepts: CLEAN), clean but for one or two edge fields
 (what reaches the code past the first check), or mixed throughout. ROUTES holds one
 strategy per route, plus `sampling` (a speculating request with its sampling controls at the
-edge: subnormal, tiny, huge) and `heavy` (the most work one request may ask for: n,
+edge: subnormal, tiny, huge), `logprobs` (echo, logprobs, prompt_logprobs, n and stream
+together, on token-id prompts too) and `heavy` (the most work one request may ask for: n,
 several long prompts, every logprob, prompt logprobs, echo).
 
 A request is a `Call` (method, path, raw body bytes): the body is written as JSON text by
@@ -435,13 +436,24 @@ def edge_sampling(draw):
 
 
 ROUTES["sampling"] = edge_sampling()
+# The logprob options together (echo, logprobs, prompt_logprobs, n, stream) on text and
+# token-id prompts, ids outside the vocabulary among them.
+ROUTES["logprobs"] = st.fixed_dictionaries({
+    "model": st.just(MODEL), "max_tokens": st.integers(0, 4),
+    "prompt": st.one_of(words, st.lists(token_ids, min_size=1, max_size=6),
+                        st.lists(st.lists(token_ids, min_size=1, max_size=4), min_size=1,
+                                 max_size=2))}, optional={
+    "echo": st.booleans(), "logprobs": st.one_of(st.integers(-1, 21), st.booleans()),
+    "prompt_logprobs": st.integers(-1, 21), "n": st.integers(1, 3), "stream": st.booleans(),
+    "stream_options": st.just({"include_usage": True})}).map(
+    lambda b: Call("POST", "/v1/completions", dump(b).encode()))
 ROUTES["heavy"] = heavy.map(lambda b: Call("POST", "/v1/completions",
                                            dump(b).encode()))
 # completions and chat generate, the rest are cheap: their share of a mixed run
 # (in this order: the sampling edge first, on a fresh server, where a non-finite row is
 # known to fail the step; after some traffic the same requests may pass)
-WEIGHTS = {"sampling": 10, "completions": 40, "chat": 40, "tokenize": 10, "detokenize": 10,
-           "get": 10, "heavy": 1}  # a heavy request takes seconds: 1 in 121
+WEIGHTS = {"sampling": 10, "logprobs": 10, "completions": 40, "chat": 40, "tokenize": 10,
+           "detokenize": 10, "get": 10, "heavy": 1}  # a heavy request takes seconds: 1 in 131
 calls = st.sampled_from([name for name, w in WEIGHTS.items() for _ in range(w)]).flatmap(
     ROUTES.__getitem__)
 KNOWN = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/health",
