@@ -105,7 +105,8 @@ test-fast: setup  ## tiny-model tests only
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 # The server fuzzed on the tests' tiny model: FUZZ_EXAMPLES requests generated from its request
-# models (tests/fuzz_strategies.py), a greedy victim stream beside them; `make test` runs 400.
+# models (tests/fuzz_strategies.py), a greedy victim stream beside them, ~2-3 min; `make test`
+# runs ~1,100 (tests/test_fuzz_server.py).
 FUZZ_EXAMPLES ?= 10000
 fuzz: setup  ## FUZZ_EXAMPLES generated requests on every route: no 5xx, no traceback, victim unchanged -> fuzz.json
 	$(BIN)/python scripts/fuzz_server.py --examples $(FUZZ_EXAMPLES) --json fuzz.json
