@@ -48,6 +48,9 @@ WORDS = ["a", "b", "c", "user", "w7", "w42", "<s>", "</s>", "<|im_start|>", "<|i
 RESERVED_TEMPLATE = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
                      "self", "range", "raise_exception", "namespace", "loop", "cycler",
                      "joiner", "lipsum", "dict", "__class__", "strftime_now"]
+# the routes a tally names; any other path counts as "(other paths)"
+KNOWN = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/health",
+         "/metrics", "/v1/models", "/tokenizer_info", "/"}
 
 
 @dataclass(frozen=True)
@@ -454,10 +457,6 @@ ROUTES["heavy"] = heavy.map(lambda b: Call("POST", "/v1/completions",
 # known to fail the step; after some traffic the same requests may pass)
 WEIGHTS = {"sampling": 10, "logprobs": 10, "completions": 40, "chat": 40, "tokenize": 10,
            "detokenize": 10, "get": 10, "heavy": 1}  # a heavy request takes seconds: 1 in 131
-calls = st.sampled_from([name for name, w in WEIGHTS.items() for _ in range(w)]).flatmap(
-    ROUTES.__getitem__)
-KNOWN = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/health",
-         "/metrics", "/v1/models", "/tokenizer_info", "/"}
 
 
 def verdict(status: int, text: str) -> str | None:
