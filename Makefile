@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 ENGINE := engines/smollm2-135m
 PROMPT ?= What are three good reasons to learn to cook at home?
 
-.PHONY: eval screenshot setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
+.PHONY: eval screenshot setup export export-fp32 export-int8-rows export-gemma demo train-drafters distill-data train-distilled finetune-drafters test test-fast test-triton fuzz bench bench-spec bench-peers load load-ray replay edge-report gpu-reference gpu-check build-trt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -103,6 +103,13 @@ test: setup  ## the whole test suite, real-model tests included
 
 test-fast: setup  ## tiny-model tests only
 	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+# The server fuzzed on the tests' tiny model: FUZZ_EXAMPLES requests generated from its request
+# models (tests/fuzz_strategies.py), a greedy victim stream beside them, ~2-3 min; `make test`
+# runs ~1,100 (tests/test_fuzz_server.py).
+FUZZ_EXAMPLES ?= 10000
+fuzz: setup  ## FUZZ_EXAMPLES generated requests on every route: no 5xx, no traceback, victim unchanged -> fuzz.json
+	$(BIN)/python scripts/fuzz_server.py --examples $(FUZZ_EXAMPLES) --json fuzz.json
 
 test-triton: setup  ## the Triton kernels on triton's CPU interpreter (fetches triton, ~290 MB, once)
 	$(BIN)/pip install -q --no-deps --target .triton triton
