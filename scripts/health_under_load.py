@@ -36,13 +36,12 @@ def largest_request(model: str, max_len: int, vocab: int, n: int = 1,
     long as the bound and the context allow (max_tokens 1), echoed with `top` logprobs.
     Returns it and its values (the server's estimate)."""
     per_token = (top + 1) * n * prompts
-    # (64 tokens short of the context: a prompt within a few tokens of it can fail in the
-    # prefill's last, padded chunk, a bug of its own)
-    tokens = min(max_len - 64, MAX_RESPONSE_VALUES // per_token)
+    # the prompts' values and the output's (max_tokens 1, logprobs `top`) within the bound
+    tokens = min(max_len - 1, (MAX_RESPONSE_VALUES - per_token) // per_token)
     ids = [[3 + (7 * i + j) % (vocab - 3) for j in range(tokens)] for i in range(prompts)]
     body = {"model": model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": top,
             "n": n, "temperature": 0}
-    return body, tokens * per_token
+    return body, (tokens + 1) * per_token
 
 
 def poll_health(url: str, interval_s: float, stop: threading.Event) -> list[float]:
