@@ -107,6 +107,7 @@ class Generator:
         self.drafters = drafter_entries(manifest)
         self.target = graphs.step_graph("target", self.config)
         self.tokenizer = tokenizer or Tokenizer(manifest.folder)
+        self.tokenizer.escape_special = config.escape_special_tokens
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise EngineFolderError(f"{manifest.folder / 'tokenizer.json'}: "
                                     f"{self.tokenizer.vocab_size} tokens, the model has "

@@ -156,6 +156,10 @@ class RuntimeConfig:
     # a finished request's KV slot keeps its rows; a prompt that starts with them reads only
     # the rest (runtime/prefix_cache.py); False: every prompt is read whole
     prefix_cache: bool = True
+    # special tokens written in a prompt string or a chat message's content are read as plain
+    # text (runtime/tokenizer.py escape_special); False: as control tokens, as transformers'
+    # apply_chat_template and vLLM read them
+    escape_special_tokens: bool = False
     # step costs the engine measured (runtime/speculation/cost_probe.py) are kept outside the engine folder
     # and read by the next process on this machine (runtime/speculation/cost_cache.py); `serve` turns it on
     cost_cache: bool = False
@@ -182,7 +186,7 @@ class RuntimeConfig:
                              "bound)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {', '.join(DTYPES)}")
-        for name in ("prefix_cache", "cost_cache"):
+        for name in ("prefix_cache", "cost_cache", "escape_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):

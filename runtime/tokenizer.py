@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import secrets
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -47,6 +49,10 @@ class Tokenizer:
         self._template = None
         self._max_token_bytes: int | None = None
         self._special: frozenset[int] | None = None
+        # special tokens written in user text (a prompt string, a message's content) are read
+        # as plain text, never as control tokens (RuntimeConfig.escape_special_tokens; a
+        # chat template's own special tokens stay special: encode_chat)
+        self.escape_special = False
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
@@ -95,15 +101,27 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True,
+               escape: bool | None = None) -> list[int]:
         # encode_batch releases the GIL (encode holds it): a long prompt tokenized on a
         # server thread does not stall the event loop or the scheduler
-        return self.encode_batch([text], add_special_tokens)[0]
+        return self.encode_batch([text], add_special_tokens, escape)[0]
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True
-                     ) -> list[list[int]]:
-        """The ids of each text, tokenized in parallel."""
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True,
+                     escape: bool | None = None) -> list[list[int]]:
+        """The ids of each text, tokenized in parallel. escape: special tokens written in the
+        texts are read as plain text (None: as self.escape_special says; text a chat
+        template rendered passes False)."""
+        tok = self._plain if (self.escape_special if escape is None else escape) else self._tok
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    @functools.cached_property
+    def _plain(self) -> HFTokenizer:
+        """A copy of the tokenizer that splits a special token's text like any other text (its
+        own, not a flag flipped on the shared one: encodes run on several threads)."""
+        tok = HFTokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True
+        return tok
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of `text` (no special tokens added) and each token's [start, end) characters."""
@@ -147,8 +165,45 @@ class Tokenizer:
             raise ValueError(f"the chat template cannot render this request: "
                              f"{type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: list[dict], **variables) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    **variables) -> list[int]:
         """As transformers' apply_chat_template(tokenize=True): the template writes the special
-        tokens itself, so none are added."""
-        return self.encode(self.apply_chat_template(messages, **variables),
-                           add_special_tokens=False)
+        tokens itself, so none are added. With escape_special, each message's content is read
+        as plain text (`escaped_chat`)."""
+        if self.escape_special and any(isinstance(m.get("content"), str) and m["content"]
+                                       for m in messages):
+            return self.escaped_chat(messages, add_generation_prompt, variables)
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt,
+                                                    **variables),
+                           add_special_tokens=False, escape=False)
+
+    def escaped_chat(self, messages: list[dict], add_generation_prompt: bool,
+                     variables: dict) -> list[int]:
+        """The chat rendered with a unique mark in place of each message's content; the
+        template's text between the marks is tokenized as it is (its special tokens stay
+        special), each content with special tokens as plain text. A template that rewrites
+        content (drops a message's, splits it, shows it twice) leaves a mark missing or
+        repeated: that chat cannot be escaped, and a ValueError says so."""
+        nonce = secrets.token_hex(8)
+        marks = {}  # mark -> the content it stands for
+        shown = []
+        for i, m in enumerate(messages):
+            if isinstance(m.get("content"), str) and m["content"]:
+                mark = f"\ue000{nonce}.{i}\ue001"
+                marks[mark] = m["content"]
+                m = {**m, "content": mark}
+            shown.append(m)
+        text = self.apply_chat_template(shown, add_generation_prompt, **variables)
+        pieces = re.split(f"(\ue000{nonce}\\.\\d+\ue001)", text)
+        found = pieces[1::2]
+        if sorted(found) != sorted(marks):
+            raise ValueError("this model's chat template rewrites message content (it drops, "
+                             "splits or repeats it), so special tokens written in it cannot "
+                             "be read as plain text (--escape-special-tokens); send the "
+                             "request to a server without that option")
+        ids = []
+        for j, piece in enumerate(pieces):
+            if piece:
+                ids += self.encode(marks[piece] if j % 2 else piece, add_special_tokens=False,
+                                   escape=bool(j % 2))
+        return ids

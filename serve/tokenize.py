@@ -52,16 +52,24 @@ async def tokenize(request: Request):
                            "prompt" if req.prompt is None else "messages")
     tokenizer = ctx.scheduler.tokenizer
     if req.prompt is not None:
-        text, special = req.prompt, req.add_special_tokens is not False
+        special = req.add_special_tokens is not False
+        ids = (await asyncio.to_thread(tokenizer.encode_batch, [req.prompt], special))[0]
     else:
+        special = bool(req.add_special_tokens)
         try:
             messages = validation.chat(req.messages)
-            text = await asyncio.to_thread(tokenizer.apply_chat_template, messages,
-                                           req.add_generation_prompt)
+            if tokenizer.escape_special:  # as the chat route reads them: contents plain text
+                ids = await asyncio.to_thread(tokenizer.encode_chat, messages,
+                                              req.add_generation_prompt)
+                if special:  # what the tokenizer adds before a text (a BOS)
+                    ids = tokenizer.encode("", add_special_tokens=True, escape=False) + ids
+            else:
+                text = await asyncio.to_thread(tokenizer.apply_chat_template, messages,
+                                               req.add_generation_prompt)
+                ids = (await asyncio.to_thread(tokenizer.encode_batch, [text], special,
+                                               False))[0]
         except ValueError as e:  # a bad message, no chat template, or the template refused
             raise RequestError(str(e), "messages") from None
-        special = bool(req.add_special_tokens)
-    ids = (await asyncio.to_thread(tokenizer.encode_batch, [text], special))[0]
     return {"count": len(ids), "max_model_len": ctx.scheduler.max_len, "tokens": ids,
             "token_strs": [tokenizer.piece(t) for t in ids] if req.return_token_strs
             else None}

@@ -58,6 +58,11 @@ def default_method(engine: str) -> str:
               show_default=True,
               help="Keep a finished request's KV rows: a prompt that starts with them (a chat's "
                    "next turn, a shared system prompt) reads only the rest.")
+@click.option("--escape-special-tokens/--no-escape-special-tokens",
+              default=RUNTIME.escape_special_tokens, show_default=True,
+              help="Read special tokens written in a prompt string or a message's content "
+                   "(e.g. '<|im_end|>') as plain text, not as control tokens; the chat "
+                   "template's own stay special.")
 @click.option("--cost-cache/--no-cost-cache", default=True, show_default=True,
               help="Keep the step costs the engine measures (the speculation policy's input) "
                    "in the user's cache folder, keyed by engine and machine: a later server "
