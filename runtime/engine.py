@@ -19,21 +19,18 @@ It keeps no per-stream state (the planner's windows, a proposer's caches: keyed 
 
 Every step therefore runs at most two target forwards (prefill, then decode/verify), however
 many methods and draft lengths its streams use. What is one stream's own in a step (its rows
-under its controls, its sampling and verification, its commit) runs `isolated`: an error
-there (a row that is not finite: runtime/sampling.py NonFiniteError) fails that stream alone,
-finish_reason "error" with the error on Stream.error, its slot freed; the others go on with
-the output they would have had without it. Under a grammar (runtime/guided_step.py) a
+under its controls, its sampling and verification, its commit) runs `isolated`
+(runtime/stream_step.py): an error there fails that stream alone; the others go on with the
+output they would have had without it. Under a grammar (runtime/guided_step.py) a
 forced continuation is drafted for free, drafts are held to what the grammar allows, and the
 rows' masks are made while the target runs.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -43,7 +40,7 @@ from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import Proposer
 from trt_spec.runtime.provenance import step_sources
-from trt_spec.runtime.sampling import NonFiniteError, next_token
+from trt_spec.runtime.sampling import next_token
 from trt_spec.runtime.scorer import Scorer
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.speculation.cost_cache import CostCache
@@ -51,14 +48,10 @@ from trt_spec.runtime.speculation.draft import Draft
 from trt_spec.runtime.speculation.planner import (ProposerSource, SpeculationPlanner,
                                                   StepTimes, Verified)
 from trt_spec.runtime.step_inputs import SlotTokens
+from trt_spec.runtime.stream_step import FAILED, isolated, verify_stream
 from trt_spec.runtime.stream import (StepMetrics, StopChecker, Stream, append, cached_tokens,
-                                     controlled, count_drafted, count_positions, fail,
+                                     controlled, count_drafted,
                                      finish_unsampled, prefill_chunks, record_prompt_logprobs)
-from trt_spec.runtime.verify import verify_batch
-
-log = logging.getLogger("trt_spec.engine")
-T = TypeVar("T")
-FAILED = Verified(0, 0, [])  # the outcome of a stream that failed its verification
 
 # one worker for the grammar's masks, made while the target's forward runs (engine.decode)
 MASKER = ThreadPoolExecutor(1, thread_name_prefix="trt-spec-masks")
@@ -166,23 +159,9 @@ class Engine:
             self.cache.release(s.slot, tokens, s.id)
             s.slot = None
 
-    def isolated(self, s: Stream, work: Callable[..., T], *args) -> T | None:
-        """work(*args): s's own part of a step (its rows under its controls, its sampling and
-        verification, its commit). An exception there fails s alone and gives None: s ends
-        with finish_reason "error" (the exception on s.error), its slot freed without keeping
-        its rows, and the step goes on for the others as if s had not been in it. Work the
-        batch shares (a forward, a proposer's call) is not isolated: its error fails the
-        step (the scheduler)."""
-        try:
-            return work(*args)
-        except Exception as e:  # noqa: BLE001 - one stream's failure is its own
-            if isinstance(e, NonFiniteError):
-                log.warning("stream %s failed: %s", s.id, e)
-            else:
-                log.exception("stream %s failed", s.id)
-            fail(s, e)
-            self.release(s, keep=False)
-            return None
+    def isolated(self, s: Stream, work, *args):
+        """work(*args), s's own part of a step: its error fails s alone (stream_step.py)."""
+        return isolated(s, self.release, work, *args)
 
     def observe(self, s: Stream, start: int, rows: dict[str, list[np.ndarray]], i: int,
                 n: int | None = None) -> None:
@@ -283,27 +262,12 @@ class Engine:
 
     def verify(self, streams: list[Stream], drafts: list[Draft], scores: StepOutput,
                raw: dict[int, np.ndarray]) -> StepResult:
-        """Each stream's outcome (verify_one), isolated: one that fails is FAILED. raw:
-        logits before the grammar's masks, where logprobs report them."""
-        verified = [self.isolated(s, self.verify_one, s, d, x) or FAILED
+        """Each stream's outcome (stream_step.verify_stream), isolated: one that fails is
+        FAILED. raw: logits before the grammar's masks, where logprobs report them."""
+        verified = [self.isolated(s, verify_stream, s, d, x) or FAILED
                     for s, d, x in zip(streams, drafts, scores.logits)]
         logits = [raw.get(i, x) for i, x in enumerate(scores.logits)]
         return StepResult(verified, logits, scores.rows, drafts)
-
-    @staticmethod
-    def verify_one(s: Stream, d: Draft, logits: np.ndarray) -> Verified:
-        """A stream that drafted: its accepted prefix and one token more (runtime/verify.py);
-        one that did not takes the target's next token as plain decoding samples it (the
-        same draw from the same distribution as verifying no drafts). Its rows, logits
-        [len(d) + 1, vocab], are under its sampling controls, each counting the drafts
-        before it (stream.controlled)."""
-        if s.fault is not None:  # raised for s in the step's shared work (its grammar)
-            raise s.fault
-        if not len(d):
-            return Verified(0, 0, [next_token(controlled(s, logits[-1:])[0], s.params, s.rng)])
-        out = verify_batch([d.tokens], [d.q], [controlled(s, logits, d.tokens)], [s.params],
-                           [s.rng])
-        return Verified(len(d), int(out.num_accepted[0]), out.tokens[0, :out.num_emitted[0]])
 
     def commit(self, streams: list[Stream], step: StepResult, m: StepMetrics) -> None:
         """Appends each stream's emitted tokens and records them; a finished stream frees its
@@ -318,10 +282,7 @@ class Engine:
         """Stream i of the step: its tokens appended and counted, then its slot freed when it
         finished, else its caches rewound and its proposer handed the accepted rows."""
         s.stats.record(v.proposed, v.accepted)
-        m.speculating_streams += v.proposed > 0
-        m.proposed_tokens += v.proposed
-        m.accepted_tokens += v.accepted
-        count_positions(m.accepted_per_position, v.accepted)
+        m.verified(v.proposed, v.accepted)
         sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted,
                                          len(v.tokens))
         m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i], sources)

@@ -192,6 +192,13 @@ class StepMetrics:
     mask_s: float = 0.0  # structured outputs: the grammar's masks (inside sample_s)
     total_s: float = 0.0
 
+    def verified(self, proposed: int, accepted: int) -> None:
+        """Counts one stream's verification: `proposed` drafts, `accepted` of them."""
+        self.speculating_streams += proposed > 0
+        self.proposed_tokens += proposed
+        self.accepted_tokens += accepted
+        count_positions(self.accepted_per_position, accepted)
+
 
 class StopChecker:
     """EOS, stop token ids, stop strings, max_tokens and cache capacity."""
