@@ -3,8 +3,8 @@ drafts held to what it allows, and the bitmasks of the rows the target verifies.
 
 Each function loops over the step's streams; what one stream's grammar raises (a limit of
 the grammar engine passed, a bug) is kept on that stream (Stream.fault: `guarded`), which
-then drafts nothing and fails alone in its own part of the step (Engine.verify_one), so the
-other streams of the step go on."""
+then drafts nothing and fails alone in its own part of the step
+(runtime/stream_step.py verify_stream), so the other streams of the step go on."""
 
 from __future__ import annotations
 

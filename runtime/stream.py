@@ -104,7 +104,7 @@ class Stream:
     error: Exception | None = None
     # an exception raised on this stream's behalf in work its step shares (its grammar's
     # forced tokens, drafts and masks: runtime/guided_step.py), raised again in its own part
-    # of the step, so that it fails alone there (Engine.verify_one)
+    # of the step, so that it fails alone there (stream_step.verify_stream)
     fault: Exception | None = None
     text: str = ""
     rng: np.random.Generator = None
