@@ -123,9 +123,15 @@ def test_export_by_name_offline_equals_the_local_folder(tiny_hf_dir, hub_cache, 
     source = load_manifest(by_name).data["source"]
     assert source["model"] == f"hf://org/tiny@{COMMIT_A}"
     assert source["heads"] == {"eagle3": f"hf://org/tiny-eagle3@{COMMIT_C}"}
-    # the manifest's hub names are read as names, never as paths beside the folder
+    # the manifest's hub names are read as names, never as paths beside the folder, and the
+    # torch backend reloads those commits from the cache
     assert source_path(by_name, source["model"]) == source["model"]
     assert rebase_source(source, by_name, tmp_path / "elsewhere")["model"] == source["model"]
+    from trt_spec.export.torch_backend import TorchGraphs
+
+    manifest = load_manifest(by_name)
+    graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False)
+    assert set(graphs.modules) == set(manifest.data["graphs"])
 
 
 def test_a_revision_picks_its_snapshot(tiny_hf_dir, tiny_b, hub_cache, tmp_path):
@@ -137,20 +143,17 @@ def test_a_revision_picks_its_snapshot(tiny_hf_dir, tiny_b, hub_cache, tmp_path)
     assert resolve_model("org/tiny@v2") == resolve_model(f"org/tiny@{COMMIT_B}") == b
     assert resolve_model(f"hf://org/tiny@{COMMIT_B}") == b
 
-    out = tmp_path / "engine"
-    export_model(ExportConfig("org/tiny@v2", out, "fp32"))
-    assert load_manifest(out).data["source"]["model"] == f"hf://org/tiny@{COMMIT_B}"
-    local_b = export_model(ExportConfig(str(tiny_b), tmp_path / "local-b", "fp32"))
-    assert greedy(out) == greedy(local_b)
-
-    out = tmp_path / "main"
-    export_model(ExportConfig("org/tiny", out, "fp32"))
-    stamp = (out / "manifest.json").stat().st_mtime_ns
-    export_model(ExportConfig("org/tiny", out, "fp32"))  # same commit: up to date
-    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+    v2 = export_model(ExportConfig("org/tiny@v2", tmp_path / "v2", "fp32"))
+    assert load_manifest(v2).data["source"]["model"] == f"hf://org/tiny@{COMMIT_B}"
+    main = export_model(ExportConfig("org/tiny", tmp_path / "main", "fp32"))
+    assert greedy(v2) != greedy(main)  # other weights
+    stamp = (main / "manifest.json").stat().st_mtime_ns
+    export_model(ExportConfig("org/tiny", main, "fp32"))  # same commit: up to date
+    assert (main / "manifest.json").stat().st_mtime_ns == stamp
     (hub_cache / "models--org--tiny" / "refs" / "main").write_text(COMMIT_B)
-    export_model(ExportConfig("org/tiny", out, "fp32"))  # main moved: exported again
-    assert load_manifest(out).data["source"]["model"] == f"hf://org/tiny@{COMMIT_B}"
+    export_model(ExportConfig("org/tiny", main, "fp32"))  # main moved: exported again
+    assert load_manifest(main).data["source"]["model"] == f"hf://org/tiny@{COMMIT_B}"
+    assert greedy(main) == greedy(v2)
 
 
 def test_only_the_index_shards_and_the_config_files_are_asked_for(tiny_hf_dir, hub_cache,
