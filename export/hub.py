@@ -88,14 +88,14 @@ class Snapshot:
 
 def hub_name(spec) -> HubName | None:
     """`spec` as a hub name, or None when it is not one: an existing local path, a .gguf
-    file's, or a string without the org/name form (a known model's name, a typo'd path). ValueError for an hf://
-    name or an org/name@revision whose id or revision is malformed."""
+    file's, or a string without the org/name form (a known model's name, a typo'd path).
+    ValueError for an hf:// name or an org/name@revision whose id or revision is malformed."""
     text = str(spec)
     explicit = text.startswith(PREFIX)
     if explicit:
         text = text[len(PREFIX):]
     elif Path(text).exists() or text.endswith(".gguf") \
-            or text.count("/") != 1 and "@" not in text:  # a path, a .gguf file or a name
+            or (text.count("/") != 1 and "@" not in text):  # a path, a .gguf file, a name
         return None
     repo_id, at, revision = text.partition("@")
     if REPO_ID.fullmatch(repo_id) and (not at or REVISION.fullmatch(revision)) \

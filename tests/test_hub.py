@@ -264,8 +264,9 @@ def test_no_network_says_where_the_cache_is(monkeypatch, hub_cache):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(HubError, match=f"'org/x' is not in the Hugging Face cache at {hub_cache}"
-                       ", and the hub .* could not be reached: check the network .*HF_HUB_OFFLINE=1"):
+    with pytest.raises(HubError, match=f"'org/x' is not in the Hugging Face cache at "
+                       f"{hub_cache}, and the hub .* could not be reached: check the network "
+                       ".*HF_HUB_OFFLINE=1"):
         resolve_model("org/x")
 
 
