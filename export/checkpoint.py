@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from trt_spec.export.hub import FORMS as HUB_FORMS
+from trt_spec.export.hub import download, hub_name
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.files import atomic_folder, cache_dir
 from trt_spec.runtime.methods import TRAIN_NAMES
@@ -388,7 +390,8 @@ def fetch_wheel_member(requirement: str, member: str, target: Path) -> Path:
 
 
 def resolve_model(spec: str) -> Path:
-    """A model name, a .gguf path or a Hugging Face folder -> a Hugging Face folder."""
+    """A model name, a .gguf path, a Hugging Face folder or a hub name (org/name[@revision],
+    downloaded into the hub's cache: export/hub.py) -> a Hugging Face folder."""
     if spec in KNOWN_MODELS:
         hf_dir = cache_dir() / spec / "hf"
         if not (hf_dir / "config.json").exists():
@@ -407,5 +410,8 @@ def resolve_model(spec: str) -> Path:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{spec!r} has no config.json (expected a Hugging Face folder)")
         return path
+    hub = hub_name(spec)  # neither a known name nor a local path
+    if hub is not None:
+        return download(hub).folder
     raise ValueError(f"model {spec!r} is not a known name ({', '.join(KNOWN_MODELS)}), "
-                     "a .gguf file or a Hugging Face folder")
+                     f"a .gguf file, a Hugging Face folder or a hub name ({HUB_FORMS})")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trt_spec.export.hub import hub_name
 from trt_spec.runtime.methods import HEAD_METHODS, METHODS
 
 # the precisions the graphs may have, by the runtime they are lowered for (and the default)
@@ -32,7 +33,11 @@ DRAFT_VOCABS = (*VOCAB_LENDERS, FULL_VOCAB)
 
 
 def default_out(model: str) -> Path:
-    """engines/<model name>: a .gguf's stem, a folder's or a known model's name."""
+    """engines/<model name>: a .gguf's stem, a folder's or a known model's name, a hub
+    repository's name (org/name@revision -> engines/name)."""
+    hub = hub_name(model)
+    if hub is not None:
+        return Path("engines") / hub.name
     return Path("engines") / (Path(model).stem if model.endswith(".gguf") else Path(model).name)
 
 
@@ -70,13 +75,14 @@ def resolve_draft_vocab(draft_vocab: str | None, drafters: dict[str, str]) -> st
 class ExportConfig:
     """One engine folder's export."""
 
-    model: str  # a known model's name, a .gguf file or a Hugging Face folder
+    model: str  # a known model's name, a .gguf file, a Hugging Face folder or a hub name
     out: Path | None = None  # the engine folder (None: engines/<model name>)
     precision: str | None = None  # one of PRECISIONS[lower_for] (None: DEFAULT_PRECISION's)
     lower_for: str = "ort"  # the runtime the graphs are lowered for: ort | trt
     # the drafters, by method (DRAFTER_METHODS): a head's checkpoint folder; vanilla's, a
     # draft model (name, .gguf or Hugging Face folder; the target's vocabulary) or a trained
-    # draft's folder (`trt-spec train --method draft`). None or "": no such drafter
+    # draft's folder (`trt-spec train --method draft`); any of them may be a hub name
+    # (org/name[@revision], export/hub.py). None or "": no such drafter
     drafters: dict[str, str] = field(default_factory=dict)
     draft_layers: int = 0  # a vanilla self-draft: the target's first N layers (0: none)
     # what the vanilla draft and the heads without a vocabulary of their own draft over (one
@@ -88,8 +94,8 @@ class ExportConfig:
 
     def __post_init__(self):
         if not isinstance(self.model, (str, Path)) or not str(self.model):
-            raise ValueError(f"model={self.model!r}: expected a model name, a .gguf file or a "
-                             "Hugging Face folder")
+            raise ValueError(f"model={self.model!r}: expected a model name, a .gguf file, a "
+                             "Hugging Face folder or a hub name (org/name[@revision])")
         object.__setattr__(self, "model", str(self.model))
         object.__setattr__(self, "drafters", self._checked_drafters())
         object.__setattr__(self, "draft_vocab", check_draft_vocab(self.draft_vocab))

@@ -3,6 +3,7 @@
     export_model(ExportConfig("smollm2-135m"))   # export/config.py: what is exported
 
     the drafters shipped for a known model join config.drafters (with_shipped_drafters)
+    -> models and drafters named on the hub fetched, named by their commit (with_hub_commits)
     -> the manifest's "source" for it; a folder with the same one is up to date
     -> the torch modules (load_models), the heads cut to the draft vocabulary, smoothed
        (int8-rows) or halved (fp16) (prepare_models)
@@ -30,6 +31,7 @@ from trt_spec.export.config import (DRAFT_VOCABS, DRAFTER_METHODS, FULL_VOCAB, E
                                     resolve_draft_vocab)
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import Drafter, head_vocab, restrict_head
+from trt_spec.export.hub import local, local_folder, pin
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_score,
                                          export_target, fc_io, save_with_external_data,
@@ -247,12 +249,13 @@ def load_vanilla(config: ExportConfig, target: TargetModel
     if layers:
         return truncated_draft(target, layers), (f"self-draft: the target's first {layers} of "
                                                  f"{target.config.num_layers} layers")
-    if model and is_draft_folder(model):
-        draft = load_draft(model, target)
+    path = local(model) if model else None  # a hub name: its snapshot's folder
+    if path and is_draft_folder(path):
+        draft = load_draft(path, target)
         return draft, (f"trained draft {model} ({draft.config.num_layers} layers, the target's "
                        "embedding)")
     if model:
-        draft, _ = load_target(resolve_model(model))
+        draft, _ = load_target(resolve_model(path))
         if draft.config.vocab_size != vocab:
             raise ValueError(f"draft model {model!r} has vocab {draft.config.vocab_size}, "
                              f"the target {vocab}: a vanilla draft must share it")
@@ -271,7 +274,7 @@ def load_models(config: ExportConfig) -> Models:
     loaded = {}
     for method, path in config.heads.items():
         log(f"loading the {method} drafter from {path}")
-        loaded[method] = load_drafter(path, method, target).eval()
+        loaded[method] = load_drafter(local_folder(path, method), method, target).eval()
     if "eagle3" in loaded and loaded["eagle3"].feature_layers != model_config.eagle3_layers:
         # the target's eagle3_features output follows the head's layers
         target.config = dataclasses.replace(model_config,
@@ -360,7 +363,8 @@ def write_folder(config: ExportConfig, source: dict, models: Models, d2t) -> Non
 def portable(value: str | None, folder: Path) -> str | None:
     """A model or drafter as the manifest's "source" records it: a local path (a file or
     folder that exists) relative to the engine folder, so that the folder can move with its
-    checkpoints; a model name (or anything else) as given."""
+    checkpoints; a model name, a pinned hub name (hf://org/name@<commit>) or anything else as
+    given."""
     if not value or value in KNOWN_MODELS or not Path(value).exists():
         return value
     return relative_source_path(value, folder)
@@ -404,12 +408,22 @@ def with_shipped_drafters(config: ExportConfig) -> ExportConfig:
         m: config.drafters.get(m) or shipped.get(m) for m in DRAFTER_METHODS})
 
 
+def with_hub_commits(config: ExportConfig) -> ExportConfig:
+    """`config` with its model and drafters named on the hub (org/name[@revision]) fetched
+    into the hub's cache and named by the commit fetched, hf://org/name@<commit>
+    (export/hub.py pin): the manifest's "source" records exactly what was exported, and a
+    new commit on the hub makes the folder out of date. Local paths and names stay."""
+    return dataclasses.replace(config, model=pin(config.model),
+                               drafters={m: pin(p) for m, p in config.drafters.items()})
+
+
 def export_model(config: ExportConfig, force: bool = False) -> Path:
     """`trt-spec export`: the engine folder config.out made from `config` (with the drafters
     shipped for its model, where config.shipped_drafters), or left as it is when it was made
     from the same sources and settings (unless `force`). Returns config.out."""
     if config.shipped_drafters:
         config = with_shipped_drafters(config)
+    config = with_hub_commits(config)
     draft_vocab = resolve_draft_vocab(config.draft_vocab, config.drafters)
     source = source_entry(config, draft_vocab)
     if not force and up_to_date(config.out, source):

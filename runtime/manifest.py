@@ -24,6 +24,7 @@ from trt_spec.runtime.config import ModelConfig
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+HUB_PREFIX = "hf://"  # a source model or drafter on the Hugging Face hub, never a path
 
 
 class EngineFolderError(ValueError):
@@ -107,8 +108,10 @@ def source_path(manifest: Manifest | str | Path, value):
     source checkpoints still finds them: such a value -> folder / value. Model names
     ("smollm2-135m") and absolute paths (folders exported before) come back as they are, and
     so does a relative path that exists only from the working directory (an older export's
-    value as typed). None / "" come back as they are."""
-    if not isinstance(value, str) or not value or os.path.isabs(value):
+    value as typed). None / "" and hub names (hf://org/name@commit, export/hub.py) come
+    back as they are."""
+    if not isinstance(value, str) or not value or os.path.isabs(value) \
+            or value.startswith(HUB_PREFIX):
         return value
     folder = manifest.folder if isinstance(manifest, Manifest) else Path(manifest)
     beside = folder / value

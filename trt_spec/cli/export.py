@@ -3,9 +3,31 @@ options map onto export/config.py ExportConfig, the drafters' onto its drafters 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from trt_spec.cli.options import fail
+
+
+HUB = ("a Hugging Face hub repository, org/name[@revision] (fetched into the hub's cache: "
+       "HF_HOME, HF_TOKEN, HF_HUB_OFFLINE and HF_ENDPOINT apply; safetensors only)")
+
+
+def folder_or_hub_name(ctx, param, value):
+    """A drafter's checkpoint: an existing folder or a hub name, checked before anything loads
+    (the download itself waits for the export)."""
+    from trt_spec.export.hub import FORMS, hub_name
+
+    if value is None or Path(value).is_dir():
+        return value
+    try:
+        if hub_name(value) is not None:
+            return value
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    raise click.BadParameter(f"{value!r} is not a folder, nor a hub name ({FORMS})", ctx=ctx,
+                             param=param)
 
 
 def renamed(ctx, param, value):
@@ -16,9 +38,11 @@ def renamed(ctx, param, value):
 
 @click.command()
 @click.option("--model", default="smollm2-135m", show_default=True,
-              help="A known model name (smollm2-135m, gemma3-270m), a local .gguf file, or a "
+              help="A known model name (smollm2-135m, gemma3-270m), a local .gguf file, a "
                    "Hugging Face folder (config.json + safetensors + tokenizer) of a Llama, "
-                   "Mistral, Qwen2/2.5, Qwen3 or Gemma 3 (text) model.")
+                   "Mistral, Qwen2/2.5, Qwen3 or Gemma 3 (text) model, or " + HUB + ", e.g. "
+                   "meta-llama/Llama-3.2-1B-Instruct. A local path wins over a hub name; "
+                   "hf://org/name is always the hub's.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "int4-head8",
                                                 "int4-plain", "int8-rows"]),
               default=None,
@@ -46,19 +70,22 @@ def renamed(ctx, param, value):
               help="Also export a vanilla draft: the target's first N layers + its final norm "
                    "and head (a layer-truncated self-draft). 0: none.")
 @click.option("--draft-model", default=None,
-              help="Also export a vanilla draft from this model (name, .gguf or HF folder; the "
-                   "target's vocabulary).")
-@click.option("--mtp", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Also export a vanilla draft from this model (name, .gguf, HF folder or "
+                   "hub name org/name[@revision]; the target's vocabulary).")
+@click.option("--mtp", default=None, callback=folder_or_hub_name,
               help="Also export MTP modules from this folder: DeepSeek-V3 layout "
                    "(model.layers.{L+i}.*, may be the target's own checkpoint) or trt-spec's "
-                   "drafter.json + model.safetensors.")
-@click.option("--eagle", type=click.Path(exists=True, file_okay=False), default=None,
+                   "drafter.json + model.safetensors. A folder, or a hub name "
+                   "org/name[@revision].")
+@click.option("--eagle", default=None, callback=folder_or_hub_name,
               help="Also export an Eagle module (one MTP-style module, looped) from this "
-                   "folder: either MTP layout (module 0 is used).")
-@click.option("--eagle3", type=click.Path(exists=True, file_okay=False), default=None,
+                   "folder (or hub name org/name[@revision]): either MTP layout (module 0 "
+                   "is used).")
+@click.option("--eagle3", default=None, callback=folder_or_hub_name,
               help="Also export an Eagle3 head from this folder: EAGLE3 checkpoint "
                    "(fc/midlayer/d2t or model.fc/model.layers.0 layouts, config.json) or "
-                   "trt-spec's own format. The target's feature layers follow the head's.")
+                   "trt-spec's own format. A folder, or a hub name org/name[@revision]. The "
+                   "target's feature layers follow the head's.")
 @click.option("--shipped-drafters/--no-shipped-drafters", default=True, show_default=True,
               help="For a known model, also export the drafters trained for it and shipped in "
                    "drafters/<model>/ (eagle3, mtp, eagle and the vanilla draft), each unless "
