@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.export.drafter_checkpoint import build_mtp_module, layer_config, load_eagle3
+from trt_spec.export.published_heads import build_mtp_module, layer_config, load_eagle3
 from trt_spec.export.drafters import Drafter
 
 
