@@ -108,15 +108,16 @@ def layer_config(hf: dict, target: ModelConfig, architecture: str = "LlamaForCau
              "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_heads,
              "rms_norm_eps": t.rms_norm_eps, "rope_theta": t.rope_theta, **own,
              "architectures": [architecture], "num_hidden_layers": 1,
-             "tie_word_embeddings": False}
+             "tie_word_embeddings": False,  # positions run as far as the target's:
+             "max_position_embeddings": t.max_position_embeddings}  # RoPE kinds may read it
     try:
         parsed = config_from_hf(layer)
     except ValueError as e:
         raise ValueError(f"{source}: the head's layer: {e}") from e
     rope = {} if any(k in hf for k in ROPE_STATED) else {**target_rope(t),
                                                           "rope_theta": parsed.rope_theta}
-    return dataclasses.replace(parsed, max_position_embeddings=t.max_position_embeddings,
-                               bos_token_id=None, eos_token_ids=(), eagle3_layers=(0,), **rope)
+    return dataclasses.replace(parsed, bos_token_id=None, eos_token_ids=(), eagle3_layers=(0,),
+                               **rope)
 
 
 def take_layer(state: StrictState, prefix: str, c: ModelConfig, qkv_in: int,

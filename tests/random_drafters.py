@@ -174,7 +174,7 @@ def published_eagle3(target_config, seed: int, flavour: str, rope: dict | None =
     config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
               "speculators_version": "0.2.0", "draft_vocab_size": draft_vocab,
               "norm_before_residual": True, "target_hidden_size": None,
-              "eagle_aux_hidden_state_layer_ids": list(t.eagle3_layers),
+              "eagle_aux_hidden_state_layer_ids": [0, 1, t.num_layers - 1],
               "torch_dtype": "bfloat16", "transformer_layer_config": layer,
               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                      "proposal_methods": [{"proposal_type": "greedy",

@@ -126,7 +126,9 @@ def test_each_layout_maps_every_key(target, tmp_path, layout):
         with torch.no_grad():
             hidden = drafter.fc(features)
         assert drafter.d2t.tolist() == W["d2t"].tolist()
-        assert drafter.feature_layers == target.config.eagle3_layers
+        ids = cfg.get("eagle_aux_hidden_state_layer_ids",
+                      cfg.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids"))
+        assert drafter.feature_layers == tuple(ids or target.config.eagle3_layers)
         assert drafter.modules[0].norm_before_residual == (layout.startswith("speculators"))
     else:
         hidden = torch.randn(len(TOKENS), target.config.hidden_size)
