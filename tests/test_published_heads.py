@@ -312,7 +312,11 @@ def test_greedy_speculation_with_published_heads_equals_plain(tiny_target, tmp_p
     heads = {}
     for method, layout in GROUPS[group].items():
         kwargs = {"rope": rope_keys} if layout.startswith("speculators") else {}
-        heads[method], _, _ = head_dir(tmp_path / method, target, layout, **kwargs)
+        heads[method], _, cfg = head_dir(tmp_path / method, target, layout, **kwargs)
+        if not {"rope_scaling", "rope_parameters"} & set(cfg):  # the target's RoPE, all of it
+            module = load_drafter(heads[method], method, target).modules[0]
+            torch.testing.assert_close(module.cos_cache, target.cos_cache, atol=0, rtol=0)
+            torch.testing.assert_close(module.sin_cache, target.sin_cache, atol=0, rtol=0)
     engine = export_model(ExportConfig(str(folder), tmp_path / "engine", "fp32", drafters=heads,
                                        shipped_drafters=False))
     greedy = SamplingParams(max_tokens=16, ignore_eos=True)
