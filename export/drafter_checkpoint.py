@@ -1,12 +1,8 @@
 """Drafter checkpoints: the layouts people publish, and the project's own.
 
-- EAGLE3, as published by EAGLE / SpecForge (`fc.weight`, `midlayer.*`, `norm.weight`,
-  `lm_head.weight`, `d2t`, `t2d`) or in the `model.fc` / `model.layers.0.*` layout;
-  config.json with `draft_vocab_size`, `target_hidden_size`, and optionally
-  `eagle_aux_hidden_state_layer_ids` (inputs to those target layers, as vLLM reads them).
-- DeepSeek-V3 MTP: `model.layers.{L+i}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,
-  embed_tokens, <a Llama decoder layer>}` for i < num_nextn_predict_layers (MLA / MoE layers
-  are refused). The target's own keys may sit beside them and are skipped.
+- Published heads (EAGLE3 as EAGLE, SpecForge, vLLM and speculators write it; MTP in the
+  DeepSeek-V3, MiMo and Qwen3-Next layouts): export/published_heads.py, each layout's keys and
+  config fields, and what is refused.
 - trt-spec's own: `drafter.json` + `model.safetensors` under the module's own names (what the
   trainer writes; `save_drafter`). Its "kind" is the method's train name (runtime/methods.py).
 
@@ -27,255 +23,18 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.export.checkpoint import StrictState, load_into
-from trt_spec.export.drafters import KINDS, Drafter, Eagle3Fc, Eagle3Step, MTPModule
+from trt_spec.export.checkpoint import load_into
+from trt_spec.export.drafters import KINDS, Drafter
 from trt_spec.export.model import TargetModel
+from trt_spec.export.published_heads import (build_eagle3, build_mtp_module, check_vocab_map,
+                                             eagle3_layer_ids, load_eagle3, load_mtp,
+                                             read_config, read_tensors)
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.methods import METHODS
 
 OWN_FORMAT = "trt-spec-drafter"
 OWN_VERSION = 1
 DRAFT_KIND = METHODS["vanilla"].train_name  # drafter.json "kind" of a vanilla draft model
-
-
-def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors (or every *.safetensors shard), else pytorch_model.bin."""
-    shards = sorted(folder.glob("*.safetensors"))
-    if shards:
-        from safetensors.torch import load_file
-
-        out = {}
-        for shard in shards:
-            out.update(load_file(str(shard)))
-        return out
-    binary = folder / "pytorch_model.bin"
-    if binary.exists():
-        return torch.load(binary, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{folder}: no model.safetensors, *.safetensors or pytorch_model.bin")
-
-
-def read_config(folder: Path, name: str = "config.json") -> dict:
-    path = folder / name
-    if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {name}")
-    return json.loads(path.read_text())
-
-
-def layer_config(hf: dict, target: ModelConfig) -> ModelConfig:
-    """The one decoder layer of a drafter, from its config.json (Llama names)."""
-    for key in ("kv_lora_rank", "q_lora_rank"):
-        if hf.get(key):
-            raise ValueError(f"config has {key}={hf[key]}: MLA attention layers are not "
-                             "supported; only Llama-style (GQA) drafter layers")
-    for flag in ("attention_bias", "mlp_bias"):
-        if hf.get(flag):
-            raise ValueError(f"config has {flag}=true; only bias-free Llama layers are supported")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
-    vocab = hf.get("vocab_size", target.vocab_size)
-    if vocab != target.vocab_size:
-        raise ValueError(f"drafter vocab_size {vocab} != the target's {target.vocab_size}: "
-                         "a drafter must share the target's vocabulary")
-    heads = hf.get("num_attention_heads", target.num_heads)
-    hidden = hf.get("hidden_size", target.hidden_size)
-    return ModelConfig(
-        vocab_size=target.vocab_size,
-        hidden_size=hidden,
-        intermediate_size=hf.get("intermediate_size", target.intermediate_size),
-        num_layers=1,
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hidden // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", target.rms_norm_eps),
-        rope_theta=float(hf.get("rope_theta", target.rope_theta)),
-        max_position_embeddings=target.max_position_embeddings,
-        tie_word_embeddings=False,
-        eagle3_layers=(0,),
-    )
-
-
-def take_layer(state: StrictState, prefix: str, c: ModelConfig, qkv_in: int) -> dict:
-    """A Llama decoder layer's keys under `prefix` -> DecoderLayer's (q/k/v, gate/up fused)."""
-    h, hd = c.hidden_size, c.head_dim
-    if state.has(prefix + "self_attn.kv_a_proj_with_mqa.weight"):
-        raise ValueError(f"{state.source}: {prefix}self_attn is MLA; only Llama-style attention "
-                         "drafter layers are supported")
-    if any(k.startswith(prefix + "mlp.experts.") for k in state.tensors):
-        raise ValueError(f"{state.source}: {prefix}mlp is a mixture of experts; only dense "
-                         "drafter layers are supported")
-    q = state.take(prefix + "self_attn.q_proj.weight", (c.num_heads * hd, qkv_in))
-    k = state.take(prefix + "self_attn.k_proj.weight", (c.num_kv_heads * hd, qkv_in))
-    v = state.take(prefix + "self_attn.v_proj.weight", (c.num_kv_heads * hd, qkv_in))
-    return {
-        "layer.input_layernorm": state.take(prefix + "input_layernorm.weight", (h,)),
-        "layer.qkv_proj.weight": torch.cat([q, k, v], dim=0),
-        "layer.o_proj.weight": state.take(prefix + "self_attn.o_proj.weight", (h, c.num_heads * hd)),
-        "layer.post_attention_layernorm": state.take(prefix + "post_attention_layernorm.weight", (h,)),
-        "layer.gate_up_proj.weight": torch.cat([
-            state.take(prefix + "mlp.gate_proj.weight", (c.intermediate_size, h)),
-            state.take(prefix + "mlp.up_proj.weight", (c.intermediate_size, h))], dim=0),
-        "layer.down_proj.weight": state.take(prefix + "mlp.down_proj.weight", (h, c.intermediate_size)),
-    }
-
-
-def target_head(target: TargetModel) -> torch.Tensor:
-    return target.embed_tokens.weight if target.lm_head is None else target.lm_head.weight
-
-
-def build_mtp_module(own: dict[str, torch.Tensor], config: ModelConfig, target: TargetModel,
-                     source: str) -> MTPModule:
-    """`own`: MTPModule keys; embed_tokens.weight, head_norm and lm_head.weight may be absent
-    (then the target's embedding, final norm and head are used)."""
-    t = target.config
-    if config.hidden_size != t.hidden_size:
-        raise ValueError(f"{source}: MTP hidden_size {config.hidden_size} != the target's "
-                         f"{t.hidden_size} (the module reads the target's hidden state)")
-    own = dict(own)
-    for key in ("embed_tokens.weight", "lm_head.weight"):
-        if key in own and own[key].shape[0] != t.vocab_size:
-            raise ValueError(f"{source}: {key} has {own[key].shape[0]} rows; the target's "
-                             f"vocabulary has {t.vocab_size}")
-    embed = own.pop("embed_tokens.weight", None)
-    own_head = own.pop("lm_head.weight", None)
-    own.setdefault("head_norm", target.norm.detach().clone())
-    embed = target.embed_tokens.weight.detach() if embed is None else embed
-    head = target_head(target).detach() if own_head is None else own_head
-    tied = torch.equal(embed, head)
-    module = MTPModule(dataclasses.replace(config, tie_word_embeddings=tied))
-    own["embed_tokens.weight"] = embed
-    if not tied:
-        own["lm_head.weight"] = head
-    load_into(module, own, source)
-    return module.eval()
-
-
-# --- DeepSeek-V3 MTP ----------------------------------------------------------------------
-
-def load_mtp(folder: Path, target: TargetModel, kind: str = "mtp") -> Drafter:
-    """DeepSeek-V3-style MTP modules from `folder` (it may be the full target checkpoint).
-    A looped kind (Eagle) takes module 0 only."""
-    folder = Path(folder)
-    hf = read_config(folder)
-    t = target.config
-    layers = hf.get("num_hidden_layers", t.num_layers)
-    if layers != t.num_layers:
-        raise ValueError(f"{folder}: num_hidden_layers {layers} != the target's {t.num_layers} "
-                         "(MTP modules are numbered after the target's layers)")
-    n = hf.get("num_nextn_predict_layers")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"{folder}/config.json: num_nextn_predict_layers={n!r}; an MTP "
-                         "checkpoint needs an integer >= 1")
-    if hf.get("n_routed_experts") and hf.get("first_k_dense_replace", 0) <= layers:
-        raise ValueError(f"{folder}: the MTP layers are mixture-of-experts layers "
-                         f"(n_routed_experts={hf['n_routed_experts']}); only dense layers are "
-                         "supported")
-    config = layer_config(hf, t)
-    state = StrictState(read_tensors(folder), str(folder))
-    h = config.hidden_size
-    modules = []
-    for i in range(n):
-        p = f"model.layers.{layers + i}."
-        if METHODS[kind].looped and i > 0:
-            state.skip([k for k in state.tensors if k.startswith(p)])
-            continue
-        own = take_layer(state, p, config, h)
-        own["enorm"] = state.take(p + "enorm.weight", (h,))
-        own["hnorm"] = state.take(p + "hnorm.weight", (h,))
-        own["eh_proj.weight"] = state.take(p + "eh_proj.weight", (h, 2 * h))
-        for ours, theirs in (("head_norm", "shared_head.norm.weight"),
-                             ("lm_head.weight", "shared_head.head.weight"),
-                             ("embed_tokens.weight", "embed_tokens.weight")):
-            if state.has(p + theirs):
-                own[ours] = state.take(p + theirs)
-        modules.append(build_mtp_module(own, config, target, f"{folder} module {i}"))
-    # The target's own weights may share the checkpoint (DeepSeek-V3 ships them together).
-    state.skip([k for k in state.tensors if k in ("model.embed_tokens.weight",
-                                                  "model.norm.weight", "lm_head.weight")
-                or any(k.startswith(f"model.layers.{j}.") for j in range(layers))])
-    state.finish()
-    return Drafter(kind, modules)
-
-
-# --- EAGLE3 -----------------------------------------------------------------------------
-
-EAGLE3_LAYOUTS = {  # name -> (layer prefix, fc, final norm, head, embedding)
-    "midlayer": ("midlayer.", "fc.", "norm.weight", "lm_head.weight", "embed_tokens.weight"),
-    "model": ("model.layers.0.", "model.fc.", "model.norm.weight", "lm_head.weight",
-              "model.embed_tokens.weight"),
-}
-
-
-def eagle3_layer_ids(hf: dict, target: ModelConfig, source: str) -> tuple[int, ...]:
-    ids = hf.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        ids = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        return target.eagle3_layers
-    ids = tuple(int(i) for i in ids)
-    if len(ids) != 3 or any(not 0 <= i < target.num_layers for i in ids):
-        raise ValueError(f"{source}: eagle_aux_hidden_state_layer_ids {list(ids)}: need three "
-                         f"layer ids in 0..{target.num_layers - 1}")
-    return ids
-
-
-def load_eagle3(folder: Path, target: TargetModel) -> Drafter:
-    folder = Path(folder)
-    hf = read_config(folder)
-    t = target.config
-    config = layer_config(hf, t)
-    h, source = config.hidden_size, str(folder)
-    target_hidden = hf.get("target_hidden_size") or t.hidden_size
-    if target_hidden != t.hidden_size:
-        raise ValueError(f"{source}: target_hidden_size {target_hidden} != the target's "
-                         f"hidden_size {t.hidden_size}")
-    draft_vocab = hf.get("draft_vocab_size") or t.vocab_size
-    state = StrictState(read_tensors(folder), source)
-    layout = next((name for name, keys in EAGLE3_LAYOUTS.items()
-                   if state.has(keys[0] + "input_layernorm.weight")), None)
-    if layout is None:
-        raise KeyError(f"{source}: not an EAGLE3 checkpoint: expected 'midlayer.*' or "
-                       "'model.layers.0.*' keys")
-    layer, fc, norm, head, embed = EAGLE3_LAYOUTS[layout]
-    features = 3 * t.hidden_size
-    bias = bool(hf.get("fc_bias", hf.get("bias", False)))
-    own = take_layer(state, layer, config, 2 * h)
-    own["hidden_norm"] = state.take(layer + "hidden_norm.weight", (h,))
-    own["head_norm"] = state.take(norm, (h,))
-    own["lm_head.weight"] = state.take(head, (draft_vocab, h))
-    if state.has(embed):
-        own["embed_tokens.weight"] = state.take(embed, (t.vocab_size, h))
-    elif h == t.hidden_size:
-        own["embed_tokens.weight"] = target.embed_tokens.weight.detach()
-    else:
-        raise KeyError(f"{source}: checkpoint has no {embed!r}, and the target's embedding "
-                       f"({t.hidden_size} wide) cannot stand in for a {h}-wide one")
-    fc_state = {"fc.weight": state.take(fc + "weight", (h, features))}
-    if bias:
-        fc_state["fc.bias"] = state.take(fc + "bias", (h,))
-    d2t = state.take("d2t", (draft_vocab,)).long()
-    t2d = state.take("t2d", (t.vocab_size,)).bool() if state.has("t2d") else None
-    check_vocab_map(d2t, t2d, t.vocab_size, source)
-    state.finish()
-    return build_eagle3(own, fc_state, d2t, config, draft_vocab, features, bias,
-                        eagle3_layer_ids(hf, t, source), source)
-
-
-def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int, source: str) -> None:
-    ids = torch.arange(len(d2t)) + d2t
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"{source}: d2t maps draft ids outside the target vocabulary 0..{vocab - 1}")
-    if t2d is not None and (int(t2d.sum()) != len(d2t) or not bool(t2d[ids].all())):
-        raise ValueError(f"{source}: t2d does not mark exactly the target ids that d2t maps to")
-
-
-def build_eagle3(own: dict, fc_state: dict, d2t: torch.Tensor, config: ModelConfig,
-                 draft_vocab: int, features: int, bias: bool, layers: tuple[int, ...],
-                 source: str) -> Drafter:
-    step = Eagle3Step(config, draft_vocab)
-    load_into(step, own, source)
-    fc = Eagle3Fc(features, config.hidden_size, bias)
-    load_into(fc, fc_state, source)
-    return Drafter("eagle3", [step.eval()], fc.eval(), d2t, layers)
 
 
 # --- trt-spec's own format --------------------------------------------------------------
@@ -306,7 +65,8 @@ def save_drafter(drafter: Drafter, folder: Path) -> None:
             "layer_config": drafter.config.to_dict()}
     if drafter.fc is not None:  # Eagle3
         meta.update(draft_vocab_size=len(drafter.d2t), feature_layers=list(drafter.feature_layers),
-                    fc_bias=drafter.fc.fc.bias is not None)
+                    fc_bias=drafter.fc.fc.bias is not None,
+                    norm_before_residual=drafter.modules[0].norm_before_residual)
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "drafter.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -378,7 +138,8 @@ def own_eagle3(groups: dict, meta: dict, config: ModelConfig, target: TargetMode
     layers = eagle3_layer_ids({"eagle_aux_hidden_state_layer_ids": meta["feature_layers"]},
                               t, source)
     return build_eagle3(own, groups["fc"], d2t, config, meta["draft_vocab_size"],
-                        3 * t.hidden_size, meta.get("fc_bias", False), layers, source)
+                        3 * t.hidden_size, meta.get("fc_bias", False), layers, source,
+                        meta.get("norm_before_residual", False))
 
 
 # --- a vanilla draft model (train/draft.py) -------------------------------------------------

@@ -15,6 +15,7 @@ hidden state of position p; its logits predict the token after that.
         g    = fc(concat(features of target layers (2, L/2, L-3)))       # first step only: Eagle3Fc
         a    = attention(qkv_proj(concat(input_layernorm(embed(tok)), hidden_norm(g))))  # 2H wide
         h    = g + o_proj(a);  h = h + mlp(post_attention_layernorm(h))
+               (norm_before_residual, speculators' option: hidden_norm(g) + o_proj(a))
         out  = lm_head(norm(h))  over the draft vocabulary; target id = draft id + d2t[draft id]
         next_hidden_states = h         (the next step's g)
 
@@ -142,11 +143,14 @@ class MTPModule(OneLayerDrafter):
 
 
 class Eagle3Step(OneLayerDrafter):
-    """One Eagle3 draft step: its attention reads 2H, its head the draft vocabulary."""
+    """One Eagle3 draft step: its attention reads 2H, its head the draft vocabulary.
+    norm_before_residual (speculators' option): the residual is hidden_norm(g), not g."""
 
-    def __init__(self, config: ModelConfig, draft_vocab_size: int):
+    def __init__(self, config: ModelConfig, draft_vocab_size: int,
+                 norm_before_residual: bool = False):
         super().__init__(config, draft_vocab_size, qkv_in=2 * config.hidden_size)
         self.hidden_norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.norm_before_residual = norm_before_residual
 
     def forward(self, input_ids, hidden_states, position_ids, seqlens_k, query_seqlens,
                 total_sequence_length, logits_index, past_key, past_value):
@@ -157,11 +161,12 @@ class Eagle3Step(OneLayerDrafter):
                            past_value)
 
     def layer_input(self, input_ids, hidden_states):
-        """-> (attention input [B, T, 2H] (normed), residual [B, T, H]: hidden_states)."""
+        """-> (attention input [B, T, 2H] (normed), residual [B, T, H]: hidden_states, or
+        hidden_norm(hidden_states) when norm_before_residual)."""
         c = self.config
         e = rms_norm(self.embed_tokens(input_ids), self.layer.input_layernorm, c.rms_norm_eps)
-        x = torch.cat([e, rms_norm(hidden_states, self.hidden_norm, c.rms_norm_eps)], -1)
-        return x, hidden_states
+        g = rms_norm(hidden_states, self.hidden_norm, c.rms_norm_eps)
+        return torch.cat([e, g], -1), g if self.norm_before_residual else hidden_states
 
 
 class Eagle3Fc(nn.Module):

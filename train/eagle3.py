@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trt_spec.export.drafter_checkpoint import layer_config, target_head
+from trt_spec.export.published_heads import layer_config, target_head
 from trt_spec.export.drafters import Drafter, Eagle3Fc, Eagle3Step
 from trt_spec.export.model import TargetModel
 from trt_spec.train.curve import CHAIN, chain_accept, make_curve

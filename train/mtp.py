@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.export.drafter_checkpoint import layer_config, target_head
+from trt_spec.export.published_heads import layer_config, target_head
 from trt_spec.export.drafters import Drafter, MTPModule
 from trt_spec.export.model import TargetModel
 from trt_spec.runtime.methods import METHODS
