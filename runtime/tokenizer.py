@@ -60,6 +60,7 @@ class Tokenizer:
         self._templates: dict[str, object] = {}  # template text -> compiled
         self._max_token_bytes: int | None = None
         self._special: frozenset[int] | None = None
+        self._kept: frozenset[int] = frozenset()  # special tokens decoded all the same
         # special tokens written in user text (a prompt string, a message's content) are read
         # as plain text, never as control tokens (RuntimeConfig.escape_special_tokens; a
         # chat template's own special tokens stay special: encode_chat)
@@ -141,7 +142,22 @@ class Tokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets
 
+    def marker_ids(self, tokens) -> dict[str, int]:
+        """{text: id} of those of `tokens` that are special tokens of this tokenizer."""
+        ids = {t: self._tok.token_to_id(t) for t in tokens}
+        return {t: i for t, i in ids.items() if i is not None and i in self.special_ids}
+
+    def keep_special(self, tokens) -> None:
+        """These special tokens (by their text) stay in decoded text even where special tokens
+        are skipped: the markers a model's tool calls start with ([TOOL_CALLS],
+        <|python_tag|>), which the call parser reads."""
+        self._kept = frozenset(self.marker_ids(tokens).values())
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._kept:  # the special tokens but the kept ones
+            special = self.special_ids
+            ids = [i for i in ids if i not in special or i in self._kept]
+            return self._tok.decode(ids, skip_special_tokens=False)
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def special_tokens(self) -> dict[str, str]:
