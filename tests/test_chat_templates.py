@@ -178,3 +178,48 @@ def test_a_bad_template_file_fails_quoting_the_path_and_jinja_s_line(tmp_path):
         bad.write_text(text)
         with pytest.raises(ValueError, match=words):
             chat_template.read_template_file(bad)
+
+
+def test_generate_serve_and_llm_take_a_template_file(tiny_engine, tmp_path):
+    from click.testing import CliRunner
+
+    from trt_spec.cli import main
+    from trt_spec.runtime.api import LLM
+
+    good = tmp_path / "plain.jinja"  # no role words: the prompt is the contents alone
+    good.write_text("{% for m in messages %}{{ m.content }} {% endfor %}")
+    base = ["generate", "--engine", str(tiny_engine), "--max-tokens", "2", "--json"]
+    for args, prompt_tokens in [([], 8), (["--chat-template", str(good)], 3)]:
+        result = CliRunner().invoke(main, base + args + ["a b c"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["metrics"]["prompt_tokens"] == prompt_tokens
+    llm = LLM(tiny_engine, chat_template=str(good))
+    assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "x"}]) == "x "
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}\n{% if %}{% endif %}{% endfor %}")
+    for command in [base + ["--chat-template", str(bad), "a"],
+                    ["serve", "--engine", str(tiny_engine), "--chat-template", str(bad)],
+                    ["serve", "--engine", str(tiny_engine), "--chat-template",
+                     str(tmp_path / "missing.jinja")]]:
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code != 0, result.output
+        assert ("bad.jinja does not compile: line 2: " in result.output
+                or "missing.jinja: no such file" in result.output), result.output
+
+
+def test_kept_markers_stay_in_decoded_text(tmp_path):
+    """A model's call markers are special tokens: decoding keeps them (where the call parser
+    reads them) and still drops the other special tokens."""
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "</s>": 1, "[TOOL_CALLS]": 2, "x": 3}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<unk>", "</s>", "[TOOL_CALLS]"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer(tmp_path)
+    assert ours.decode([2, 3, 1]) == "x"
+    ours.keep_special(["[TOOL_CALLS]", "[ARGS]"])  # [ARGS]: not in this vocabulary
+    assert ours.marker_ids(["[TOOL_CALLS]", "[ARGS]", "x"]) == {"[TOOL_CALLS]": 2}
+    assert ours.decode([2, 3, 1]) == "[TOOL_CALLS] x"
+    assert ours.decode([2, 3, 1], skip_special_tokens=False) == "[TOOL_CALLS] x </s>"

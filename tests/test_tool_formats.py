@@ -156,7 +156,8 @@ def byte_engine(tmp_path_factory):
     vocab = 256 + len(SPECIALS)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**{**TINY_HF_CONFIG, "vocab_size": vocab,
-                                         "bos_token_id": 257, "eos_token_id": 256})
+                                         "bos_token_id": 257, "eos_token_id": 256,
+                                         "max_position_embeddings": 2048})
     transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
     return export_model(ExportConfig(str(folder), tmp_path_factory.mktemp("engines") / "b",
                                      "fp32"))
@@ -189,3 +190,56 @@ def test_under_tool_choice_required_the_output_is_a_valid_call(byte_engine, name
                 jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
             if fmt.markers:  # the format's opening is the special token itself
                 assert gen.tokenizer.piece(s.output_ids[0]) in fmt.markers or name == "llama3"
+
+
+@pytest.mark.parametrize("template", ["folder's", "mistral-nemo", "mistral-7b-v0.3",
+                                      "llama-3.1"])
+def test_llm_chat_calls_tools_in_the_template_s_format(byte_engine, template, tmp_path):
+    """LLM.chat end to end: the format from the template (the folder's, or --chat-template's
+    published one), the tools and an earlier call rendered by it, the output held to that
+    format's grammar, its markers kept in the text, and the calls parsed back."""
+    from trt_spec.runtime.api import LLM
+
+    options = {}
+    if template != "folder's":
+        (tmp_path / "t.jinja").write_text(TEMPLATES[template])
+        options["chat_template"] = str(tmp_path / "t.jinja")
+    llm = LLM(byte_engine, **options)
+    chat = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0123456789abcdef", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_0123456789abcdef", "content": "09:00"},
+            {"role": "assistant", "content": "It is nine."},
+            {"role": "user", "content": "And the weather?"}]
+    for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
+        (out,) = llm.chat(chat, SamplingParams(max_tokens=80), tools=[WEATHER, TIME],
+                          tool_choice=choice, parallel_tool_calls=False)
+        (c,) = out.outputs
+        assert c.tool_calls and len(c.tool_calls) == 1, (template, c.text)
+        jsonschema.validate(json.loads(c.tool_calls[0].arguments),
+                            SCHEMAS[c.tool_calls[0].name])
+        assert isinstance(choice, str) or c.tool_calls[0].name == "get_weather"
+
+
+def test_a_streamed_native_call_is_held_then_sent_as_tool_calls():
+    from types import SimpleNamespace
+
+    from trt_spec.serve.chat import ToolChatShape
+
+    def out(text, finish=None):
+        return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
+
+    cases = [(FORMAT["mistral"], ["Sure. [TOOL_", 'CALLS][{"name": "get_time", ',
+                                  '"arguments": {}}]'], "Sure. "),
+             (FORMAT["llama3"], ['{"name": ', '"get_time", "parameters": {}}'], ""),
+             (FORMAT["mistral-args"], ["[TOOL_CALLS]get_time", "[ARGS]{}"], "")]
+    for fmt, pieces, content in cases:
+        shape = ToolChatShape(None, False, fmt, GIVEN, held=False)
+        sent = "".join(shape.delta(None, out(p))["delta"].get("content", "") for p in pieces)
+        assert sent == content, fmt.name
+        last = shape.delta(None, out("", "stop"))
+        assert last["finish_reason"] == "tool_calls", fmt.name
+        assert [c["function"]["name"] for c in last["delta"]["tool_calls"]] == ["get_time"]
+    shape = ToolChatShape(None, False, FORMAT["llama3"], GIVEN, held=False)
+    assert shape.delta(None, out("It is "))["delta"] == {"content": "It is "}  # text: sent
