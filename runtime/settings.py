@@ -193,7 +193,8 @@ class RuntimeConfig:
         for name in ("prefix_cache", "cost_cache", "escape_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
-        if self.chat_template is not None and not isinstance(self.chat_template, (str, os.PathLike)):
+        if self.chat_template is not None \
+                and not isinstance(self.chat_template, (str, os.PathLike)):
             raise ValueError(f"chat_template={self.chat_template!r}: expected a file's path "
                              "(or None: the engine folder's template)")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):

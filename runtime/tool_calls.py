@@ -171,7 +171,8 @@ class Format:
 
     def call_rule(self, t: Tool, ids) -> str:
         """One call of t in Lark."""
-        return f"{json.dumps(self.open)} %json {json.dumps(call_schema(t))} {json.dumps(self.close)}"
+        schema = json.dumps(call_schema(t))
+        return f"{json.dumps(self.open)} %json {schema} {json.dumps(self.close)}"
 
     def parse(self, text: str, given: list[Tool], held: bool = False
               ) -> tuple[str | None, list[ToolCall]]:

@@ -1,5 +1,5 @@
 """Chat templates render as transformers renders them (runtime/chat_template.py): the
-published templates of Llama 3.1 / 3.2 (3.3 ships 3.1's), Mistral 7B v0.3, Nemo and Small 3,
+published templates of Llama 3.1 / 3.2 (3.3 ships 3.1's), Mistral 7B v0.3, Nemo, Small 3 and 3.1,
 Qwen2.5 and Phi-3 / 3.5 / 4-mini (tests/data/chat_templates.json, each with the public copy
 it was read from), over chats with a system turn, several turns, tools, calls and their
 results, with and without the generation prompt: the text is byte for byte transformers'
@@ -108,7 +108,8 @@ def test_the_tool_templates_show_tools_calls_and_results(tokenizers):
     """What the parity above covers is real: each tool-taking template writes the tools, the
     call and its result into the prompt."""
     messages, tools = CHATS["a call and its result"]
-    for name in ("llama-3.1", "llama-3.2", "mistral-7b-v0.3", "mistral-nemo", "qwen2.5"):
+    for name in ("llama-3.1", "llama-3.2", "mistral-7b-v0.3", "mistral-nemo", "mistral-small-3.1",
+                 "qwen2.5"):
         text = tokenizers[name][0].apply_chat_template(messages, True, tools=tools)
         assert "get_time" in text and "Zürich" in text and "cloudy" in text, (name, text)
     llama = tokenizers["llama-3.1"][0].apply_chat_template(messages, True, tools=tools)

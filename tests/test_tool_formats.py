@@ -40,7 +40,8 @@ def test_each_template_gets_the_format_it_writes():
     got = {name: format_of(text).name for name, text in TEMPLATES.items()}
     assert got == {"llama-3.1": "llama3", "llama-3.2": "llama3", "mistral-7b-v0.3": "mistral",
                    "mistral-nemo": "mistral", "qwen2.5": "template",
-                   "mistral-small-3": "block", "phi-3-mini": "block", "phi-3.5-mini": "block",
+                   "mistral-small-3": "block", "mistral-small-3.1": "mistral",
+                   "phi-3-mini": "block", "phi-3.5-mini": "block",
                    # its tools are a system message's key, which the variable never reaches
                    "phi-4-mini": "block"}
     assert format_of(MISTRAL_ARGS).name == "mistral-args"
@@ -193,7 +194,7 @@ def test_under_tool_choice_required_the_output_is_a_valid_call(byte_engine, name
 
 
 @pytest.mark.parametrize("template", ["folder's", "mistral-nemo", "mistral-7b-v0.3",
-                                      "llama-3.1"])
+                                      "mistral-small-3.1", "llama-3.1"])
 def test_llm_chat_calls_tools_in_the_template_s_format(byte_engine, template, tmp_path):
     """LLM.chat end to end: the format from the template (the folder's, or --chat-template's
     published one), the tools and an earlier call rendered by it, the output held to that
