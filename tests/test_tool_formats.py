@@ -244,3 +244,35 @@ def test_a_streamed_native_call_is_held_then_sent_as_tool_calls():
         assert [c["function"]["name"] for c in last["delta"]["tool_calls"]] == ["get_time"]
     shape = ToolChatShape(None, False, FORMAT["llama3"], GIVEN, held=False)
     assert shape.delta(None, out("It is "))["delta"] == {"content": "It is "}  # text: sent
+
+
+def test_the_chat_endpoint_answers_llama_calls_streamed_and_not(byte_engine, tmp_path):
+    """`serve --chat-template` with Llama 3.1's published template: tool_choice required
+    answers tool_calls, whole and streamed (the held text never goes out as content)."""
+    import httpx
+
+    from tests.server_util import start_server
+
+    (tmp_path / "llama.jinja").write_text(TEMPLATES["llama-3.1"])
+    s = start_server(byte_engine, "--chat-template", str(tmp_path / "llama.jinja"))
+    try:
+        body = {"model": "tiny", "max_tokens": 80, "temperature": 0, "tools": [WEATHER, TIME],
+                "tool_choice": "required", "parallel_tool_calls": False,
+                "messages": [{"role": "user", "content": "weather?"}]}
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]),
+                            SCHEMAS[call["function"]["name"]])
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        deltas = [e["choices"][0] for e in events if e["choices"]]
+        assert not "".join(d["delta"].get("content") or "" for d in deltas)
+        assert deltas[-1]["finish_reason"] == "tool_calls"
+        assert deltas[-1]["delta"]["tool_calls"][0]["function"] == call["function"]  # greedy
+    finally:
+        assert s.stop() == 0
