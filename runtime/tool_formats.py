@@ -102,12 +102,12 @@ class MistralFormat(NativeFormat):
         if not sep:
             return text, []
         rest = rest.strip()
-        if held and rest.startswith("[") and not rest.endswith("]"):
-            rest = rest[:rest.rfind("}") + 1] + "]"  # cut short: the whole calls
         try:
             listed = json.loads(rest)
         except (ValueError, RecursionError):
-            return text, []
+            if not (held and rest.startswith("[")):
+                return text, []
+            listed = json_sequence(rest[1:], ",")[0]  # cut short (max_tokens): its whole calls
         listed = listed if isinstance(listed, list) else [listed]
         calls = [call_of(o, {t.name for t in given}, ("arguments",)) for o in listed]
         if not calls or None in calls:

@@ -83,8 +83,10 @@ def test_mistral_list_calls_parse_in_both_spacings():
     for text in ["plain", '[TOOL_CALLS][{"name": "nope", "arguments": {}}]',
                  '[TOOL_CALLS][{"name": "get_time", "arguments": 3}]', "[TOOL_CALLS][{"]:
         assert fmt.parse(text, GIVEN) == (text, [])
-    cut = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"name": "get_wea'
-    assert [c.name for c in fmt.parse(cut, GIVEN, held=True)[1]] == ["get_time"]
+    for cut in ['[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"name": "get_wea',
+                '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"name": "get_weather", '
+                '"arguments": {"city": "Oslo"}']:
+        assert [c.name for c in fmt.parse(cut, GIVEN, held=True)[1]] == ["get_time"]
 
 
 def test_mistral_args_calls_parse_with_or_without_a_call_id():
