@@ -194,7 +194,7 @@ class Tokenizer:
             self._templates[text] = templates.compile_template(text)
         try:
             return templates.render(self._templates[text], messages, add_generation_prompt,
-                                        self.special_tokens(), variables)
+                                    self.special_tokens(), variables)
         except templates.Refused as e:  # raise_exception's, saying why
             raise ValueError(f"chat template: {e}") from None
         except (TemplateError, TypeError, LookupError, AttributeError, ArithmeticError,
