@@ -25,6 +25,7 @@ from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
 from trt_spec.runtime.stream import RequestMetrics
 from trt_spec.runtime.tool_calls import Tool, ToolCall
+from trt_spec.runtime.tool_formats import format_of
 
 
 @dataclass
@@ -217,14 +218,15 @@ class LLM:
         given = tool_calls.tools(tools) if tools is not None else []
         choice = tool_calls.tool_choice(tool_choice, given)
         variables = reasoning.template_kwargs(chat_template_kwargs)
-        fmt = tool_calls.format_of(self.tokenizer.chat_template)
+        fmt = format_of(self.tokenizer.template_text(given))
         params = check_params(sampling_params or SamplingParams())
         if choice.forced:
             if params.structure is not None:
                 raise ValueError(f"tool_choice={tool_choice!r} holds the output to tool "
                                  f"calls; sampling_params.{params.structure[0]} cannot hold "
                                  "it too")
-            params = replace(params, grammar=fmt.grammar(given, choice, parallel_tool_calls))
+            params = replace(params, grammar=fmt.grammar(
+                given, choice, parallel_tool_calls, self.tokenizer.marker_ids(fmt.markers)))
         ids = [self.scheduler.encode(c, True, given, variables) for c in chats]
         # per chat: None where its answer does not think, else whether its prompt opened the
         # think block; a structure then holds the output after the thinking section

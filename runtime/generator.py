@@ -22,7 +22,8 @@ from trt_spec.runtime.settings import RuntimeConfig, parse_num_draft_tokens
 from trt_spec.runtime.grammar import Grammars
 from trt_spec.runtime.stream import StopChecker, Stream
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.tool_calls import Tool, for_template
+from trt_spec.runtime.tool_calls import Tool
+from trt_spec.runtime.tool_formats import for_template, format_of
 
 Prompt = str | list[dict]  # plain text, or chat messages [{"role", "content"}, ...]
 
@@ -57,7 +58,7 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt, chat: bool | None = None
     runtime/reasoning.py's template_kwargs: e.g. {"enable_thinking": False})."""
     extra = template_kwargs or {}
     if isinstance(prompt, list):
-        messages, variables = for_template(tokenizer.chat_template,
+        messages, variables = for_template(tokenizer.template_text(tools),
                                            validation.chat(prompt), tools or [])
         return tokenizer.encode_chat(messages, **extra, **variables)
     if not isinstance(prompt, str):
@@ -107,6 +108,11 @@ class Generator:
         self.drafters = drafter_entries(manifest)
         self.target = graphs.step_graph("target", self.config)
         self.tokenizer = tokenizer or Tokenizer(manifest.folder)
+        if config.chat_template is not None:  # --chat-template: a bad file fails here
+            self.tokenizer.use_template_file(config.chat_template)
+        # the special tokens the template's tool calls start with stay in the output's text,
+        # where the call parser reads them ([TOOL_CALLS], <|python_tag|>: tool_calls.py)
+        self.tokenizer.keep_special(format_of(self.tokenizer.template_text(True)).markers)
         self.tokenizer.escape_special = config.escape_special_tokens
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise EngineFolderError(f"{manifest.folder / 'tokenizer.json'}: "

@@ -26,10 +26,11 @@ from trt_spec.runtime.validation import FieldError, _show
 
 OPEN, CLOSE = "<think>", "</think>"
 # the template's own variables: chat_template_kwargs may not set them; nor the renderer's
-# own argument (self) or the names the template calls (runtime/tokenizer.py's environment:
-# jinja's globals and raise_exception), which a variable would shadow
-RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "self",
-            "raise_exception", "range", "dict", "lipsum", "cycler", "joiner", "namespace")
+# own argument (self) or the names the template calls (runtime/chat_template.py's
+# environment: jinja's globals, raise_exception, strftime_now), which a variable would shadow
+RESERVED = ("messages", "tools", "documents", "add_generation_prompt", "bos_token",
+            "eos_token", "unk_token", "pad_token", "self", "raise_exception", "strftime_now",
+            "range", "dict", "lipsum", "cycler", "joiner", "namespace")
 MAX_KWARGS = 32
 
 

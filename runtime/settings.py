@@ -9,6 +9,7 @@ Scheduler read.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -160,6 +161,9 @@ class RuntimeConfig:
     # text (runtime/tokenizer.py escape_special); False: as control tokens, as transformers'
     # apply_chat_template and vLLM read them
     escape_special_tokens: bool = False
+    # a chat template file (the template's text, or a JSON whose chat_template it is) used in
+    # place of the engine folder's (runtime/chat_template.py); None: the folder's
+    chat_template: str | None = None
     # step costs the engine measured (runtime/speculation/cost_probe.py) are kept outside the engine folder
     # and read by the next process on this machine (runtime/speculation/cost_cache.py); `serve` turns it on
     cost_cache: bool = False
@@ -189,6 +193,10 @@ class RuntimeConfig:
         for name in ("prefix_cache", "cost_cache", "escape_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
+        if self.chat_template is not None \
+                and not isinstance(self.chat_template, (str, os.PathLike)):
+            raise ValueError(f"chat_template={self.chat_template!r}: expected a file's path "
+                             "(or None: the engine folder's template)")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):
             raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
         if not isinstance(self.speculation, SpeculationConfig):

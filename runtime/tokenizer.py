@@ -1,4 +1,5 @@
-"""Tokenizer and chat template from an engine folder: `tokenizers` + jinja2, no transformers."""
+"""Tokenizer and chat template from an engine folder: `tokenizers` + jinja2, no transformers
+(the template rendered as transformers renders it: runtime/chat_template.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import re
 import secrets
 from pathlib import Path
 
+from jinja2 import TemplateError
 from tokenizers import Tokenizer as HFTokenizer
 
+from trt_spec.runtime import chat_template as templates
 from trt_spec.runtime.manifest import contained
 
 
@@ -34,25 +37,36 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class Tokenizer:
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, template_file: str | Path | None = None):
+        """template_file: a --chat-template file, in place of the folder's template."""
         folder = Path(folder)
         # an engine folder reads only its own files (no symlink out: runtime/manifest.py)
         self._tok = HFTokenizer.from_file(str(contained(folder, "tokenizer.json", str(folder))))
         cfg_path = contained(folder, "tokenizer_config.json", str(folder))
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         self.chat_template: str | None = cfg.get("chat_template")
+        # a tokenizer with named templates ([{"name", "template"}]): each by its name, and
+        # chat_template the default (`template_text` picks as transformers does)
+        self.named_templates: dict[str, str] = {}
+        if isinstance(self.chat_template, list):
+            self.named_templates = {t["name"]: t["template"] for t in self.chat_template
+                                    if isinstance(t, dict) and "name" in t}
+            self.chat_template = templates.named_template(self.named_templates, None)
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.pad_token = _token_text(cfg.get("pad_token"))
         self.unk_token = _token_text(cfg.get("unk_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
-        self._template = None
+        self._templates: dict[str, object] = {}  # template text -> compiled
         self._max_token_bytes: int | None = None
         self._special: frozenset[int] | None = None
+        self._kept: frozenset[int] = frozenset()  # special tokens decoded all the same
         # special tokens written in user text (a prompt string, a message's content) are read
         # as plain text, never as control tokens (RuntimeConfig.escape_special_tokens; a
         # chat template's own special tokens stay special: encode_chat)
         self.escape_special = False
+        if template_file is not None:
+            self.use_template_file(template_file)
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
@@ -128,38 +142,63 @@ class Tokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets
 
+    def marker_ids(self, tokens) -> dict[str, int]:
+        """{text: id} of those of `tokens` that are special tokens of this tokenizer."""
+        ids = {t: self._tok.token_to_id(t) for t in tokens}
+        return {t: i for t, i in ids.items() if i is not None and i in self.special_ids}
+
+    def keep_special(self, tokens) -> None:
+        """These special tokens (by their text) stay in decoded text even where special tokens
+        are skipped: the markers a model's tool calls start with ([TOOL_CALLS],
+        <|python_tag|>), which the call parser reads."""
+        self._kept = frozenset(self.marker_ids(tokens).values())
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._kept:  # the special tokens but the kept ones
+            special = self.special_ids
+            ids = [i for i in ids if i not in special or i in self._kept]
+            return self._tok.decode(ids, skip_special_tokens=False)
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def special_tokens(self) -> dict[str, str]:
+        """The named special tokens that are set, as transformers gives them to a template."""
+        named = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                 "unk_token": self.unk_token, "pad_token": self.pad_token}
+        return {k: v for k, v in named.items() if v is not None}
+
+    def use_template_file(self, path: str | Path) -> None:
+        """--chat-template: the file's template in place of the folder's (ValueError quoting
+        the path where it cannot be read or does not compile)."""
+        self.chat_template = templates.read_template_file(path)
+        self.named_templates = {}
+
+    def template_text(self, tools=None) -> str | None:
+        """The template to render: the tokenizer's, or of its named ones the one
+        transformers picks ("tool_use" with tools, else "default")."""
+        if self.named_templates:
+            return templates.named_template(self.named_templates, tools)
+        return self.chat_template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **variables) -> str:
-        """variables: more of the template's variables (tools, enable_thinking, ...)."""
-        if not self.chat_template:
+        """The chat as text, as transformers' apply_chat_template(tokenize=False) renders it
+        (runtime/chat_template.py). variables: more of the template's variables (tools,
+        enable_thinking, ...)."""
+        text = self.template_text(variables.get("tools"))
+        if not text:
             raise ValueError("this model's tokenizer has no chat template; pass a plain prompt")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"message {i} is {m!r}: expected {{'role': ..., 'content': ...}}")
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message):
-                raise ValueError(f"chat template: {message}")
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
-            self._template = env.from_string(self.chat_template)
-        from jinja2 import TemplateError
-
+        if text not in self._templates:
+            self._templates[text] = templates.compile_template(text)
         try:
-            return self._template.render(**variables, messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "",
-                                         eos_token=self.eos_token or "")
-        except ValueError:  # raise_exception's, saying why
-            raise
+            return templates.render(self._templates[text], messages, add_generation_prompt,
+                                    self.special_tokens(), variables)
+        except templates.Refused as e:  # raise_exception's, saying why
+            raise ValueError(f"chat template: {e}") from None
         except (TemplateError, TypeError, LookupError, AttributeError, ArithmeticError,
-                RecursionError) as e:
+                RecursionError, ValueError) as e:
             # what the template does with the request's messages, tools and variables is
             # the request's: the template cannot render them (the caller's 400)
             raise ValueError(f"the chat template cannot render this request: "

@@ -1,8 +1,10 @@
 """Tool calling: the tools shown to the model, its calls held to them, and parsed back.
 
 A request's `tools` (OpenAI's [{"type": "function", "function": {"name", "description",
-"parameters": JSON schema}}]) reach the model in one of two formats, chosen from the chat
-template (never from the model's name):
+"parameters": JSON schema}}]) reach the model in the format its chat template writes calls
+in, chosen from the template (never from the model's name: runtime/tool_formats.py
+`format_of`). Models with a call syntax of their own (Llama 3.x's JSON, Mistral's
+[TOOL_CALLS]) have theirs in runtime/tool_formats.py; the two tag formats are here:
 
     template   the template takes `tools` itself (Qwen2.5 / Qwen3: `{%- if tools %}`): the
                tools and the tool turns go to it as they are; it writes a call as
@@ -138,6 +140,12 @@ class Format:
     name: str
     open: str  # what a call is written between
     close: str
+    markers: tuple[str, ...] = ()  # special tokens calls are written with (kept in the text)
+
+    def held_from(self, text: str, sent: int) -> int:
+        """Where the content a stream may send ends: at a call's opening, or before a tail
+        that may yet become one."""
+        return held_from(text, sent, OPEN)
 
     def messages(self, messages: list[dict], given: list[Tool]) -> list[dict]:
         """The chat as the template is to see it."""
@@ -147,15 +155,24 @@ class Format:
         """What the template's `tools` variable holds (None: the template is not given it)."""
         return None
 
-    def grammar(self, given: list[Tool], choice: ToolChoice, parallel: bool) -> str:
+    def grammar(self, given: list[Tool], choice: ToolChoice, parallel: bool,
+                ids: dict[str, int] | None = None) -> str:
         """llguidance Lark: one call (or several, `parallel`) of the allowed functions, each
-        one's arguments held to its schema."""
+        one's arguments held to its schema. ids: the markers' token ids (Tokenizer.
+        marker_ids): a special token is written by its id, as its text would be read as
+        plain bytes."""
         allowed = [t for t in given if choice.mode != "function" or t.name == choice.name]
-        rules = [f"call_{i}: {json.dumps(self.open)} %json {json.dumps(call_schema(t))} "
-                 f"{json.dumps(self.close)}" for i, t in enumerate(allowed)]
+        rules = [f"call_{i}: {self.call_rule(t, ids)}" for i, t in enumerate(allowed)]
         calls = " | ".join(f"call_{i}" for i in range(len(allowed)))
-        start = 'start: call ("\\n" call)*' if parallel else "start: call"
-        return "\n".join([start, f"call: {calls}", *rules])
+        return "\n".join([self.start_rule(parallel, ids), f"call: {calls}", *rules])
+
+    def start_rule(self, parallel: bool, ids) -> str:
+        return 'start: call ("\\n" call)*' if parallel else "start: call"
+
+    def call_rule(self, t: Tool, ids) -> str:
+        """One call of t in Lark."""
+        schema = json.dumps(call_schema(t))
+        return f"{json.dumps(self.open)} %json {schema} {json.dumps(self.close)}"
 
     def parse(self, text: str, given: list[Tool], held: bool = False
               ) -> tuple[str | None, list[ToolCall]]:
@@ -184,13 +201,25 @@ class Format:
         return head.strip() or None, calls
 
 
-def call_schema(t: Tool) -> dict:
-    """The JSON schema of one call of t: {"name": t.name, "arguments": t's parameters}, in
+def call_schema(t: Tool, arguments: str = "arguments") -> dict:
+    """The JSON schema of one call of t: {"name": t.name, arguments: t's parameters}, in
     the fixed spacing of the project's JSON outputs (keys and punctuation forced)."""
     return {"type": "object", "properties": {"name": {"const": t.name},
-                                             "arguments": t.parameters},
-            "required": ["name", "arguments"], "additionalProperties": False,
+                                             arguments: t.parameters},
+            "required": ["name", arguments], "additionalProperties": False,
             "x-guidance": JSON_OPTIONS}
+
+
+def held_from(text: str, sent: int, tag: str) -> int:
+    """Where the content that may go out ends: at `tag`, or before a tail that may yet
+    become it."""
+    at = text.find(tag, sent)
+    if at >= 0:
+        return at
+    for n in range(min(len(tag) - 1, len(text) - sent), 0, -1):
+        if tag.startswith(text[len(text) - n:]):
+            return len(text) - n
+    return len(text)
 
 
 def parse_call(body: str, names: set[str]) -> ToolCall | None:
@@ -270,24 +299,3 @@ def merge_tool_results(messages: list[dict]) -> list[dict]:
 
 
 FORMATS = {f.name: f for f in (TemplateFormat(), BlockFormat())}
-TOOLS_IN_TEMPLATE = re.compile(r"\btools\b")
-
-
-def format_of(chat_template: str | None) -> Format:
-    """The template's format: `template` where it reads a `tools` variable, else `block`."""
-    if chat_template and TOOLS_IN_TEMPLATE.search(chat_template):
-        return FORMATS["template"]
-    return FORMATS["block"]
-
-
-def needs_rendering(messages: list[dict]) -> bool:
-    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
-
-
-def for_template(chat_template: str | None, messages: list[dict], given: list[Tool]
-                 ) -> tuple[list[dict], dict]:
-    """(the messages, the template's extra variables) to render a chat with `given` tools
-    (none: a chat that may hold earlier tool turns)."""
-    fmt = format_of(chat_template)
-    listed = fmt.template_tools(given)
-    return fmt.messages(messages, given), ({"tools": listed} if listed else {})

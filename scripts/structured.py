@@ -136,6 +136,7 @@ def task(gen, case: dict, max_tokens: int):
 
     from trt_spec.runtime import tool_calls
     from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.tool_formats import format_of
 
     def validates(value, schema) -> bool:
         try:
@@ -155,7 +156,7 @@ def task(gen, case: dict, max_tokens: int):
                 gen.encode(case["messages"]), valid)
     tools = tool_calls.tools(case["tools"])
     choice = tool_calls.tool_choice(case["tool_choice"], tools)
-    fmt = tool_calls.format_of(gen.tokenizer.chat_template)
+    fmt = format_of(gen.tokenizer.template_text(True))
     schemas = {t.name: t.parameters for t in tools}
 
     def valid(text: str) -> bool:
@@ -163,7 +164,8 @@ def task(gen, case: dict, max_tokens: int):
         return bool(calls) and all(validates(json.loads(c.arguments), schemas[c.name])
                                    for c in calls)
 
-    params = SamplingParams(max_tokens=max_tokens, grammar=fmt.grammar(tools, choice, False))
+    params = SamplingParams(max_tokens=max_tokens, grammar=fmt.grammar(
+        tools, choice, False, gen.tokenizer.marker_ids(fmt.markers)))
     return params, gen.encode(case["messages"], tools=tools), valid
 
 

@@ -17,6 +17,7 @@ from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
+from trt_spec.runtime.tool_formats import format_of
 from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
                                      served)
@@ -44,11 +45,12 @@ async def chat_completions(request: Request):
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
     tokenizer = scheduler.tokenizer
-    fmt = tool_calls.format_of(tokenizer.chat_template)
+    fmt = format_of(tokenizer.template_text(tools))
     think = reasoning.thinking_of(tokenizer, variables, ids)
     if choice.forced:
-        params = held_to_calls(req, params, fmt.grammar(tools, choice,
-                                                         req.parallel_tool_calls is not False))
+        params = held_to_calls(req, params, fmt.grammar(
+            tools, choice, req.parallel_tool_calls is not False,
+            tokenizer.marker_ids(fmt.markers)))
     if think is not None:  # a structure holds the output after the thinking section
         params = after_thinking(req, params, think)
     logprobs = params.logprobs is not None
@@ -169,7 +171,7 @@ class ToolChatShape(ChatShape):
         self.text += text
         lp = self.content_logprobs(out.logprobs)
         if out.finish_reason is None:
-            end = held_from(self.text, self.sent)
+            end = self.fmt.held_from(self.text, self.sent)
             text, self.sent = self.text[self.sent:end], max(self.sent, end)
             return {"index": self.index, "delta": delta_of(thought, text, out.logprobs),
                     "logprobs": lp, "finish_reason": None}
@@ -211,14 +213,8 @@ def calls_finish(finish_reason: str) -> str:
 
 def held_from(text: str, sent: int) -> int:
     """Where the content that may go out ends: at a call's opening tag, or before a tail that
-    may yet become one."""
-    at = text.find(tool_calls.OPEN, sent)
-    if at >= 0:
-        return at
-    for n in range(min(len(tool_calls.OPEN) - 1, len(text) - sent), 0, -1):
-        if tool_calls.OPEN.startswith(text[len(text) - n:]):
-            return len(text) - n
-    return len(text)
+    may yet become one (the tag formats': Format.held_from)."""
+    return tool_calls.held_from(text, sent, tool_calls.OPEN)
 
 
 def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict:

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from trt_spec.runtime import tool_calls, validation
-from trt_spec.runtime.tool_calls import FORMATS, OPEN, CLOSE, ToolChoice, format_of, tools
+from trt_spec.runtime.tool_calls import FORMATS, OPEN, CLOSE, ToolChoice, tools
+from trt_spec.runtime.tool_formats import for_template, format_of
 from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.chat import ToolChatShape, held_from
 
@@ -81,7 +82,7 @@ def test_the_format_follows_the_template_not_the_model():
     assert format_of(QWEN_LIKE).name == "template"
     assert format_of(SMOL_LIKE).name == "block" and format_of(None).name == "block"
     given = tools([WEATHER])
-    msgs, variables = tool_calls.for_template(QWEN_LIKE, [{"role": "user", "content": "x"}],
+    msgs, variables = for_template(QWEN_LIKE, [{"role": "user", "content": "x"}],
                                               given)
     assert variables == {"tools": [WEATHER]} and msgs == [{"role": "user", "content": "x"}]
 
@@ -97,7 +98,7 @@ def test_the_block_format_lists_the_tools_and_renders_tool_turns():
                                                          "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "a", "content": "12 C"},
         {"role": "tool", "tool_call_id": "b", "content": "09:00"}])
-    msgs, variables = tool_calls.for_template(SMOL_LIKE, chat, tools([WEATHER, TIME]))
+    msgs, variables = for_template(SMOL_LIKE, chat, tools([WEATHER, TIME]))
     assert variables == {}
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
     assert msgs[0]["content"].startswith("Be brief.\n\nYou can call these tools.")

@@ -52,7 +52,7 @@ def generate_one(engine: str | Path, prompt: str, config: RuntimeConfig,
 
     tokenizer, max_len = None, MAX_LEN
     if (Path(engine) / "tokenizer.json").is_file():
-        tokenizer = Tokenizer(engine)
+        tokenizer = Tokenizer(engine, config.chat_template)
         max_len = request_max_len(len(encode_prompt(tokenizer, prompt, chat)), params.max_tokens,
                                   config.speculation.num_draft_tokens)
     gen = Generator(engine, dataclasses.replace(config, max_len=max_len), tokenizer=tokenizer)

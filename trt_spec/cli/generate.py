@@ -6,9 +6,9 @@ import json
 
 import click
 
-from trt_spec.cli.options import (backend_options, engine_option, fail, methods_help,
-                                  runtime_config, sampling_options, sampling_params,
-                                  speculation_options, threads_option)
+from trt_spec.cli.options import (backend_options, chat_template_option, engine_option,
+                                  fail, methods_help, runtime_config, sampling_options,
+                                  sampling_params, speculation_options, threads_option)
 
 
 @click.command()
@@ -20,6 +20,7 @@ from trt_spec.cli.options import (backend_options, engine_option, fail, methods_
 @sampling_options
 @click.option("--chat/--no-chat", default=None,
               help="Apply the chat template to PROMPT [default: when the model has one].")
+@chat_template_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option

@@ -63,6 +63,13 @@ def engine_option(f):
                         help="Engine folder written by `trt-spec export`.")(f)
 
 
+def chat_template_option(f):
+    return click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+                        help="A chat template file (its Jinja text, or a JSON whose "
+                             "\"chat_template\" it is, as tokenizer_config.json) used in "
+                             "place of the engine folder's [default: the folder's].")(f)
+
+
 def threads_option(f):
     return click.option("--threads", type=click.IntRange(min=1), default=None,
                         help="CPU threads for ONNX Runtime (default: all cores, or "

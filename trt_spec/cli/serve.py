@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import click
 
-from trt_spec.cli.options import (RUNTIME, backend_options, engine_option, fail, methods_help,
-                                  runtime_config, speculation_options, threads_option)
+from trt_spec.cli.options import (RUNTIME, backend_options, chat_template_option, engine_option,
+                                  fail, methods_help, runtime_config, speculation_options,
+                                  threads_option)
 from trt_spec.runtime.options import defaults, from_options
 from trt_spec.runtime.settings import SERVE_MAX_BATCH
 from trt_spec.serve.options import ROUTINGS, RayOptions, ServeOptions
@@ -63,6 +64,7 @@ def default_method(engine: str) -> str:
               help="Read special tokens written in a prompt string or a message's content "
                    "(e.g. '<|im_end|>') as plain text, not as control tokens; the chat "
                    "template's own stay special.")
+@chat_template_option
 @click.option("--cost-cache/--no-cost-cache", default=True, show_default=True,
               help="Keep the step costs the engine measures (the speculation policy's input) "
                    "in the user's cache folder, keyed by engine and machine: a later server "
