@@ -6,9 +6,9 @@ import json
 
 import click
 
-from trt_spec.cli.options import (backend_options, engine_option, fail, methods_help,
-                                  runtime_config, sampling_options, sampling_params,
-                                  speculation_options, threads_option)
+from trt_spec.cli.options import (backend_options, engine_option, fail, memory_option,
+                                  methods_help, runtime_config, sampling_options,
+                                  sampling_params, speculation_options, threads_option)
 
 
 @click.command()
@@ -24,6 +24,7 @@ from trt_spec.cli.options import (backend_options, engine_option, fail, methods_
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
 @backend_options
+@memory_option
 @click.argument("prompt")
 def generate(engine, chat, as_json, prompt, **options):
     """Generate an answer to PROMPT."""
