@@ -132,7 +132,8 @@ class MemoryPlan:
                 for k, v in self.weights.items()]
         rows += [(f"KV cache: {r.name}", size(r.nbytes(1, self.max_len)),
                   size(r.nbytes(self.slots, self.max_len))) for r in self.rows]
-        of = "" if not have else f" of the {size(have)} available ({self.total / have:.0%})"
+        of = "" if not have else \
+            f" of the {size(have)} available ({percent(self.total / have)})"
         rows.append(("total", size(self.slot_bytes), size(self.total)))
         width = max(len(r[0]) for r in rows)
         return ([f"memory on {self.where}: {self.slots} slots (--max-num-seqs) x "
@@ -146,6 +147,11 @@ class MemoryPlan:
                 "weights": dict(self.weights), "weights_estimated": self.weights_estimated,
                 "kv_cache": {r.name: r.nbytes(self.slots, self.max_len) for r in self.rows},
                 "kv_cache_per_slot": self.slot_bytes, "total": self.total}
+
+
+def percent(x: float) -> str:
+    """0.9 -> 90%, 0.0002 -> 0.02%."""
+    return f"{x * 100:.3g}%"
 
 
 def size(n: int) -> str:
@@ -333,7 +339,7 @@ def check(plan: MemoryPlan, utilization: float, have: int | None = None) -> int 
 def refusal(plan: MemoryPlan, have: int, utilization: float) -> str:
     """The message of a plan that does not fit: the numbers, then what would."""
     lines = [f"this engine needs {size(plan.total)} of memory, more than "
-             f"{utilization:.0%} (--memory-utilization) of the {size(have)} available on "
+             f"{percent(utilization)} (--memory-utilization) of the {size(have)} available on "
              f"{plan.where}:", *plan.table(), "What would fit:"]
     return "\n".join(lines + [f"  - {f}" for f in what_fits(plan, int(have * utilization))])
 

@@ -9,6 +9,7 @@ import sys
 from importlib import metadata, util
 from pathlib import Path
 
+from trt_spec.runtime import memory
 from trt_spec.runtime.backends.cpu import cpu_flags as cpu_flags_of_cpu
 from trt_spec.runtime.backends.cpu import cpu_kind, cpu_name
 
@@ -75,13 +76,13 @@ def engine_report(engine_dir: str | Path, machine: dict, runtime=None) -> dict:
         notes.append("int4/int8 graphs run without AVX2/NEON here: MatMulNBits falls back to "
                      "slow kernels")
     size = sum(e["bytes"] for e in data["files"].values())
-    memory = memory_report(manifest, runtime or serve_config())
-    if not memory["fits"]:
-        problems.append(f"its weights and caches need {memory['total_text']}, more than "
-                        f"{memory['utilization']:.0%} of the {memory['available_text']} "
-                        f"available on {memory['where']}")
+    held = memory_report(manifest, runtime or serve_config())
+    if not held["fits"]:
+        problems.append(f"its weights and caches need {held['total_text']}, more than "
+                        f"{held['utilization_text']} of the {held['available_text']} "
+                        f"available on {held['where']}")
     exact = exact_decoding(manifest) if not problems else None
-    return {"exact_decoding": exact, "memory": memory,
+    return {"exact_decoding": exact, "memory": held,
             "folder": str(manifest.folder), "backends": sorted(backends),
             "precisions": precisions, "graphs": sorted(data["graphs"]),
             "methods": available_methods(manifest),
@@ -99,7 +100,6 @@ def serve_config():
 def memory_report(manifest, runtime) -> dict:
     """What the folder's weights and caches take at `runtime`'s slots and context, against
     the memory available (runtime/memory.py: the check `serve` makes), and what would fit."""
-    from trt_spec.runtime import memory
     from trt_spec.runtime.generator import drafter_entries
 
     plan = memory.memory_plan(manifest, runtime, drafter_entries(manifest))
@@ -109,6 +109,7 @@ def memory_report(manifest, runtime) -> dict:
     return {**plan.to_json(), "available": have, "utilization": runtime.memory_utilization,
             "fits": fits, "what_fits": [] if fits else memory.what_fits(plan, budget),
             "total_text": memory.size(plan.total),
+            "utilization_text": memory.percent(runtime.memory_utilization),
             "available_text": "?" if have is None else memory.size(have),
             "table": plan.table(have)}
 
