@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 
-from trt_spec.runtime import validation
+from trt_spec.runtime import memory, validation
 from trt_spec.runtime.backends.base import GraphSet
 from trt_spec.runtime.backends.sources import load_graphs
 from trt_spec.runtime.speculation.cost_cache import CostCache, cost_key
@@ -81,14 +81,20 @@ class Generator:
         config = self._config(config, options)
         t0 = time.perf_counter()
         manifest = load_manifest(engine_dir, verify=config.verify)
+        # what the weights and caches will take, checked before any graph is read: ValueError
+        # naming the numbers and the settings that fit (runtime/memory.py)
+        self.memory = memory.memory_plan(manifest, config, drafter_entries(manifest))
+        self.memory_available = memory.check(self.memory, config.memory_utilization)
         self._init(manifest, load_graphs(manifest, config), config, tokenizer, t0)
 
     @classmethod
     def from_graphs(cls, manifest: Manifest, graphs: GraphSet,
                     config: RuntimeConfig | None = None, *, tokenizer: Tokenizer | None = None,
                     **options) -> "Generator":
-        """Over graphs already loaded (TorchGraphs.from_model: no engine folder)."""
+        """Over graphs already loaded (TorchGraphs.from_model: no engine folder). Its memory
+        is not checked: the weights are in memory already."""
         gen = cls.__new__(cls)
+        gen.memory = gen.memory_available = None
         gen._init(manifest, graphs, cls._config(config, options), tokenizer, time.perf_counter())
         return gen
 
@@ -159,7 +165,7 @@ class Generator:
         returns self. Turning the prefix cache off drops what it kept."""
         new = self.settings.replace(**options)
         fixed = [f for f in ("backend", "device", "threads", "cuda_graphs", "exact_decode", "dtype",
-                             "verify", "max_batch", "max_len")
+                             "verify", "max_batch", "max_len", "memory_utilization")
                  if getattr(new, f) != getattr(self.settings, f)]
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot change once the engine folder is "

@@ -167,6 +167,10 @@ class RuntimeConfig:
     # step costs the engine measured (runtime/speculation/cost_probe.py) are kept outside the engine folder
     # and read by the next process on this machine (runtime/speculation/cost_cache.py); `serve` turns it on
     cost_cache: bool = False
+    # the share of the available memory (host RAM, or the GPU's free memory) the weights and
+    # KV caches may take (vLLM's gpu_memory_utilization); more refuses at load, before
+    # anything heavy is read (runtime/memory.py); above 1: past what is available (swap)
+    memory_utilization: float = 0.9
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self):
@@ -197,6 +201,10 @@ class RuntimeConfig:
                 and not isinstance(self.chat_template, (str, os.PathLike)):
             raise ValueError(f"chat_template={self.chat_template!r}: expected a file's path "
                              "(or None: the engine folder's template)")
+        if isinstance(self.memory_utilization, bool) or not isinstance(
+                self.memory_utilization, (int, float)) or not self.memory_utilization > 0:
+            raise ValueError(f"memory_utilization={self.memory_utilization!r}: must be a "
+                             "number > 0 (0.9: 90% of the available memory)")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):
             raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
         if not isinstance(self.speculation, SpeculationConfig):

@@ -193,14 +193,18 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
 def serve_engine(options: ServeOptions, say=print) -> None:
     """`trt-spec serve`: the engine folder's Generator (one KV-cache slot per
     --max-num-seqs, --max-model-len rows each) behind one Scheduler and the HTTP server, until
-    SIGINT / SIGTERM. `say` gets the line naming what is served where. ValueError for an engine
-    folder or setting that cannot run, before anything listens."""
+    SIGINT / SIGTERM. `say` gets what the weights and caches take (runtime/memory.py) and the
+    line naming what is served where. ValueError for an engine folder or setting that cannot
+    run (one whose weights and caches do not fit in memory: before any graph is read),
+    before anything listens."""
     from trt_spec.runtime.generator import Generator
 
-    gen = Generator(options.engine, options.runtime)
+    gen = Generator(options.engine, options.runtime)  # refuses what does not fit in memory
     gen.cache.reserve()  # resident from the start: kept slots fill all of it in time
     scheduler = Scheduler(gen, options.debug_step_delay)
     name = options.model_name
+    for line in gen.memory.table(gen.memory_available):
+        say(line)
     say(f"serving {name} ({options.engine}; methods: {', '.join(scheduler.methods)}) on "
         f"http://{options.host}:{options.port}")
     serve(scheduler, name, options.host, options.port, options.shutdown_timeout,

@@ -9,6 +9,7 @@ import sys
 from importlib import metadata, util
 from pathlib import Path
 
+from trt_spec.runtime import memory
 from trt_spec.runtime.backends.cpu import cpu_flags as cpu_flags_of_cpu
 from trt_spec.runtime.backends.cpu import cpu_kind, cpu_name
 
@@ -57,7 +58,9 @@ def machine_report() -> dict:
     }
 
 
-def engine_report(engine_dir: str | Path, machine: dict) -> dict:
+def engine_report(engine_dir: str | Path, machine: dict, runtime=None) -> dict:
+    """runtime: the RuntimeConfig the folder would be served with (slots, context, backend:
+    what its memory is counted at; default: `serve`'s)."""
     from trt_spec.runtime.generator import available_methods
     from trt_spec.runtime.manifest import load_manifest
 
@@ -73,13 +76,42 @@ def engine_report(engine_dir: str | Path, machine: dict) -> dict:
         notes.append("int4/int8 graphs run without AVX2/NEON here: MatMulNBits falls back to "
                      "slow kernels")
     size = sum(e["bytes"] for e in data["files"].values())
+    held = memory_report(manifest, runtime or serve_config())
+    if not held["fits"]:
+        problems.append(f"its weights and caches need {held['total_text']}, more than "
+                        f"{held['utilization_text']} of the {held['available_text']} "
+                        f"available on {held['where']}")
     exact = exact_decoding(manifest) if not problems else None
-    return {"exact_decoding": exact,
+    return {"exact_decoding": exact, "memory": held,
             "folder": str(manifest.folder), "backends": sorted(backends),
             "precisions": precisions, "graphs": sorted(data["graphs"]),
             "methods": available_methods(manifest),
             "bytes": size, "bundle": "bundle" in data,
             "runs_here": not problems, "problems": problems, "notes": notes}
+
+
+def serve_config():
+    """The settings `trt-spec serve` runs a folder with by default."""
+    from trt_spec.runtime.settings import SERVE_MAX_BATCH, RuntimeConfig
+
+    return RuntimeConfig(max_batch=SERVE_MAX_BATCH)
+
+
+def memory_report(manifest, runtime) -> dict:
+    """What the folder's weights and caches take at `runtime`'s slots and context, against
+    the memory available (runtime/memory.py: the check `serve` makes), and what would fit."""
+    from trt_spec.runtime.generator import drafter_entries
+
+    plan = memory.memory_plan(manifest, runtime, drafter_entries(manifest))
+    have = memory.available(plan.where)
+    budget = None if have is None else int(have * runtime.memory_utilization)
+    fits = budget is None or plan.total <= budget
+    return {**plan.to_json(), "available": have, "utilization": runtime.memory_utilization,
+            "fits": fits, "what_fits": [] if fits else memory.what_fits(plan, budget),
+            "total_text": memory.size(plan.total),
+            "utilization_text": memory.percent(runtime.memory_utilization),
+            "available_text": "?" if have is None else memory.size(have),
+            "table": plan.table(have)}
 
 
 def exact_decoding(manifest) -> dict | None:
@@ -98,12 +130,13 @@ def exact_decoding(manifest) -> dict | None:
             "refused": found.failed, "text": found.describe()}
 
 
-def report(engine: str | Path | None = None) -> dict:
-    """`trt-spec doctor`: {"machine": ..., and with `engine`, "engine": ...}. ValueError for
-    an engine folder that cannot be read."""
+def report(engine: str | Path | None = None, runtime=None) -> dict:
+    """`trt-spec doctor`: {"machine": ..., and with `engine`, "engine": ...}. runtime: the
+    settings the folder's memory is counted at (default: `serve`'s). ValueError for an engine
+    folder that cannot be read."""
     out = {"machine": machine_report()}
     if engine:
-        out["engine"] = engine_report(engine, out["machine"])
+        out["engine"] = engine_report(engine, out["machine"], runtime)
     return out
 
 
@@ -130,6 +163,8 @@ def report_text(report: dict) -> str:
                      f"{', '.join(e['backends'])}, {e['bytes'] / 1e6:.1f} MB, methods "
                      f"{', '.join(e['methods'])}{' (bundle)' if e['bundle'] else ''}")
         lines += [f"  problem: {p}" for p in e["problems"]] + [f"  note: {n}" for n in e["notes"]]
+        lines += [f"  {line}" for line in e["memory"]["table"]]
+        lines += [f"    would fit: {f}" for f in e["memory"]["what_fits"]]
         if e.get("exact_decoding"):
             x = e["exact_decoding"]
             lines.append(f"  exact decoding {x['text']}")

@@ -7,8 +7,9 @@ import json
 import click
 
 from trt_spec.cli.options import (backend_options, chat_template_option, engine_option,
-                                  fail, methods_help, runtime_config, sampling_options,
-                                  sampling_params, speculation_options, threads_option)
+                                  fail, memory_option, methods_help, runtime_config,
+                                  sampling_options, sampling_params, speculation_options,
+                                  threads_option)
 
 
 @click.command()
@@ -25,6 +26,7 @@ from trt_spec.cli.options import (backend_options, chat_template_option, engine_
               help="Print one JSON object: text, token_ids, finish_reason, metrics.")
 @threads_option
 @backend_options
+@memory_option
 @click.argument("prompt")
 def generate(engine, chat, as_json, prompt, **options):
     """Generate an answer to PROMPT."""

@@ -210,6 +210,18 @@ def methods_help(intro: str) -> str:
     return intro + " " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."
 
 
+def memory_option(f):
+    """--memory-utilization: how much of the machine's memory the engine may take (generate,
+    serve; runtime/memory.py)."""
+    return click.option(
+        "--memory-utilization", type=click.FloatRange(min=0, min_open=True),
+        default=RUNTIME.memory_utilization, show_default=True,
+        help="The share of the available memory (host RAM on ort; the GPU's free memory on "
+             "torch-cuda and trt) the weights and KV caches may take; more is refused at "
+             "start, naming the settings that fit. Above 1 goes past what is available "
+             "(swap).")(f)
+
+
 def backend_options(f):
     """--backend and --device: where the engine runs (generate, bench, serve)."""
     for opt in reversed([

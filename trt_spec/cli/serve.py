@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from trt_spec.cli.options import (RUNTIME, backend_options, chat_template_option, engine_option,
-                                  fail, methods_help, runtime_config, speculation_options,
-                                  threads_option)
+                                  fail, memory_option, methods_help, runtime_config,
+                                  speculation_options, threads_option)
 from trt_spec.runtime.options import defaults, from_options
 from trt_spec.runtime.settings import SERVE_MAX_BATCH
 from trt_spec.serve.options import ROUTINGS, RayOptions, ServeOptions
@@ -112,6 +112,7 @@ def default_method(engine: str) -> str:
               help="Sleep this long after each step (tests: a slower model).")
 @threads_option
 @backend_options
+@memory_option
 @click.option("--ray", "use_ray", is_flag=True,
               help="Deploy on Ray Serve: --replicas engines behind one HTTP endpoint "
                    "(pip install 'trt-spec[ray]').")
