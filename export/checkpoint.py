@@ -87,8 +87,9 @@ def rope_theta_of(params, fallback: float | None, what: str) -> float | None:
         return fallback
     kind = rope_kind(params)
     if kind != "default":
-        raise ValueError(f"rope_parameters.{what}.rope_type {kind!r} is not supported; "
-                         "per-layer-type RoPE (Gemma 3) is taken only unscaled ('default')")
+        raise ValueError(f"rope scaling {kind!r} (rope_parameters.{what}.rope_type) is not "
+                         "supported; per-layer-type RoPE (Gemma 3) is taken only unscaled "
+                         "('default')")
     return params.get("rope_theta", fallback)
 
 

@@ -30,6 +30,7 @@ import torch
 from trt_spec.export.checkpoint import StrictState, load_into
 from trt_spec.export.drafters import KINDS, Drafter, Eagle3Fc, Eagle3Step, MTPModule
 from trt_spec.export.model import TargetModel
+from trt_spec.export.rope import scaling_from_hf
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.methods import METHODS
 
@@ -87,11 +88,29 @@ def layer_config(hf: dict, target: ModelConfig) -> ModelConfig:
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hidden // heads,
         rms_norm_eps=hf.get("rms_norm_eps", target.rms_norm_eps),
-        rope_theta=float(hf.get("rope_theta", target.rope_theta)),
         max_position_embeddings=target.max_position_embeddings,
         tie_word_embeddings=False,
         eagle3_layers=(0,),
+        **drafter_rope(hf, target),
     )
+
+
+def drafter_rope(hf: dict, target: ModelConfig) -> dict:
+    """A drafter layer's RoPE (ModelConfig fields): its config.json's when that names a
+    rope_scaling / rope_parameters (null: the plain RoPE; e.g. the EAGLE3 heads for Llama 3.1
+    carry the target's llama3 block), else the target's (DeepSeek-V3 MTP modules and heads
+    whose config says nothing apply the target's RoPE). Refused like the target's."""
+    theta = float(hf.get("rope_theta", target.rope_theta))
+    if "rope_scaling" not in hf and "rope_parameters" not in hf:
+        return dict(rope_theta=theta, rope_scaling=target.rope_scaling,
+                    partial_rotary_factor=float(hf.get("partial_rotary_factor",
+                                                       target.partial_rotary_factor)))
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    own = {"max_position_embeddings": target.max_position_embeddings, **hf}
+    return dict(rope_theta=float(params.get("rope_theta", theta)),
+                rope_scaling=scaling_from_hf(params, own),
+                partial_rotary_factor=float(params.get("partial_rotary_factor",
+                                                       hf.get("partial_rotary_factor", 1.0))))
 
 
 def take_layer(state: StrictState, prefix: str, c: ModelConfig, qkv_in: int) -> dict:

@@ -73,9 +73,9 @@ MODELS = {
         max_position_embeddings=256, original_max_position_embeddings=32,
         partial_rotary_factor=0.75, tie_word_embeddings=True,
         rope_scaling={"type": "longrope", **longrope_factors(24, 40.0)}), 32),
-    # Phi-3-mini-4k-instruct: default RoPE, sliding_window 2047 of 4096 -> 23 of 64
+    # Phi-3-mini-4k-instruct: default RoPE, sliding_window 2047 of 4096 -> 23 of 128
     "phi3-mini-4k": ("Phi3ForCausalLM", "Phi3Config", dict(
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
         sliding_window=23, tie_word_embeddings=False), 32),
     # Mistral-7B-v0.1: sliding_window 4096 of 32768 -> 16 of 128, GQA, theta 1e4
     "mistral": ("MistralForCausalLM", "MistralConfig", dict(
@@ -131,10 +131,10 @@ def cached_logits(model, ids: list[int], prefill: int) -> torch.Tensor:
     cache = DynamicCache(config=model.config)
     out = []
     with torch.no_grad():
-        step = model(torch.tensor([ids[:prefill]]), past_key_values=cache, use_cache=True)
+        step = model(torch.tensor([ids[:prefill]]), cache=cache, use_cache=True)
         out.append(step.logits[0])
         for p in range(prefill, len(ids)):
-            step = model(torch.tensor([[ids[p]]]), past_key_values=cache, use_cache=True,
+            step = model(torch.tensor([[ids[p]]]), cache=cache, use_cache=True,
                          position_ids=torch.tensor([[p]]))
             out.append(step.logits[0])
     return torch.cat(out)
