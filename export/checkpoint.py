@@ -109,7 +109,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if act not in ACTIVATIONS:
         raise ValueError(f"hidden activation {act!r} is not supported; "
                          f"supported: {', '.join(ACTIVATIONS)}")
-    for key in ("attn_logit_softcapping", "use_bidirectional_attention"):
+    for key in ("attn_logit_softcapping", "use_bidirectional_attention", "lm_head_bias"):
         if hf.get(key):
             raise ValueError(f"config has {key}={hf[key]!r}; not supported")
     # RoPE: one base (rope_theta, or rope_scaling / rope_parameters of the default kind), or,

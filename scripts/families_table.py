@@ -6,8 +6,10 @@ per backend: the torch export module, the exported ORT graph in fp32 and in int4
     .venv/bin/python scripts/families_table.py [--models llama3.1 phi4-mini ...]
 
 The reference is transformers decoding one token per call with a KV cache (the rule the
-length-dependent kinds follow, export/rope.py), from a prefill that ends 8 tokens before the
-threshold. "one-shot Δ" is the torch module's max |logit difference| past the threshold to
+length-dependent kinds follow, export/rope.py), from a random prompt that ends 8 tokens before
+the threshold; each backend is teacher-forced along transformers' greedy continuation and
+"agree" is the share of the 64 positions where its argmax is transformers' (trt-spec
+fidelity's greedy agreement). "one-shot Δ" is the torch module's max |logit difference| past the threshold to
 transformers' one-shot forward over the whole sequence: 0 up to float error for the static
 kinds; the documented difference for longrope and dynamic NTK.
 """
@@ -23,7 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.rope_models import MODELS, NAMES, VOCAB, cached_logits, hf_model, make_hf  # noqa: E402
+from tests.rope_models import (MODELS, NAMES, VOCAB, cached_logits, greedy_cached,  # noqa: E402
+                               hf_model, make_hf)
 
 POSITIONS = 64
 
@@ -75,7 +78,8 @@ def row(name: str, work: Path) -> dict:
     model, config = load_target(folder)
     threshold = MODELS[name][3]
     prefill = max(1, min(threshold - 8, config.max_position_embeddings - POSITIONS))
-    ids = np.random.default_rng(0).integers(3, VOCAB, prefill + POSITIONS).tolist()
+    prompt = np.random.default_rng(0).integers(3, VOCAB, prefill).tolist()
+    ids = prompt + greedy_cached(folder, prompt, POSITIONS)  # transformers' greedy path
     want = cached_logits(hf_model(folder), ids, prefill).numpy()[prefill:]
     with torch.no_grad():
         one_shot = hf_model(folder)(torch.tensor([ids])).logits[0].numpy()[prefill:]

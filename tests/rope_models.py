@@ -138,3 +138,18 @@ def cached_logits(model, ids: list[int], prefill: int) -> torch.Tensor:
                          position_ids=torch.tensor([[p]]))
             out.append(step.logits[0])
     return torch.cat(out)
+
+
+def greedy_cached(folder, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy decoding, one token per call with a cache."""
+    from transformers import DynamicCache
+
+    model, ids = hf_model(folder), list(prompt)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1]
+        for _ in range(n):
+            ids.append(int(logits.argmax()))
+            logits = model(torch.tensor([[ids[-1]]]), cache=cache, use_cache=True,
+                           position_ids=torch.tensor([[len(ids) - 1]])).logits[0, -1]
+    return ids[len(prompt):]

@@ -1,8 +1,9 @@
 """RoPE scaling (linear, dynamic NTK, llama3, yarn, longrope, partial rotary) and the Phi-3
 architecture against transformers, on tiny random models whose configs are published configs
 shrunk (tests/rope_models.py), at positions below and above each scaling threshold: the
-tables, the torch module, the exported ORT graph, the runtime's greedy output, every
-speculative method, and the TensorRT-lowered graph.
+tables and the torch module for every model, the TensorRT-lowered graph for Phi-4-mini's
+shape, and the config.json spellings and refusals (tests/test_rope_engines.py: the ORT
+graphs, the runtime and speculative decoding).
 
 The length-dependent kinds decide per token by its own length p + 1 (export/rope.py), which
 is transformers' rule when it decodes one token per call with a cache; that is the reference
@@ -22,7 +23,6 @@ from tests.rope_models import (LENGTH_DEPENDENT, MODELS, NAMES, VOCAB, cached_lo
                                hf_model, make_hf)
 from trt_spec.export.checkpoint import config_from_hf, load_target  # noqa: E402
 from trt_spec.export.model import empty_cache, rope_tables  # noqa: E402
-from trt_spec.runtime.scheduler import generate_ids  # noqa: E402
 
 # fp32 on both sides; bounds as tests/test_families.py
 ATOL, RTOL = 2e-4, 1e-4
@@ -54,16 +54,6 @@ def ids_of(length: int, seed: int) -> list[int]:
 @pytest.fixture(scope="module", params=NAMES)
 def model_hf(request, tmp_path_factory):
     return request.param, make_hf(tmp_path_factory.mktemp(request.param), request.param)
-
-
-@pytest.fixture(scope="module")
-def model_engine(model_hf, tmp_path_factory):
-    from trt_spec.export.config import ExportConfig
-    from trt_spec.export.pipeline import export_model
-
-    name, folder = model_hf
-    return name, folder, export_model(ExportConfig(
-        str(folder), tmp_path_factory.mktemp("engines") / name, "fp32"))
 
 
 def test_tables_equal_transformers_rotary(model_hf):
@@ -137,129 +127,22 @@ def test_torch_module_equals_transformers(model_hf):
         torch.testing.assert_close(got, one_shot, atol=ATOL, rtol=RTOL)
 
 
-def test_ort_graph_equals_transformers(model_engine):
-    """The exported fp32 ORT graph (GroupQueryAttention with the tables; the partial rotary
-    dim read from the cos_cache width), by teacher forcing in a prefill and 1- / 3-token
-    steps across the threshold, two rows of different lengths: logits close to transformers'
-    cached decoding and the argmax equal at every position."""
-    from trt_spec.runtime.backends.ort import OrtTarget
-    from trt_spec.runtime.kv_cache import KVCache
-    from trt_spec.runtime.step_inputs import SlotTokens
-
-    name, folder, engine = model_engine
-    _, config = load_target(folder)
-    prefill, total = span(name)
-    target = OrtTarget(engine / "target.onnx", config.num_layers, config.max_position_embeddings)
-    cache = KVCache(config, slots=2, max_len=total)
-    seqs = [ids_of(total, seed=2), ids_of(total, seed=3)]
-    slots = [cache.allocate() for _ in seqs]
-    got = [[], []]
-    starts = [0, 0]
-    # row 1 runs one step behind row 0's sizes, so the rows' positions differ in each step
-    sizes = step_sizes(prefill, total)
-    plans = [sizes, [prefill - 1] + [1] + sizes[1:]]
-    for i in range(max(len(p) for p in plans)):
-        rows = []
-        for r, (slot, seq) in enumerate(zip(slots, seqs)):
-            n = plans[r][i] if i < len(plans[r]) else 0
-            n = min(n, total - starts[r])
-            rows.append((r, SlotTokens(slot, seq[starts[r]:starts[r] + n], list(range(n)))))
-        rows = [(r, t) for r, t in rows if t.tokens]
-        out = target.step(cache, [t for _, t in rows])
-        for j, (r, t) in enumerate(rows):
-            got[r].append(out.logits[j][:len(t.tokens)])
-            starts[r] += len(t.tokens)
-    assert starts == [total, total]
-    for r, seq in enumerate(seqs):
-        want = cached_logits(hf_model(folder), seq, prefill).numpy()
-        row = np.concatenate(got[r])
-        np.testing.assert_allclose(row, want, atol=ATOL, rtol=RTOL)
-        assert (row.argmax(-1) == want.argmax(-1)).all()
-
-
-def greedy_cached(folder, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy decoding, one token per call with a cache."""
-    from transformers import DynamicCache
-
-    model, cache, ids = hf_model(folder), None, list(prompt)
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1]
-        for _ in range(n):
-            ids.append(int(logits.argmax()))
-            logits = model(torch.tensor([[ids[-1]]]), cache=cache, use_cache=True,
-                           position_ids=torch.tensor([[len(ids) - 1]])).logits[0, -1]
-    return ids[len(prompt):]
-
-
-@pytest.mark.parametrize("name", ["llama3.1", "qwen2.5-yarn", "phi3.5-mini", "phi4-mini",
-                                  "llama-dynamic"])
-def test_runtime_greedy_crossing_the_threshold(name, tmp_path):
-    """The runtime's greedy output from a prompt just below the threshold, 24 tokens past
-    it, equals transformers' cached greedy decoding."""
-    from trt_spec.export.config import ExportConfig
-    from trt_spec.export.pipeline import export_model
-    from trt_spec.runtime.generator import Generator
-    from trt_spec.runtime.sampling import SamplingParams
-
-    folder = make_hf(tmp_path / "hf", name)
-    engine = export_model(ExportConfig(str(folder), tmp_path / "engine", "fp32"))
-    prefill, _ = span(name)
-    prompts = [ids_of(prefill, seed=4), ids_of(prefill - 2, seed=5)]
-    streams = generate_ids(Generator(engine, max_batch=2), prompts,
-                           SamplingParams(max_tokens=24, ignore_eos=True))
-    assert [s.output_ids for s in streams] == [greedy_cached(folder, p, 24) for p in prompts]
-
-
-@pytest.mark.parametrize("name", ["llama3.1", "phi3.5-mini"])
-def test_speculative_greedy_equals_plain_across_the_threshold(name, tmp_path):
-    """Every method (a 1-layer self-draft, random MTP and Eagle3 heads that take the
-    target's RoPE) reproduces plain greedy while the drafts straddle the threshold: a
-    token's scores do not depend on how many drafts share its step."""
-    from tests.random_drafters import eagle3_tensors, random_mtp, write_checkpoint
-    from trt_spec.export.config import ExportConfig
-    from trt_spec.export.drafter_checkpoint import load_drafter, save_drafter
-    from trt_spec.export.pipeline import export_model
-    from trt_spec.runtime.generator import Generator
-    from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.settings import SpeculationConfig
-
-    folder = make_hf(tmp_path / "hf", name)
-    target, config = load_target(folder)
-    save_drafter(random_mtp(target, 2, seed=11), tmp_path / "mtp")
-    write_checkpoint(tmp_path / "eagle3", *eagle3_tensors(config, seed=13))
-    eagle3 = load_drafter(tmp_path / "eagle3", "eagle3", target)
-    assert eagle3.modules[0].config.rope_scaling == config.rope_scaling
-    engine = export_model(ExportConfig(
-        str(folder), tmp_path / "engine", "fp32", draft_layers=1,
-        drafters={k: tmp_path / k for k in ("mtp", "eagle3")}))
-    prefill, _ = span(name)
-    prompts = [ids_of(prefill - 2, seed=6), ids_of(prefill, seed=7)]
-    prompts[0] = prompts[0][:6] * 2 + prompts[0][12:]  # a repeat, so n-gram drafts something
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-    plain = [s.output_ids for s in generate_ids(Generator(engine, max_batch=2), prompts, params)]
-    for method in ("ngram", "vanilla", "mtp", "eagle3"):
-        gen = Generator(engine, method=method, max_batch=2,
-                        speculation=SpeculationConfig(num_draft_tokens=3))
-        streams = generate_ids(gen, prompts, params)
-        assert [s.output_ids for s in streams] == plain, method
-        if method != "ngram":
-            assert sum(s.stats.proposed for s in streams) > 0
-
-
 def test_trt_lowered_graph_equals_torch(tmp_path):
     """`--lower-for trt` on Phi-4-mini's shape (longrope, partial rotary): the graph, run by
     onnx.reference with plugins/reference_ops.py for TensorRT's ops, equals the torch module
     over a prefill below the switch, a decode onto it and a 3-token step past it."""
-    from tests.test_plugins_trt_graphs import graph, run_torch, step_feeds
-    from trt_spec.export.config import ExportConfig
-    from trt_spec.export.pipeline import export_model
+    from onnx.reference import ReferenceEvaluator
 
-    folder = make_hf(tmp_path / "hf", "phi4-mini")
-    engine = export_model(ExportConfig(str(folder), tmp_path / "engine", "fp32",
-                                       lower_for="trt"))
-    model, config = load_target(folder)
-    proto, session = graph(engine, "target")
+    from tests.test_plugins_trt_graphs import run_torch, step_feeds
+    from trt_spec.export.onnx_export import export_target
+    from trt_spec.plugins.lowering import lowering
+    from trt_spec.plugins.reference_ops import REFERENCE_OPS
+
+    model, config = load_target(make_hf(tmp_path / "hf", "phi4-mini"))
+    with lowering("trt"):  # the target graph as `trt-spec export --lower-for trt` traces it
+        proto = export_target(model)
+    assert any(n.op_type == "TRT_Attention" for n in proto.graph.node)
+    session = ReferenceEvaluator(proto, new_ops=REFERENCE_OPS)
     caches = [c.numpy() for c in empty_cache(config, 2, 40)]
     want_caches = [c.copy() for c in caches]
     lengths = [0, 0]
@@ -297,6 +180,13 @@ def test_transformers_4_and_5_spellings_agree():
                          "rope_parameters": {"rope_type": "llama3", "rope_theta": theta,
                                              **LLAMA3}})
     assert v4 == v4b == v5 and v4.rope_scaling.kind == "llama3" and v4.rope_theta == theta
+    # Phi-3's older "su" (and its "yarn") name its longrope (Phi3Config)
+    phi = hf_config_dict("phi3.5-mini")
+    params = {k: v for k, v in phi["rope_parameters"].items() if k != "rope_type"}
+    su = {**phi, "rope_scaling": {**params, "type": "su"}}
+    del su["rope_parameters"]
+    assert config_from_hf(su) == config_from_hf(phi)
+    assert config_from_hf(phi).rope_scaling.kind == "longrope"
     plain = config_from_hf({**LLAMA, "rope_scaling": None})
     assert plain.rope_scaling.kind == "default" and plain.rotary_dim == 16
 
