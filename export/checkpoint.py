@@ -220,8 +220,9 @@ class StrictState:
 def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
                       source: str = "checkpoint", q_scale: float = 1.0) -> dict:
     """Maps a transformers state dict of config.family onto TargetModel's keys (q/k/v and
-    gate/up fused; Phi-3 stores them fused already). Gemma's norms hold w for x * (1 + w): 1 + w is stored (in fp32, as Gemma
-    computes it). q_scale (query_scale) multiplies the q norm."""
+    gate/up fused; Phi-3 stores them fused already). Gemma's norms hold w for x * (1 + w):
+    1 + w is stored (in fp32, as Gemma computes it). q_scale (query_scale) multiplies the q
+    norm."""
     state = StrictState({k: v for k, v in hf_state.items()
                          if not k.endswith("rotary_emb.inv_freq")}, source)
     gemma = config.family == "gemma3"

@@ -21,8 +21,10 @@ each forward call. Here row p decides by its own length p + 1, so
   decoding has the same split, except Phi-3's generate(), which re-encodes the whole sequence
   with long factors once it passes original_max_position_embeddings.
 
-Refused at load (a message naming the field and value): unknown kinds, per-layer-type scaling
-other than default (Gemma 3), and scaling on a sliding layer's local base.
+Refused at load (a message naming the field and value): other kinds (e.g. mrope), a kind
+missing its factor, and (export/checkpoint.py) scaling per layer type (Gemma 3's
+rope_parameters.full_attention other than default). Factor lists of the wrong length and a
+partial rotary dim that is odd or empty are refused by ModelConfig.
 """
 
 from __future__ import annotations

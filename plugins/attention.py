@@ -89,8 +89,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     GroupQueryAttention, which reads rotary_dim from the cos_cache width).
     x: [..., head_dim]; cos, sin: [..., rotary_dim / 2]."""
     half = cos.shape[-1]
-    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    turned = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if 2 * half < x.shape[-1]:  # static under tracing: a full-rotary graph has no empty slice
+        turned.append(x[..., 2 * half:])
+    return torch.cat(turned, dim=-1)
 
 
 class Heads(NamedTuple):

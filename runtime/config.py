@@ -41,9 +41,9 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder and the family options on it (Qwen2/2.5, Qwen3, Gemma 3), each a
-    flag with the Llama value as its default. Field names follow the symbols used in shape
-    comments.
+    """A Llama-style decoder and the family options on it (Qwen2/2.5, Qwen3, Gemma 3,
+    Phi-3), each a flag with the Llama value as its default. Field names follow the symbols
+    used in shape comments.
 
     What the checkpoint loader folds into the weights instead (export/checkpoint.py): Gemma's
     RMSNorm weight offset (x * (1 + w)) and its attention scale (query_pre_attn_scalar^-0.5,

@@ -9,9 +9,9 @@ The reference is transformers decoding one token per call with a KV cache (the r
 length-dependent kinds follow, export/rope.py), from a random prompt that ends 8 tokens before
 the threshold; each backend is teacher-forced along transformers' greedy continuation and
 "agree" is the share of the 64 positions where its argmax is transformers' (trt-spec
-fidelity's greedy agreement). "one-shot Δ" is the torch module's max |logit difference| past the threshold to
-transformers' one-shot forward over the whole sequence: 0 up to float error for the static
-kinds; the documented difference for longrope and dynamic NTK.
+fidelity's greedy agreement). "one-shot Δ" is the torch module's max |logit difference|
+past the threshold to transformers' one-shot forward over the whole sequence: 0 up to float
+error for the static kinds; the documented difference for longrope and dynamic NTK.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def longrope_factors(half: int, long_max: float) -> dict:
 
 
 MODELS = {
-    # Llama-3.1-8B: theta 5e5, llama3 factor 8, low 1, high 4, original 8192 -> 64, max 131072 -> 512
+    # Llama-3.1-8B: theta 5e5, llama3 factor 8, low 1, high 4, original 8192 -> 64,
+    # max 131072 -> 512
     "llama3.1": ("LlamaForCausalLM", "LlamaConfig", dict(
         num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
         max_position_embeddings=512, tie_word_embeddings=False,
