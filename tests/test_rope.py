@@ -105,9 +105,10 @@ def step_sizes(prefill: int, total: int) -> list[int]:
 
 def test_torch_module_equals_transformers(model_hf):
     """The export module over a prefill and 1- / 3-token steps crossing the threshold equals
-    transformers decoding one token per call with a cache; a one-shot transformers forward
-    equals it too below the threshold, and for the static kinds everywhere. Past the
-    switch, the length-dependent kinds differ from the one-shot forward (export/rope.py)."""
+    transformers decoding one token per call with a cache, and so does the training forward
+    over the whole sequence at once; a one-shot transformers forward equals it too below the
+    threshold, and for the static kinds everywhere. Past the switch, the length-dependent
+    kinds differ from the one-shot forward (export/rope.py)."""
     name, folder = model_hf
     model, config = load_target(folder)
     prefill, total = span(name)
@@ -116,6 +117,12 @@ def test_torch_module_equals_transformers(model_hf):
     want = cached_logits(hf_model(folder), ids, prefill)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     assert (got.argmax(-1) == want.argmax(-1)).all()
+    # the training forward (train/forward.py: one batched pass, no cache) reads the same tables
+    from trt_spec.train.forward import causal_forward
+
+    with torch.no_grad():
+        hidden, _ = causal_forward(model, torch.tensor([ids]))
+        torch.testing.assert_close(model.head(hidden[0]), got, atol=ATOL, rtol=RTOL)
     threshold = MODELS[name][3]
     with torch.no_grad():
         one_shot = hf_model(folder)(torch.tensor([ids])).logits[0]
