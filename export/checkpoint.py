@@ -20,7 +20,8 @@ import torch
 
 from trt_spec.export.hub import FORMS as HUB_FORMS
 from trt_spec.export.hub import download, hub_name
-from trt_spec.runtime.config import ModelConfig
+from trt_spec.export.rope import max_positions, rope_kind, scaling_from_hf
+from trt_spec.runtime.config import ModelConfig, RopeScaling
 from trt_spec.runtime.files import atomic_folder, cache_dir
 from trt_spec.runtime.methods import TRAIN_NAMES
 
@@ -32,6 +33,7 @@ FAMILIES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",  # fused qkv_proj / gate_up_proj, longrope, partial rotary
 }
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # transformers -> ModelConfig
@@ -81,12 +83,15 @@ def shipped_drafters(model: str) -> dict[str, Path]:
 
 
 def rope_theta_of(params, fallback: float | None, what: str) -> float | None:
-    """The base of a default RoPE from a rope_scaling / rope_parameters dict (or None)."""
+    """The base of a default RoPE from a rope_scaling / rope_parameters dict (or None): a
+    Gemma 3 layer type's, which may not be scaled."""
     if not isinstance(params, dict):
         return fallback
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = rope_kind(params)
     if kind != "default":
-        raise ValueError(f"rope scaling {kind!r} ({what}) is not supported; only the default RoPE")
+        raise ValueError(f"rope scaling {kind!r} (rope_parameters.{what}.rope_type) is not "
+                         "supported; per-layer-type RoPE (Gemma 3) is taken only unscaled "
+                         "('default')")
     return params.get("rope_theta", fallback)
 
 
@@ -106,32 +111,40 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if act not in ACTIVATIONS:
         raise ValueError(f"hidden activation {act!r} is not supported; "
                          f"supported: {', '.join(ACTIVATIONS)}")
-    for key in ("attn_logit_softcapping", "use_bidirectional_attention"):
+    for key in ("attn_logit_softcapping", "use_bidirectional_attention", "lm_head_bias"):
         if hf.get(key):
             raise ValueError(f"config has {key}={hf[key]!r}; not supported")
     # RoPE: one base (rope_theta, or rope_scaling / rope_parameters of the default kind), or,
     # Gemma 3, one per layer type: rope_parameters {"full_attention": ..., "sliding_attention":
     # ...} (transformers 5) or rope_theta / rope_local_base_freq (older config.json files).
+    # Any other model: one dict, its kind one of export/rope.py's, scaling all layers.
     rope = hf.get("rope_parameters") or hf.get("rope_scaling")
     rope_theta, rope_local = hf.get("rope_theta"), hf.get("rope_local_base_freq")
+    scaling = RopeScaling()
     if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
         rope_theta = rope_theta_of(rope.get("full_attention"), rope_theta, "full_attention")
         rope_local = rope_theta_of(rope.get("sliding_attention"), rope_local, "sliding_attention")
-    else:
-        rope_theta = rope_theta_of(rope, rope_theta, "rope_scaling")
+    elif isinstance(rope, dict):
+        rope_theta = rope.get("rope_theta", rope_theta)
+        scaling = scaling_from_hf(rope, hf, phi3=family == "phi3")
+    partial = (rope or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    max_pos = max_positions(hf, scaling)
     layer_types = tuple(hf.get("layer_types") or ())
     window = hf.get("sliding_window") or 0
     if not layer_types and family == "gemma3":  # older Gemma 3 configs: a period instead
         period = hf.get("sliding_window_pattern", 6)
         layer_types = tuple("sliding_attention" if (i + 1) % period else "full_attention"
                             for i in range(hf["num_hidden_layers"]))
-    elif not layer_types and window and archs[0] == "MistralForCausalLM":
+    elif not layer_types and window and archs[0] in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        # one window on every layer when the config sets one
         layer_types = ("sliding_attention",) * hf["num_hidden_layers"]
     elif not layer_types and family in ("qwen2", "qwen3"):  # older Qwen configs: a flag
         first = hf.get("max_window_layers", hf["num_hidden_layers"])
         sliding = bool(hf.get("use_sliding_window")) and bool(window)
         layer_types = tuple("sliding_attention" if sliding and i >= first else "full_attention"
                             for i in range(hf["num_hidden_layers"]))
+    if window >= max_pos:  # no position is ever that far back (Phi-3.5's 262144)
+        layer_types = ()
     if "sliding_attention" not in layer_types:
         layer_types, window = (), 0
     eos = hf.get("eos_token_id")
@@ -148,7 +161,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6 if gemma else 1e-5),
         rope_theta=float(rope_theta or (1e6 if gemma else 10000.0)),
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        max_position_embeddings=max_pos,
         # Gemma ties by default (transformers' Gemma3TextConfig); the others don't.
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
         bos_token_id=hf.get("bos_token_id"),
@@ -163,6 +176,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
         sliding_window=int(window),
         layer_types=layer_types,
         rope_local_theta=float(rope_local or (10000.0 if gemma and layer_types else 0.0)),
+        rope_scaling=scaling,
+        partial_rotary_factor=float(partial),
     )
 
 
@@ -207,8 +222,9 @@ class StrictState:
 def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
                       source: str = "checkpoint", q_scale: float = 1.0) -> dict:
     """Maps a transformers state dict of config.family onto TargetModel's keys (q/k/v and
-    gate/up fused). Gemma's norms hold w for x * (1 + w): 1 + w is stored (in fp32, as Gemma
-    computes it). q_scale (query_scale) multiplies the q norm."""
+    gate/up fused; Phi-3 stores them fused already). Gemma's norms hold w for x * (1 + w):
+    1 + w is stored (in fp32, as Gemma computes it). q_scale (query_scale) multiplies the q
+    norm."""
     state = StrictState({k: v for k, v in hf_state.items()
                          if not k.endswith("rotary_emb.inv_freq")}, source)
     gemma = config.family == "gemma3"
@@ -230,8 +246,11 @@ def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
             out[o + "mlp_output_norm"] = norm(p + "post_feedforward_layernorm.weight")
         else:
             out[o + "post_attention_layernorm"] = norm(p + "post_attention_layernorm.weight")
-        out[o + "qkv_proj.weight"] = torch.cat(
-            [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
+        if config.family == "phi3":  # already fused: q, k, v rows in that order
+            out[o + "qkv_proj.weight"] = take(p + "self_attn.qkv_proj.weight")
+        else:
+            out[o + "qkv_proj.weight"] = torch.cat(
+                [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
         if config.attention_bias:
             out[o + "qkv_proj.bias"] = torch.cat(
                 [take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0)
@@ -241,8 +260,11 @@ def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
         else:
             assert q_scale == 1.0, "a query scale is folded into the q norm"
         out[o + "o_proj.weight"] = take(p + "self_attn.o_proj.weight")
-        out[o + "gate_up_proj.weight"] = torch.cat(
-            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
+        if config.family == "phi3":  # already fused: gate rows, then up (Phi3MLP's chunk)
+            out[o + "gate_up_proj.weight"] = take(p + "mlp.gate_up_proj.weight")
+        else:
+            out[o + "gate_up_proj.weight"] = torch.cat(
+                [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
         out[o + "down_proj.weight"] = take(p + "mlp.down_proj.weight")
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")

@@ -39,20 +39,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from trt_spec.export import rope
 from trt_spec.plugins.attention import Heads, attention
 from trt_spec.plugins.rms_norm import add_rms_norm, rms_norm
 from trt_spec.plugins.spec_verify import spec_verify
-from trt_spec.runtime.config import ModelConfig
+from trt_spec.runtime.config import ModelConfig, RopeScaling
 
 
 def rope_tables(config: ModelConfig,
                 theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_position_embeddings, head_dim / 2] (default Llama RoPE; base `theta`,
-    default config.rope_theta)."""
-    inv_freq = 1.0 / (theta or config.rope_theta) ** (
-        torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
-    angles = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    """cos, sin: [max_position_embeddings, rotary_dim / 2], config.rope_scaling applied
+    (export/rope.py); a `theta` other than config.rope_theta (a sliding layer's local base)
+    gets the plain RoPE."""
+    local = theta is not None and theta != config.rope_theta
+    return rope.rope_tables(config, theta, RopeScaling() if local else None)
 
 
 def add_rope_buffers(module: nn.Module, config: ModelConfig) -> None:

@@ -82,10 +82,14 @@ ROPE_STATED = ("rope_scaling", "rope_parameters")  # stated, even null: the head
 NOT_THE_LAYERS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")
 
 
-def target_rope(target: ModelConfig) -> dict:
-    """The target's RoPE fields (every rope_* but the sliding layers' base)."""
-    return {f.name: getattr(target, f.name) for f in dataclasses.fields(ModelConfig)
-            if f.name.startswith("rope_") and f.name != "rope_local_theta"}
+def target_rope(target: ModelConfig, hf: dict) -> dict:
+    """The target's RoPE fields (every rope_* but the sliding layers' base, and its rotary
+    share unless the head's config states its own)."""
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(ModelConfig)
+              if f.name.startswith("rope_") and f.name != "rope_local_theta"}
+    if "partial_rotary_factor" not in hf:
+        fields["partial_rotary_factor"] = target.partial_rotary_factor
+    return fields
 
 
 def layer_config(hf: dict, target: ModelConfig, architecture: str = "LlamaForCausalLM",
@@ -114,7 +118,7 @@ def layer_config(hf: dict, target: ModelConfig, architecture: str = "LlamaForCau
         parsed = config_from_hf(layer)
     except ValueError as e:
         raise ValueError(f"{source}: the head's layer: {e}") from e
-    rope = {} if any(k in hf for k in ROPE_STATED) else {**target_rope(t),
+    rope = {} if any(k in hf for k in ROPE_STATED) else {**target_rope(t, hf),
                                                           "rope_theta": parsed.rope_theta}
     return dataclasses.replace(parsed, bos_token_id=None, eos_token_ids=(), eagle3_layers=(0,),
                                **rope)

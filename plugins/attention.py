@@ -84,10 +84,16 @@ TRT_DOMAIN = "trt"
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Non-interleaved RoPE. x: [..., head_dim]; cos, sin: [..., head_dim / 2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    """Non-interleaved RoPE on the first rotary_dim dims (the tables' width times 2), the
+    rest passed through (partial rotary, as transformers' apply_rotary_pos_emb and ORT's
+    GroupQueryAttention, which reads rotary_dim from the cos_cache width).
+    x: [..., head_dim]; cos, sin: [..., rotary_dim / 2]."""
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    turned = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if 2 * half < x.shape[-1]:  # static under tracing: a full-rotary graph has no empty slice
+        turned.append(x[..., 2 * half:])
+    return torch.cat(turned, dim=-1)
 
 
 class Heads(NamedTuple):
@@ -110,7 +116,7 @@ def heads_with_rope(qkv: torch.Tensor, position_ids: torch.Tensor, cos_cache: to
     q = q.view(batch, new_tokens, num_heads, head_dim).transpose(1, 2)
     k = k.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
     v = v.view(batch, new_tokens, kv_heads, head_dim).transpose(1, 2)
-    cos = cos_cache[position_ids].unsqueeze(1).to(q.dtype)  # (B, 1, T, hd/2)
+    cos = cos_cache[position_ids].unsqueeze(1).to(q.dtype)  # (B, 1, T, rot/2)
     sin = sin_cache[position_ids].unsqueeze(1).to(q.dtype)
     return rotate(q, cos, sin), rotate(k, cos, sin), v
 
@@ -122,8 +128,8 @@ def attention_reference(
     seqlens_k: torch.Tensor,  # [batch] int32: tokens in cache after this step, minus 1
     query_seqlens: torch.Tensor,  # [batch] int32: valid new tokens per row
     position_ids: torch.Tensor,  # [batch, new_tokens] int64
-    cos_cache: torch.Tensor,  # [max_positions, head_dim / 2]
-    sin_cache: torch.Tensor,  # [max_positions, head_dim / 2]
+    cos_cache: torch.Tensor,  # [max_positions, rotary_dim / 2]
+    sin_cache: torch.Tensor,  # [max_positions, rotary_dim / 2]
     heads: Heads,
     attn_mask: torch.Tensor | None = None,  # [batch, new_tokens, max_len] bool, or None: causal
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -170,12 +176,13 @@ def attention_numpy(qkv, past_key, past_value, seqlens_k, query_seqlens, positio
     q = q.reshape(batch, new_tokens, num_heads, head_dim).transpose(0, 2, 1, 3)  # (B, nh, T, hd)
     k = k.reshape(batch, new_tokens, kv_heads, head_dim).transpose(0, 2, 1, 3)
     v = v.reshape(batch, new_tokens, kv_heads, head_dim).transpose(0, 2, 1, 3)
-    cos = np.asarray(cos_cache, np.float64)[position_ids][:, None]  # (B, 1, T, hd/2)
+    cos = np.asarray(cos_cache, np.float64)[position_ids][:, None]  # (B, 1, T, rot/2)
     sin = np.asarray(sin_cache, np.float64)[position_ids][:, None]
 
-    def rope(x):
-        x1, x2 = x[..., :head_dim // 2], x[..., head_dim // 2:]
-        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    def rope(x):  # the first 2 * half dims turn, the rest pass (partial rotary)
+        half = cos.shape[-1]
+        x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
 
     q, k = rope(q), rope(k)
     present_key = np.array(past_key, np.float64)

@@ -5,12 +5,45 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the RoPE frequencies are scaled, as transformers' `rope_parameters` names it
+    (export/rope.py builds the tables; docs/families.md states each formula). Defaults: the
+    plain RoPE of base `ModelConfig.rope_theta`."""
+
+    kind: str = "default"  # one of ROPE_KINDS
+    factor: float = 1.0  # linear / dynamic / llama3 / yarn (longrope: max_pos / original)
+    # The pretraining length: llama3's wavelength bands, yarn's correction range, longrope's
+    # short / long switch, dynamic's length from which the base grows.
+    original_max_position_embeddings: int = 0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: floor / ceil the correction range
+    attention_factor: float = 1.0  # yarn / longrope: cos and sin are multiplied by it
+    short_factor: tuple[float, ...] = ()  # longrope: [rotary_dim / 2], rows p + 1 <= original
+    long_factor: tuple[float, ...] = ()  # longrope: [rotary_dim / 2], rows p + 1 > original
+
+    def __post_init__(self):
+        if self.kind not in ROPE_KINDS:
+            raise ValueError(f"rope kind {self.kind!r}; known: {', '.join(ROPE_KINDS)}")
+        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
+        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
+        if self.kind in ("dynamic", "llama3", "yarn", "longrope") and \
+                self.original_max_position_embeddings <= 0:
+            raise ValueError(f"rope kind {self.kind!r} needs original_max_position_embeddings "
+                             f"> 0, got {self.original_max_position_embeddings}")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder and the family options on it (Qwen2/2.5, Qwen3, Gemma 3), each a
-    flag with the Llama value as its default. Field names follow the symbols used in shape
-    comments.
+    """A Llama-style decoder and the family options on it (Qwen2/2.5, Qwen3, Gemma 3,
+    Phi-3), each a flag with the Llama value as its default. Field names follow the symbols
+    used in shape comments.
 
     What the checkpoint loader folds into the weights instead (export/checkpoint.py): Gemma's
     RMSNorm weight offset (x * (1 + w)) and its attention scale (query_pre_attn_scalar^-0.5,
@@ -33,7 +66,7 @@ class ModelConfig:
     # Inputs to these decoder layers are concatenated into the Eagle3 feature output.
     eagle3_layers: tuple[int, ...] = ()
     # --- family options (defaults: Llama) ---
-    family: str = "llama"  # "llama" | "qwen2" | "qwen3" | "gemma3": informational
+    family: str = "llama"  # "llama" | "qwen2" | "qwen3" | "gemma3" | "phi3": the weight names
     attention_bias: bool = False  # q/k/v projections carry biases (Qwen2)
     qk_norm: bool = False  # RMS norm over head_dim on each q and k head before RoPE (Qwen3, Gemma 3)
     sandwich_norm: bool = False  # norms on the attention and MLP outputs before the adds (Gemma 3)
@@ -45,6 +78,11 @@ class ModelConfig:
     sliding_window: int = 0
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float = 0.0  # RoPE base of the sliding layers (0: rope_theta)
+    # RoPE scaling of the (full-attention) layers; the sliding layers' local base is plain.
+    rope_scaling: RopeScaling = RopeScaling()
+    # RoPE turns the first rotary_dim = int(head_dim * partial_rotary_factor) dims of each
+    # head; the rest pass through (Phi-4-mini: 0.75).
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -70,6 +108,24 @@ class ModelConfig:
             raise ValueError("sliding_attention layers need sliding_window > 0, got "
                              f"{self.sliding_window}")
         object.__setattr__(self, "layer_types", types)
+        if isinstance(self.rope_scaling, dict):  # from_dict, or a caller's plain dict
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        rotary = self.rotary_dim
+        if not 0 < rotary <= self.head_dim or rotary % 2:
+            raise ValueError(f"partial_rotary_factor={self.partial_rotary_factor} gives rotary "
+                             f"dim {rotary} for head_dim {self.head_dim}; need an even dim in "
+                             f"2..{self.head_dim}")
+        r = self.rope_scaling
+        if r.kind == "longrope":
+            for name in ("short_factor", "long_factor"):
+                if len(getattr(r, name)) != rotary // 2:
+                    raise ValueError(f"rope {name} has {len(getattr(r, name))} entries; "
+                                     f"rotary dim {rotary} needs {rotary // 2}")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each q / k head that RoPE turns (the first ones)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def layer_window(self, i: int) -> int:
         """Layer i's sliding window (keys i - window < j <= i), or 0: full causal attention."""
@@ -81,6 +137,8 @@ class ModelConfig:
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["eagle3_layers"] = list(self.eagle3_layers)
         d["layer_types"] = list(self.layer_types)
+        d["rope_scaling"]["short_factor"] = list(self.rope_scaling.short_factor)
+        d["rope_scaling"]["long_factor"] = list(self.rope_scaling.long_factor)
         return d
 
     @classmethod
@@ -93,6 +151,7 @@ class ModelConfig:
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["eagle3_layers"] = tuple(d.get("eagle3_layers", ()))
         d["layer_types"] = tuple(d.get("layer_types", ()))
+        d["rope_scaling"] = RopeScaling(**d.get("rope_scaling", {}))  # absent: plain RoPE
         return cls(**d)
 
 

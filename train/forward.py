@@ -18,7 +18,7 @@ from trt_spec.plugins.rms_norm import rms_norm
 
 def heads(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """x [B, T, H] (normed) -> q [B, nh, T, hd], k and v [B, kvh, T, hd], RoPE (cos, sin
-    broadcast against [B, heads, T, hd / 2]) applied to q and k."""
+    broadcast against [B, heads, T, rotary_dim / 2]) applied to q and k."""
     c = layer.config
     b, t, _ = x.shape
     q, k, v = layer.qkv(x).split(
@@ -61,7 +61,7 @@ def causal_forward(model: TargetModel, input_ids: torch.Tensor,
         if want_features:
             features[i] = h
         cos, sin = layer_rope(model, c, i)
-        cos, sin = cos[positions][None, None], sin[positions][None, None]  # (1, 1, T, hd/2)
+        cos, sin = cos[positions][None, None], sin[positions][None, None]  # (1, 1, T, rot/2)
         q, k, v = heads(layer, x, cos, sin)
         a = causal_attention(q, k, v, positions, layer.window, group)
         next_norm = model.layers[i + 1].input_layernorm if i + 1 < c.num_layers else model.norm

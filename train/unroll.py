@@ -40,7 +40,7 @@ def qkv_rows(module: OneLayerDrafter, tokens: torch.Tensor, hidden: torch.Tensor
     x, residual = module.layer_input(tokens, hidden)
     q, k, v = module.layer.qkv_proj(x).split(
         [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
-    cos = module.cos_cache[positions].unsqueeze(1)  # (B, 1, T, hd/2)
+    cos = module.cos_cache[positions].unsqueeze(1)  # (B, 1, T, rot/2)
     sin = module.sin_cache[positions].unsqueeze(1)
     group = c.num_heads // c.num_kv_heads
     q = rotate(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)

@@ -1,0 +1,121 @@
+"""The architecture x RoPE kind table of docs/families.md: for each tiny model of
+tests/rope_models.py (a published config shrunk), the max |logit difference| to transformers
+and the greedy (argmax) agreement over 64 positions that cross the model's RoPE threshold,
+per backend: the torch export module, the exported ORT graph in fp32 and in int4.
+
+    .venv/bin/python scripts/families_table.py [--models llama3.1 phi4-mini ...]
+
+The reference is transformers decoding one token per call with a KV cache (the rule the
+length-dependent kinds follow, export/rope.py), from a random prompt that ends 8 tokens before
+the threshold; each backend is teacher-forced along transformers' greedy continuation and
+"agree" is the share of the 64 positions where its argmax is transformers' (trt-spec
+fidelity's greedy agreement). "one-shot Δ" is the torch module's max |logit difference|
+past the threshold to transformers' one-shot forward over the whole sequence: 0 up to float
+error for the static kinds; the documented difference for longrope and dynamic NTK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.rope_models import (MODELS, NAMES, VOCAB, cached_logits, greedy_cached,  # noqa: E402
+                               hf_model, make_hf)
+
+POSITIONS = 64
+
+
+def torch_logits(model, config, ids: list[int], prefill: int) -> np.ndarray:
+    """The export module: a prefill, then one token per step -> logits [len(ids), V]."""
+    import torch
+
+    from trt_spec.export.model import empty_cache
+
+    past = empty_cache(config, 1, len(ids))
+    out, start = [], 0
+    with torch.no_grad():
+        for n in [prefill] + [1] * (len(ids) - prefill):
+            total = start + n
+            logits, _, _, *past = model(
+                torch.tensor([ids[start:total]]), torch.arange(start, total)[None],
+                torch.tensor([total - 1], dtype=torch.int32),
+                torch.tensor([n], dtype=torch.int32), torch.tensor(len(ids), dtype=torch.int32),
+                torch.arange(n)[None], *past)
+            out.append(logits[0].numpy())
+            start = total
+    return np.concatenate(out)
+
+
+def ort_logits(engine: Path, config, ids: list[int], prefill: int) -> np.ndarray:
+    from trt_spec.runtime.backends.ort import OrtTarget
+    from trt_spec.runtime.kv_cache import KVCache
+    from trt_spec.runtime.step_inputs import SlotTokens
+
+    target = OrtTarget(engine / "target.onnx", config.num_layers, config.max_position_embeddings)
+    cache = KVCache(config, slots=1, max_len=len(ids))
+    slot, out, start = cache.allocate(), [], 0
+    for n in [prefill] + [1] * (len(ids) - prefill):
+        step = target.step(cache, [SlotTokens(slot, ids[start:start + n], list(range(n)))])
+        out.append(np.asarray(step.logits[0][:n], np.float32))
+        start += n
+    return np.concatenate(out)
+
+
+def row(name: str, work: Path) -> dict:
+    import torch
+
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
+
+    folder = make_hf(work / name, name)
+    model, config = load_target(folder)
+    threshold = MODELS[name][3]
+    prefill = max(1, min(threshold - 8, config.max_position_embeddings - POSITIONS))
+    prompt = np.random.default_rng(0).integers(3, VOCAB, prefill).tolist()
+    ids = prompt + greedy_cached(folder, prompt, POSITIONS)  # transformers' greedy path
+    want = cached_logits(hf_model(folder), ids, prefill).numpy()[prefill:]
+    with torch.no_grad():
+        one_shot = hf_model(folder)(torch.tensor([ids])).logits[0].numpy()[prefill:]
+    got = {"torch": torch_logits(model, config, ids, prefill)[prefill:]}
+    for precision in ("fp32", "int4"):
+        engine = export_model(ExportConfig(str(folder), work / f"{name}-{precision}", precision))
+        got[f"ORT {precision}"] = ort_logits(engine, config, ids, prefill)[prefill:]
+    past = slice(max(threshold - prefill, 0), None)
+    return {"name": name, "arch": MODELS[name][0], "kind": config.rope_scaling.kind,
+            "rotary": f"{config.rotary_dim}/{config.head_dim}",
+            "window": config.sliding_window,
+            "cells": {k: (float(np.abs(v - want).max()),
+                          float((v.argmax(-1) == want.argmax(-1)).mean())) for k, v in got.items()},
+            "one_shot": float(np.abs(got["torch"][past] - one_shot[past]).max())}
+
+
+def table(rows: list[dict]) -> str:
+    backends = list(rows[0]["cells"])
+    head = ("| model | architecture | RoPE | rotary / head dim | window | "
+            + " | ".join(f"{b}: max Δ, agree" for b in backends) + " | one-shot Δ |")
+    lines = [head, "|" + "---|" * (6 + len(backends))]
+    for r in rows:
+        cells = " | ".join(f"{d:.1e}, {a:.2f}" for d, a in r["cells"].values())
+        lines.append(f"| {r['name']} | {r['arch']} | {r['kind']} | {r['rotary']} | "
+                     f"{r['window'] or '-'} | {cells} | {r['one_shot']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(NAMES), choices=NAMES)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [row(name, Path(tmp)) for name in args.models]
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
