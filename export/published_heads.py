@@ -82,12 +82,12 @@ ROPE_STATED = ("rope_scaling", "rope_parameters")  # stated, even null: the head
 NOT_THE_LAYERS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")
 
 
-def target_rope(target: ModelConfig, hf: dict) -> dict:
+def target_rope(target: ModelConfig, hf: dict | None = None) -> dict:
     """The target's RoPE fields (every rope_* but the sliding layers' base, and its rotary
     share unless the head's config states its own)."""
     fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(ModelConfig)
               if f.name.startswith("rope_") and f.name != "rope_local_theta"}
-    if "partial_rotary_factor" not in hf:
+    if "partial_rotary_factor" not in (hf or {}):
         fields["partial_rotary_factor"] = target.partial_rotary_factor
     return fields
 
