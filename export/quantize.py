@@ -12,6 +12,9 @@ forms (FORMS), each a function quantize_<form> below:
 accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (docs/quantization.md); ORT's
 float zero points (exact for Q4_1 by themselves) run ~35x slower.
 
+- "int4-checkpoint": a GPTQ / AWQ checkpoint's own codes, integer zero points and scales,
+  unchanged (block size = its group size; matmuls_to_nbits' `given`, export/int4_checkpoint.py):
+  the weights it stands for, bitwise, on the same fast int4 kernels.
 Two forms are not MatMulNBits:
 - "int8-rows": int8 weights, one scale per output column, and the input quantized to int8 at
   run time, one scale per row (export/int8_rows.py), multiplied by MatMulIntegerToFloat:
@@ -194,15 +197,54 @@ def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> 
 DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
                 "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
                 "int8-rows2": dequantize_int8_columns}
+def _in_order(graph, new_nodes, done: dict[tuple[str, bytes], str], x: str,
+              perm: np.ndarray | None) -> str:
+    """x [.., K] -> x[..., perm] (once per input and order; x itself for None): the input
+    order in which a desc_act checkpoint's groups are contiguous.
+
+        x --Gather(perm, axis=-1)--> x_in_group_order
+    """
+    if perm is None:
+        return x
+    key = (x, perm.tobytes())
+    if key not in done:
+        name = f"{x}/act_order{len([k for k in done if k[0] == x]) or ''}"
+        graph.initializer.append(numpy_helper.from_array(perm, name + ".perm"))
+        new_nodes.append(helper.make_node("Gather", [x, name + ".perm"], [name], axis=-1,
+                                          name=name + "/Gather"))
+        done[key] = name
+    return done[key]
+
+
+def dequantize_int4_checkpoint(packed, scales, zero_points, k: int, n: int, block: int,
+                               perm: np.ndarray | None) -> np.ndarray:
+    """The [K, N] weights a checkpoint's MatMulNBits computes with, rows back in the input's
+    own order (the inverse of int4_checkpoint.nbits_weights)."""
+    w = dequantize_int4(packed, scales, zero_points, k, n, block)
+    if perm is None:
+        return w
+    out = np.empty_like(w)
+    out[perm] = w
+    return out
+
+
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
-                     min_elements: int = 4096, errors: dict | None = None) -> int:
+                     min_elements: int = 4096, errors: dict | None = None,
+                     given: dict | None = None) -> int:
     """Replaces every MatMul whose B is a 2-D initializer with K % 32 == 0 (and at least
     `min_elements` weights) by MatMulNBits, in place. `form_for(output_name, shape)` (the
     MatMul's output) picks one of FORMS (or None to keep fp32). Returns how many were
     replaced. "int4+residual" MatMuls read their input with its block sums appended
     (_with_block_sums, shared by every weight that reads the same input). `errors`, if given,
     receives {weight name: (form, |W_q - W|_F / |W|_F)}: what each replacement computes
-    against the weights it was given."""
+    against the weights it was given.
+
+    `given` ({int4_checkpoint.content_key: QuantizedLinear}, a GPTQ / AWQ checkpoint's codes):
+    a MatMul whose weight is one of them (bitwise) gets those codes, zero points and scales
+    unchanged, form "int4-checkpoint", whatever `form_for` says; its input is gathered into
+    the checkpoint's group order where g_idx is not the identity. Every given weight must be
+    found (ValueError otherwise: nothing is quantized again silently)."""
+    from trt_spec.export.int4_checkpoint import content_key, nbits_weights
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses: dict[str, int] = {}
@@ -217,6 +259,8 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     new_nodes = []
     augmented: dict[str, str] = {}
     rows: dict[str, tuple[str, str]] = {}
+    ordered: dict[tuple[str, bytes], str] = {}
+    found: set[str] = set()
     for node in graph.node:
         w_name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
         init = inits.get(w_name) if w_name else None
@@ -226,6 +270,27 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             continue
         w = numpy_helper.to_array(init)
         k, n = w.shape
+        key = content_key(w) if given else None
+        if given and key in given:
+            packed, scales, zps, block, perm = nbits_weights(given[key])
+            found.add(key)
+            if errors is not None:
+                wq = dequantize_int4_checkpoint(packed, scales, zps, k, n, block, perm)
+                errors[w_name] = ("int4-checkpoint",
+                                  float(np.linalg.norm(wq - w) / max(np.linalg.norm(w), 1e-30)))
+            prefix = f"{w_name}.int4-checkpoint"
+            graph.initializer.extend([numpy_helper.from_array(packed, prefix + ".q"),
+                                      numpy_helper.from_array(scales, prefix + ".scales"),
+                                      numpy_helper.from_array(zps, prefix + ".zp")])
+            new_nodes.append(helper.make_node(
+                "MatMulNBits", [_in_order(graph, new_nodes, ordered, node.input[0], perm),
+                                prefix + ".q", prefix + ".scales", prefix + ".zp"],
+                list(node.output), name=(node.name or w_name) + "/MatMulNBits",
+                domain="com.microsoft", K=k, N=n, bits=4, block_size=block,
+                accuracy_level=accuracy_level))
+            uses[w_name] -= 1
+            replaced += 1
+            continue
         form = form_for(node.output[0], (k, n))
         if form == "int8-rows" and (k > n or "GroupQueryAttention"
                                     in readers.get(node.output[0], ())):
@@ -266,6 +331,9 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             accuracy_level=accuracy_level))
         uses[w_name] -= 1
         replaced += 1
+    if given and len(found) != len(given):
+        raise ValueError(f"{len(given) - len(found)} of the checkpoint's {len(given)} quantized "
+                         "weights are not MatMul weights of this graph (bitwise): not exported")
     del graph.node[:]
     graph.node.extend(new_nodes)
     dead = [i for i in graph.initializer if uses.get(i.name, 1) == 0]
