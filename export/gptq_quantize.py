@@ -72,16 +72,28 @@ def rtn(w: torch.Tensor, group: int, sym: bool = False) -> QuantizedLinear:
 def gptq(w: torch.Tensor, hessian: torch.Tensor, group: int, sym: bool = False,
          act_order: bool = False, damp: float = 0.01, batch: int = 128) -> QuantizedLinear:
     """w [N, K] fp32, hessian [K, K] (sum of x x^T over the calibration inputs) -> codes by
-    GPTQ's error feedback. Dead inputs (H_kk = 0) are quantized as they are."""
+    GPTQ's error feedback. Dead inputs (H_kk = 0) are quantized as they are. Runs on one
+    thread: the loop is thousands of small ops, for which a thread pool's synchronization
+    costs more than it gives (10x slower on 2 busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _gptq(w, hessian, group, sym, act_order, damp, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gptq(w, hessian, group: int, sym: bool, act_order: bool, damp: float, batch: int
+          ) -> QuantizedLinear:
     n, k = w.shape
     assert k % group == 0, (k, group)
-    w = w.clone().double()
-    h = hessian.clone().double()
+    w = w.clone().float()
+    h = hessian.clone().float()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     w, h = w[:, perm], h[perm][:, perm]
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
+    h += damp * torch.mean(torch.diag(h)) * torch.eye(k)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.zeros(n, k, dtype=torch.uint8)
     scales = torch.zeros(n, k // group, dtype=torch.float16)
@@ -96,11 +108,11 @@ def gptq(w: torch.Tensor, hessian: torch.Tensor, group: int, sym: bool = False,
             if col % group == 0:  # a new group: its grid from the weights as updated so far
                 g = col // group
                 scales[:, g], zeros[:, g] = grid(torch.cat([wb[:, j:], w[:, b1:]], 1)
-                                                 [:, :group].float(), sym)
+                                                 [:, :group], sym)
             g = col // group
-            qc = quantize_codes(wb[:, j].float(), scales[:, g], zeros[:, g])
+            qc = quantize_codes(wb[:, j], scales[:, g], zeros[:, g])
             q[:, col] = qc
-            deq = scales[:, g].double() * (qc.double() - zeros[:, g].double())
+            deq = scales[:, g].float() * (qc.float() - zeros[:, g].float())
             e = (wb[:, j] - deq) / hb[j, j]
             wb[:, j:] -= e[:, None] * hb[j, j:][None]
             err[:, j] = e
@@ -134,13 +146,13 @@ def layer_forward(target, i: int, h: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def layer_hessians(target, i: int, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """{linear name: sum over the calibration tokens of x x^T [K, K] fp64} for layer i."""
+    """{linear name: sum over the calibration tokens of x x^T [K, K] fp32} for layer i."""
     layer = target.layers[i]
     sums: dict[str, torch.Tensor] = {}
     hooks = []
     for name in FUSED:
         def record(mod, args, out, name=name):
-            x = args[0].detach().flatten(0, -2).double()  # (tokens, K)
+            x = args[0].detach().flatten(0, -2).float()  # (tokens, K)
             sums[name] = sums.get(name, 0) + x.T @ x
         hooks.append(getattr(layer, name).register_forward_hook(record))
     try:
@@ -171,7 +183,7 @@ def quantize_target(target, sequences: list[list[int]] | None, group: int, sym: 
         for name in FUSED:
             linear = getattr(layer, name)
             w = linear.weight.detach().float()
-            ql = (gptq(w, hessians[name].float(), group, sym, act_order) if inputs is not None
+            ql = (gptq(w, hessians[name], group, sym, act_order) if inputs is not None
                   else rtn(w, group, sym))
             linear.weight.copy_(dequantize(ql))
             out[f"layers.{i}.{name}"] = ql
