@@ -18,6 +18,7 @@ points and fp16 scales, as the checkpoint stores them.
                       ordering, the input permutation that makes each group contiguous (the
                       graph gathers the activations in that order: MatMulNBits' own g_idx input
                       leaves ORT's fast int4 path, docs/quantization.md)
+    checkpoint_matmul one MatMul of the graph -> that MatMulNBits (matmuls_to_nbits' `given`)
 
 The layouts themselves are in export/gptq.py and export/awq.py.
 """
@@ -217,3 +218,64 @@ def nbits_weights(ql: QuantizedLinear):
     q = ql.q[:, order].numpy().reshape(n, k // b, b)
     packed, scales, zps = _pack_int4(q, ql.scales.float()[:, g].numpy(), ql.zeros[:, g].numpy())
     return packed, scales, zps, b, perm
+
+
+def in_group_order(graph, new_nodes, done: dict[tuple[str, bytes], str], x: str,
+                   perm: np.ndarray | None) -> str:
+    """x [.., K] -> x[..., perm] (once per input and order; x itself for None): the input
+    order in which a desc_act checkpoint's groups are contiguous.
+
+        x --Gather(perm, axis=-1)--> x_in_group_order
+    """
+    from onnx import helper, numpy_helper
+
+    if perm is None:
+        return x
+    key = (x, perm.tobytes())
+    if key not in done:
+        name = f"{x}/act_order{len([k for k in done if k[0] == x]) or ''}"
+        graph.initializer.append(numpy_helper.from_array(perm, name + ".perm"))
+        new_nodes.append(helper.make_node("Gather", [x, name + ".perm"], [name], axis=-1,
+                                          name=name + "/Gather"))
+        done[key] = name
+    return done[key]
+
+
+def dequantize_nbits(packed, scales, zero_points, k: int, n: int, block: int,
+                     perm: np.ndarray | None) -> np.ndarray:
+    """The [K, N] weights a checkpoint's MatMulNBits computes with, rows back in the input's
+    own order (the inverse of nbits_weights)."""
+    from trt_spec.export.quantize import dequantize_int4
+
+    w = dequantize_int4(packed, scales, zero_points, k, n, block)
+    if perm is None:
+        return w
+    out = np.empty_like(w)
+    out[perm] = w
+    return out
+
+
+def checkpoint_matmul(graph, new_nodes, ordered: dict, node, ql: QuantizedLinear,
+                      shape: tuple[int, int], accuracy_level: int, errors: dict | None) -> None:
+    """MatMul(x, W) whose W [K, N] is `ql`'s weights bitwise -> MatMulNBits with ql's codes,
+    zero points and scales (appended to new_nodes, its initializers to graph), its input in
+    group order (in_group_order, shared through `ordered`). `errors` as matmuls_to_nbits'."""
+    from onnx import helper, numpy_helper
+
+    k, n = shape
+    w_name = node.input[1]
+    packed, scales, zps, block, perm = nbits_weights(ql)
+    if errors is not None:
+        w = dequantize(ql).T.numpy()
+        wq = dequantize_nbits(packed, scales, zps, k, n, block, perm)
+        errors[w_name] = ("int4-checkpoint",
+                          float(np.linalg.norm(wq - w) / max(np.linalg.norm(w), 1e-30)))
+    prefix = f"{w_name}.int4-checkpoint"
+    graph.initializer.extend([numpy_helper.from_array(packed, prefix + ".q"),
+                              numpy_helper.from_array(scales, prefix + ".scales"),
+                              numpy_helper.from_array(zps, prefix + ".zp")])
+    new_nodes.append(helper.make_node(
+        "MatMulNBits", [in_group_order(graph, new_nodes, ordered, node.input[0], perm),
+                        prefix + ".q", prefix + ".scales", prefix + ".zp"],
+        list(node.output), name=(node.name or w_name) + "/MatMulNBits", domain="com.microsoft",
+        K=k, N=n, bits=4, block_size=block, accuracy_level=accuracy_level))

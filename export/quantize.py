@@ -197,37 +197,6 @@ def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> 
 DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
                 "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
                 "int8-rows2": dequantize_int8_columns}
-def _in_order(graph, new_nodes, done: dict[tuple[str, bytes], str], x: str,
-              perm: np.ndarray | None) -> str:
-    """x [.., K] -> x[..., perm] (once per input and order; x itself for None): the input
-    order in which a desc_act checkpoint's groups are contiguous.
-
-        x --Gather(perm, axis=-1)--> x_in_group_order
-    """
-    if perm is None:
-        return x
-    key = (x, perm.tobytes())
-    if key not in done:
-        name = f"{x}/act_order{len([k for k in done if k[0] == x]) or ''}"
-        graph.initializer.append(numpy_helper.from_array(perm, name + ".perm"))
-        new_nodes.append(helper.make_node("Gather", [x, name + ".perm"], [name], axis=-1,
-                                          name=name + "/Gather"))
-        done[key] = name
-    return done[key]
-
-
-def dequantize_int4_checkpoint(packed, scales, zero_points, k: int, n: int, block: int,
-                               perm: np.ndarray | None) -> np.ndarray:
-    """The [K, N] weights a checkpoint's MatMulNBits computes with, rows back in the input's
-    own order (the inverse of int4_checkpoint.nbits_weights)."""
-    w = dequantize_int4(packed, scales, zero_points, k, n, block)
-    if perm is None:
-        return w
-    out = np.empty_like(w)
-    out[perm] = w
-    return out
-
-
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                      min_elements: int = 4096, errors: dict | None = None,
                      given: dict | None = None) -> int:
@@ -244,7 +213,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     unchanged, form "int4-checkpoint", whatever `form_for` says; its input is gathered into
     the checkpoint's group order where g_idx is not the identity. Every given weight must be
     found (ValueError otherwise: nothing is quantized again silently)."""
-    from trt_spec.export.int4_checkpoint import content_key, nbits_weights
+    from trt_spec.export.int4_checkpoint import checkpoint_matmul, content_key
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses: dict[str, int] = {}
@@ -272,22 +241,9 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
         k, n = w.shape
         key = content_key(w) if given else None
         if given and key in given:
-            packed, scales, zps, block, perm = nbits_weights(given[key])
             found.add(key)
-            if errors is not None:
-                wq = dequantize_int4_checkpoint(packed, scales, zps, k, n, block, perm)
-                errors[w_name] = ("int4-checkpoint",
-                                  float(np.linalg.norm(wq - w) / max(np.linalg.norm(w), 1e-30)))
-            prefix = f"{w_name}.int4-checkpoint"
-            graph.initializer.extend([numpy_helper.from_array(packed, prefix + ".q"),
-                                      numpy_helper.from_array(scales, prefix + ".scales"),
-                                      numpy_helper.from_array(zps, prefix + ".zp")])
-            new_nodes.append(helper.make_node(
-                "MatMulNBits", [_in_order(graph, new_nodes, ordered, node.input[0], perm),
-                                prefix + ".q", prefix + ".scales", prefix + ".zp"],
-                list(node.output), name=(node.name or w_name) + "/MatMulNBits",
-                domain="com.microsoft", K=k, N=n, bits=4, block_size=block,
-                accuracy_level=accuracy_level))
+            checkpoint_matmul(graph, new_nodes, ordered, node, given[key], (k, n),
+                              accuracy_level, errors)
             uses[w_name] -= 1
             replaced += 1
             continue

@@ -17,8 +17,8 @@ from onnx import numpy_helper
 
 from trt_spec.export import awq, gptq
 from trt_spec.export.int4_checkpoint import (QuantizedLinear, content_key, dequantize,
-                                             fused_codes, quantization_config, read_quantized)
-from trt_spec.export.quantize import dequantize_int4_checkpoint
+                                             dequantize_nbits, fused_codes, quantization_config,
+                                             read_quantized)
 
 
 def random_codes(n: int, k: int, group: int, seed: int, act_order: bool = False
@@ -163,7 +163,7 @@ def engine_weights(engine):
         gather = producers.get(node.input[0])
         perm = inits[gather.input[1]] if gather is not None and gather.op_type == "Gather" \
             and gather.input[1].endswith(".perm") else None
-        out.append(dequantize_int4_checkpoint(*(inits[x] for x in node.input[1:4]), attrs["K"],
+        out.append(dequantize_nbits(*(inits[x] for x in node.input[1:4]), attrs["K"],
                                               attrs["N"], attrs["block_size"], perm))
     return out
 
