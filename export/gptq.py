@@ -40,22 +40,23 @@ def is_v1(qc: dict) -> bool:
 
 
 def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """int32 tensor -> uint8 4-bit values, eight per int32, spread along `dim` (low first)."""
-    x = packed.to(torch.int32).unsqueeze(dim + 1 if dim >= 0 else dim)  # new axis after dim
+    """int32 [.., M, ..] -> uint8 4-bit values [.., 8M, ..], eight per int32 spread along
+    `dim` (0 or 1), the low nibble first."""
+    assert dim in (0, 1), dim
+    x = packed.to(torch.int32).unsqueeze(dim + 1)  # (.., M, 1, ..)
     shape = [1] * x.dim()
-    shape[dim + 1 if dim >= 0 else dim] = 8
-    nib = (x >> SHIFTS.view(shape)) & 0xF
-    return nib.flatten(dim, dim + 1 if dim >= 0 else dim).to(torch.uint8)
+    shape[dim + 1] = 8
+    return ((x >> SHIFTS.view(shape)) & 0xF).flatten(dim, dim + 1).to(torch.uint8)
 
 
 def pack_nibbles(values: torch.Tensor, dim: int) -> torch.Tensor:
-    """Inverse of unpack_nibbles: uint8 0..15 -> int32, eight along `dim` per int32."""
-    v = values.to(torch.int64)
-    v = v.unflatten(dim, (v.shape[dim] // 8, 8))
+    """Inverse of unpack_nibbles: uint8 0..15 [.., 8M, ..] -> int32 [.., M, ..]."""
+    assert dim in (0, 1) and values.shape[dim] % 8 == 0, (dim, values.shape)
+    v = values.to(torch.int64).unflatten(dim, (values.shape[dim] // 8, 8))
     shape = [1] * v.dim()
-    shape[dim + 1 if dim >= 0 else dim] = 8
-    word = (v << SHIFTS.to(torch.int64).view(shape)).sum(dim + 1 if dim >= 0 else dim)
-    return torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)
+    shape[dim + 1] = 8
+    word = (v << SHIFTS.to(torch.int64).view(shape)).sum(dim + 1)
+    return torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)  # as int32 bits
 
 
 def unpack(parts: dict[str, torch.Tensor], qc: dict, what: str) -> QuantizedLinear:

@@ -23,7 +23,6 @@ q/k/v together is q, k and v apart) and split back into the checkpoint's modules
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
