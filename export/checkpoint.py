@@ -310,14 +310,20 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_target(folder: str | Path):
-    """A Hugging Face folder (config.json + safetensors) -> (TargetModel, ModelConfig)."""
+    """A Hugging Face folder (config.json + safetensors; GPTQ and AWQ ones dequantized,
+    export/int4_checkpoint.py) -> (TargetModel, ModelConfig)."""
+    from trt_spec.export.int4_checkpoint import quantization_config, read_quantized
     from trt_spec.export.model import TargetModel
 
     folder = Path(folder)
     hf = json.loads((folder / "config.json").read_text())
     config = config_from_hf(hf)
     model = TargetModel(config)
-    load_into(model, target_state_dict(read_safetensors(folder), config, str(folder),
+    tensors = read_safetensors(folder)
+    qc = quantization_config(folder, hf)
+    if qc is not None:  # GPTQ / AWQ: the weights they stand for, exactly, in fp32
+        tensors, _ = read_quantized(tensors, qc, str(folder), config.attention_bias)
+    load_into(model, target_state_dict(tensors, config, str(folder),
                                        query_scale(hf, config)), str(folder))
     return model.eval(), config
 

@@ -62,6 +62,9 @@ FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEA
 # matrix a step reads (49152 x 576 on SmolLM2), and memory-bound. "int4-head8" is int4 with
 # the whole head at 8 bits: 2-3% slower on SmolLM2, the tail of the distribution exact.
 HEAD_RESCORE = {"int4": 128, "int4-plain": 128, "int8-rows": 128}
+# The precisions under which a GPTQ / AWQ checkpoint's own 4-bit codes are the body's weights
+# (export/int4_checkpoint.py); the others quantize its dequantized weights again.
+CHECKPOINT_CODES = ("int4", "int4-head8", "int4-plain")
 # Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
 # redoes folders made before.
 LOWERING_VERSION = 5
@@ -122,11 +125,13 @@ def truncated_draft(target: TargetModel, layers: int) -> TargetModel:
 
 def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
                  io: tuple[list[dict], list[dict]],
-                 shared: dict[str, tuple[str, int, int]] | None = None) -> dict:
+                 shared: dict[str, tuple[str, int, int]] | None = None,
+                 codes: dict | None = None) -> dict:
     """`trace()` returns a traced graph; it is lowered to `precision` here and written once,
     to `<name>.onnx` (+ .data) in `folder`, where tensors whose bytes an earlier graph of the
     folder already wrote (`shared`, see save_with_external_data) are read from there.
-    Returns its manifest entry."""
+    `codes`: a GPTQ / AWQ checkpoint's (Models.codes), written unchanged under the int4
+    precisions (CHECKPOINT_CODES). Returns its manifest entry."""
     graph = folder / f"{name}.onnx"
     log(f"exporting {name} to ONNX ({backend} lowering) ...")
     with lowering(backend):
@@ -142,7 +147,8 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         tied = aliases is not None
         tables = 0 if tied else embedding_int8(proto)
         errors: dict[str, tuple[str, float]] = {}
-        n = matmuls_to_nbits(proto, FORMS[precision], errors=errors)
+        n = matmuls_to_nbits(proto, FORMS[precision], errors=errors,
+                             given=codes if precision in CHECKPOINT_CODES else None)
         log(f"  {n} MatMuls quantized"
             + (", embedding and lm_head share one int8 table" if tied else "")
             + (f" (the head: 4-bit, its top {rescore} rescored from it)"
@@ -240,6 +246,9 @@ class Models(NamedTuple):
     draft: TargetModel | None  # the vanilla draft
     draft_kind: str | None  # what the vanilla draft is (its manifest entry's "kind")
     drafters: dict[str, Drafter]  # the heads, by method
+    # a GPTQ / AWQ target's codes, by the content of the fused weight (int4_checkpoint.py
+    # fused_codes); empty for a plain checkpoint
+    codes: dict = {}
 
 
 def load_vanilla(config: ExportConfig, target: TargetModel
@@ -279,7 +288,21 @@ def load_models(config: ExportConfig) -> Models:
         # the target's eagle3_features output follows the head's layers
         target.config = dataclasses.replace(model_config,
                                             eagle3_layers=loaded["eagle3"].feature_layers)
-    return Models(hf_dir, target, draft, kind, loaded)
+    return Models(hf_dir, target, draft, kind, loaded, checkpoint_codes(hf_dir, model_config))
+
+
+def checkpoint_codes(hf_dir: Path, config) -> dict:
+    """A GPTQ / AWQ folder's codes for the target's fused weights ({} for a plain folder)."""
+    from trt_spec.export.checkpoint import read_safetensors
+    from trt_spec.export.int4_checkpoint import fused_codes, quantization_config, read_quantized
+
+    qc = quantization_config(hf_dir, json.loads((hf_dir / "config.json").read_text()))
+    if qc is None:
+        return {}
+    _, codes = read_quantized(read_safetensors(hf_dir), qc, str(hf_dir), config.attention_bias)
+    log(f"{qc['quant_method']} checkpoint: {len(codes)} quantized modules, group size "
+        f"{qc.get('group_size', qc.get('q_group_size'))}")
+    return fused_codes(codes, config.num_layers, str(hf_dir))
 
 
 def prepare_models(models: Models, precision: str, draft_vocab: str):
@@ -314,7 +337,8 @@ def export_graphs(models: Models, folder: Path, precision: str, backend: str,
     shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     dtype = FLOAT.get(precision, "float32")
     graphs = {"target": export_graph(lambda: export_target(target), folder, "target",
-                                     precision, backend, target_io(config, dtype), shared)}
+                                     precision, backend, target_io(config, dtype), shared,
+                                     models.codes)}
     if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
         graphs["score"] = export_graph(lambda: export_score(target), folder, "score", precision,
                                        backend, score_io(config, dtype), shared)

@@ -12,6 +12,9 @@ forms (FORMS), each a function quantize_<form> below:
 accuracy_level=4 selects ORT's int8-compute kernels, the fast path on x86 (docs/quantization.md); ORT's
 float zero points (exact for Q4_1 by themselves) run ~35x slower.
 
+- "int4-checkpoint": a GPTQ / AWQ checkpoint's own codes, integer zero points and scales,
+  unchanged (block size = its group size; matmuls_to_nbits' `given`, export/int4_checkpoint.py):
+  the weights it stands for, bitwise, on the same fast int4 kernels.
 Two forms are not MatMulNBits:
 - "int8-rows": int8 weights, one scale per output column, and the input quantized to int8 at
   run time, one scale per row (export/int8_rows.py), multiplied by MatMulIntegerToFloat:
@@ -195,14 +198,22 @@ DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
                 "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
                 "int8-rows2": dequantize_int8_columns}
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
-                     min_elements: int = 4096, errors: dict | None = None) -> int:
+                     min_elements: int = 4096, errors: dict | None = None,
+                     given: dict | None = None) -> int:
     """Replaces every MatMul whose B is a 2-D initializer with K % 32 == 0 (and at least
     `min_elements` weights) by MatMulNBits, in place. `form_for(output_name, shape)` (the
     MatMul's output) picks one of FORMS (or None to keep fp32). Returns how many were
     replaced. "int4+residual" MatMuls read their input with its block sums appended
     (_with_block_sums, shared by every weight that reads the same input). `errors`, if given,
     receives {weight name: (form, |W_q - W|_F / |W|_F)}: what each replacement computes
-    against the weights it was given."""
+    against the weights it was given.
+
+    `given` ({int4_checkpoint.content_key: QuantizedLinear}, a GPTQ / AWQ checkpoint's codes):
+    a MatMul whose weight is one of them (bitwise) gets those codes, zero points and scales
+    unchanged, form "int4-checkpoint", whatever `form_for` says; its input is gathered into
+    the checkpoint's group order where g_idx is not the identity. Every given weight must be
+    found (ValueError otherwise: nothing is quantized again silently)."""
+    from trt_spec.export.int4_checkpoint import checkpoint_matmul, content_key
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses: dict[str, int] = {}
@@ -217,6 +228,8 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
     new_nodes = []
     augmented: dict[str, str] = {}
     rows: dict[str, tuple[str, str]] = {}
+    ordered: dict[tuple[str, bytes], str] = {}
+    found: set[str] = set()
     for node in graph.node:
         w_name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
         init = inits.get(w_name) if w_name else None
@@ -226,6 +239,14 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             continue
         w = numpy_helper.to_array(init)
         k, n = w.shape
+        key = content_key(w) if given else None
+        if given and key in given:
+            found.add(key)
+            checkpoint_matmul(graph, new_nodes, ordered, node, given[key], (k, n),
+                              accuracy_level, errors)
+            uses[w_name] -= 1
+            replaced += 1
+            continue
         form = form_for(node.output[0], (k, n))
         if form == "int8-rows" and (k > n or "GroupQueryAttention"
                                     in readers.get(node.output[0], ())):
@@ -266,6 +287,9 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             accuracy_level=accuracy_level))
         uses[w_name] -= 1
         replaced += 1
+    if given and len(found) != len(given):
+        raise ValueError(f"{len(given) - len(found)} of the checkpoint's {len(given)} quantized "
+                         "weights are not MatMul weights of this graph (bitwise): not exported")
     del graph.node[:]
     graph.node.extend(new_nodes)
     dead = [i for i in graph.initializer if uses.get(i.name, 1) == 0]

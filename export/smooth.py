@@ -103,7 +103,8 @@ def smooth(target: TargetModel, maxima: dict[str, torch.Tensor], alpha: float = 
 
 
 def calibration_sequences(hf_dir, conversations: int = 32, max_tokens: int = 512,
-                          progress=print) -> list[list[int]]:
+                          progress=print, purpose: str = "smoothing for int8 rows"
+                          ) -> list[list[int]]:
     """Chat-rendered ShareGPT conversations outside the held-out split (the training split's
     first `conversations`), each cut to `max_tokens` tokens: the text the smoothing factors
     are measured on."""
@@ -116,6 +117,6 @@ def calibration_sequences(hf_dir, conversations: int = 32, max_tokens: int = 512
              for c in train[:conversations]]
     sequences = [ids[:max_tokens] for ids in tok.encode_batch(texts, add_special_tokens=False)
                  if len(ids) >= 8]
-    progress(f"smoothing for int8 rows: {len(sequences)} ShareGPT training conversations, "
+    progress(f"{purpose}: {len(sequences)} ShareGPT training conversations, "
              f"{sum(map(len, sequences))} tokens")
     return sequences
