@@ -296,7 +296,7 @@ class TorchGraphs(GraphSet, DeviceGraphs):
             raise EngineFolderError(f"{manifest.folder}: the manifest records no source model; "
                                     "the torch-cuda backend loads the weights from it")
         heads = {k: source_path(manifest, v) for k, v in (source.get("heads") or {}).items()}
-        _, target, draft, _, drafters = load_models(ExportConfig(
+        _, target, draft, _, drafters, _ = load_models(ExportConfig(
             source_path(manifest, source["model"]),
             drafters={"vanilla": source_path(manifest, source.get("draft_model")), **heads},
             draft_layers=source.get("draft_layers", 0), shipped_drafters=False))
@@ -319,7 +319,7 @@ class TorchGraphs(GraphSet, DeviceGraphs):
         from trt_spec.export.pipeline import load_models
 
         heads = {k: str(v) for k, v in (heads or {}).items() if v}
-        hf_dir, target, draft, kind, drafters = load_models(ExportConfig(
+        hf_dir, target, draft, kind, drafters, _ = load_models(ExportConfig(
             model, drafters={"vanilla": draft_model, **heads}, draft_layers=draft_layers,
             shipped_drafters=False))
         entries = {}
