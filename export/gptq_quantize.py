@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from trt_spec.export.int4_checkpoint import FUSED, QuantizedLinear
+from trt_spec.export.int4_checkpoint import FUSED, QuantizedLinear, parts_of
 
 MAXQ = 15
 
@@ -241,7 +241,9 @@ def write_folder(hf_dir: Path, out: Path, codes: dict[str, QuantizedLinear], con
     tensors = read_safetensors(hf_dir)
     for name, ql in codes.items():
         i, fused = name.split(".")[1], name.split(".")[2]
-        for part, piece in zip(FUSED[fused], split(ql, sizes[fused])):
+        parts = parts_of(fused, lambda p: f"model.layers.{i}.{p}.weight" in tensors)
+        pieces = split(ql, sizes[fused]) if len(parts) > 1 else [ql]
+        for part, piece in zip(parts, pieces):
             prefix = f"model.layers.{i}.{part}"
             del tensors[prefix + ".weight"]
             tensors.update({f"{prefix}.{key}": value for key, value in pack(piece).items()})

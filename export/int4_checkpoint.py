@@ -134,6 +134,15 @@ FUSED = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"
          "o_proj": ("self_attn.o_proj",),
          "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
          "down_proj": ("mlp.down_proj",)}
+# ... or stored already fused, as one module (Phi-3's qkv_proj and gate_up_proj)
+STORED_FUSED = {"qkv_proj": ("self_attn.qkv_proj",), "gate_up_proj": ("mlp.gate_up_proj",)}
+
+
+def parts_of(name: str, stored) -> tuple[str, ...]:
+    """The checkpoint's modules that make the target's fused weight `name`: its one fused
+    module where `stored(part)` says the checkpoint has it (Phi-3), else FUSED's parts."""
+    fused = STORED_FUSED.get(name)
+    return fused if fused and stored(fused[0]) else FUSED[name]
 
 
 def content_key(w_kn: np.ndarray) -> str:
@@ -162,7 +171,8 @@ def fused_codes(codes: dict[str, QuantizedLinear], num_layers: int, source: str
     out = {}
     used = set()
     for i in range(num_layers):
-        for name, parts in FUSED.items():
+        for name in FUSED:
+            parts = parts_of(name, lambda p: f"model.layers.{i}.{p}" in codes)
             prefixes = [f"model.layers.{i}.{p}" for p in parts]
             have = [p in codes for p in prefixes]
             if not any(have):

@@ -1,7 +1,11 @@
 """The architecture x RoPE kind table of docs/families.md: for each tiny model of
 tests/rope_models.py (a published config shrunk), the max |logit difference| to transformers
 and the greedy (argmax) agreement over 64 positions that cross the model's RoPE threshold,
-per backend: the torch export module, the exported ORT graph in fp32 and in int4.
+per backend: the torch export module, the exported ORT graph in fp32 and in int4; and per
+checkpoint form: the same model quantized to 4 bits (round to nearest, group 16) and written
+in the GPTQ and the AWQ layouts, exported (int4, the checkpoint's codes as they are) and
+compared with transformers running the checkpoint's dequantized weights. A form the exporter
+refuses gets the refusal's first words in its cell.
 
     .venv/bin/python scripts/families_table.py [--models llama3.1 phi4-mini ...]
 
@@ -67,6 +71,63 @@ def ort_logits(engine: Path, config, ids: list[int], prefill: int) -> np.ndarray
     return np.concatenate(out)
 
 
+GROUP = 16  # the tiny models' widths are multiples of 16
+
+
+def dequantized_hf(folder: Path, codes: dict):
+    """transformers' model of `folder` with each quantized module's weight replaced by the
+    codes' dequantized values (what a GPTQ / AWQ kernel computes with)."""
+    import torch
+
+    from trt_spec.export.gptq_quantize import module_sizes, split
+    from trt_spec.export.int4_checkpoint import dequantize, parts_of
+
+    model = hf_model(folder)
+    sizes = module_sizes(model_config(folder))
+    with torch.no_grad():
+        for name, ql in codes.items():
+            i, fused = name.split(".")[1], name.split(".")[2]
+            layer = model.get_submodule(f"model.layers.{i}")
+            parts = parts_of(fused, lambda p: hasattr(layer.get_submodule(p.split(".")[0]),
+                                                      p.split(".")[1]))
+            pieces = split(ql, sizes[fused]) if len(parts) > 1 else [ql]
+            for part, piece in zip(parts, pieces):
+                model.get_submodule(f"model.layers.{i}.{part}").weight.copy_(dequantize(piece))
+    return model
+
+
+def model_config(folder: Path):
+    from trt_spec.export.checkpoint import load_target
+
+    return load_target(folder)[1]
+
+
+def quantized_cells(name: str, folder: Path, work: Path, ids: list[int],
+                    prefill: int) -> dict:
+    """{"GPTQ": cell, "AWQ": cell}: (max Δ, agree) or the refusal's text."""
+    from trt_spec.export.checkpoint import load_target
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.gptq_quantize import awq_config, gptq_config, quantize_target, write_folder
+    from trt_spec.export.pipeline import export_model
+
+    target, config = load_target(folder)
+    codes = quantize_target(target, None, GROUP, progress=lambda msg: None)
+    want = cached_logits(dequantized_hf(folder, codes), ids, prefill).numpy()[prefill:]
+    cells = {}
+    for form, qc in (("GPTQ", gptq_config(GROUP, False, False)), ("AWQ", awq_config(GROUP))):
+        try:
+            checkpoint = write_folder(folder, work / f"{name}-{form}", codes, config, qc)
+            engine = export_model(ExportConfig(str(checkpoint), work / f"{name}-{form}-engine",
+                                               "int4"))
+        except (ValueError, KeyError, NotImplementedError) as e:
+            cells[f"{form} int4"] = "refused: " + str(e).split(";")[0][:60]
+            continue
+        got = ort_logits(engine, config, ids, prefill)[prefill:]
+        cells[f"{form} int4"] = (float(np.abs(got - want).max()),
+                                 float((got.argmax(-1) == want.argmax(-1)).mean()))
+    return cells
+
+
 def row(name: str, work: Path) -> dict:
     import torch
 
@@ -88,11 +149,13 @@ def row(name: str, work: Path) -> dict:
         engine = export_model(ExportConfig(str(folder), work / f"{name}-{precision}", precision))
         got[f"ORT {precision}"] = ort_logits(engine, config, ids, prefill)[prefill:]
     past = slice(max(threshold - prefill, 0), None)
+    cells = {k: (float(np.abs(v - want).max()), float((v.argmax(-1) == want.argmax(-1)).mean()))
+             for k, v in got.items()}
+    cells.update(quantized_cells(name, folder, work, ids, prefill))
     return {"name": name, "arch": MODELS[name][0], "kind": config.rope_scaling.kind,
             "rotary": f"{config.rotary_dim}/{config.head_dim}",
             "window": config.sliding_window,
-            "cells": {k: (float(np.abs(v - want).max()),
-                          float((v.argmax(-1) == want.argmax(-1)).mean())) for k, v in got.items()},
+            "cells": cells,
             "one_shot": float(np.abs(got["torch"][past] - one_shot[past]).max())}
 
 
@@ -102,7 +165,8 @@ def table(rows: list[dict]) -> str:
             + " | ".join(f"{b}: max Δ, agree" for b in backends) + " | one-shot Δ |")
     lines = [head, "|" + "---|" * (6 + len(backends))]
     for r in rows:
-        cells = " | ".join(f"{d:.1e}, {a:.2f}" for d, a in r["cells"].values())
+        cells = " | ".join(c if isinstance(c, str) else f"{c[0]:.1e}, {c[1]:.2f}"
+                           for c in r["cells"].values())
         lines.append(f"| {r['name']} | {r['arch']} | {r['kind']} | {r['rotary']} | "
                      f"{r['window'] or '-'} | {cells} | {r['one_shot']:.1e} |")
     return "\n".join(lines)

@@ -202,3 +202,30 @@ def test_engine_logits_match_torch_on_the_dequantized_weights(quantized):
     err = np.abs(got - want).mean() / np.abs(want).mean()
     assert err < 0.1, (variant, err)
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 5 / 6, variant
+
+
+@pytest.mark.parametrize("variant", ["gptq-v1-asym", "awq"])
+def test_phi3_stores_qkv_and_gate_up_fused_and_reads_back_bitwise(variant, tmp_path):
+    """Phi-3 checkpoints quantize self_attn.qkv_proj and mlp.gate_up_proj as one module each
+    (its own names, not q/k/v and gate/up): written so, read back, every engine MatMulNBits
+    is the checkpoint's weight bitwise."""
+    from safetensors import safe_open
+
+    from tests.rope_models import make_hf
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
+
+    hf_dir = make_hf(tmp_path / "phi3", "phi3.5-mini")
+    folder = quantize_folder(hf_dir, tmp_path / "q", variant)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.self_attn.qkv_proj.qweight" in keys
+    assert "model.layers.0.mlp.gate_up_proj.qweight" in keys
+    assert not any(".q_proj." in k or ".gate_proj." in k for k in keys)
+    engine = export_model(ExportConfig(str(folder), tmp_path / "engine", "int4"))
+    want = checkpoint_weights(folder)
+    got = engine_weights(engine)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert len(got) == len(want) == 4 * layers
+    for w in got:
+        assert np.array_equal(w, want[content_key(w)])
