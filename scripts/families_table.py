@@ -21,6 +21,7 @@ error for the static kinds; the documented difference for longrope and dynamic N
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -128,6 +129,55 @@ def quantized_cells(name: str, folder: Path, work: Path, ids: list[int],
     return cells
 
 
+def lost_in_gguf(original, loaded) -> str | None:
+    """What transformers' GGUF reader did not give back of `original`'s config (the first
+    field that differs and changes the model), or None."""
+    def rope(c):
+        return (c.rope_parameters or {}).get("rope_type", "default")
+
+    def window(c):
+        w = getattr(c, "sliding_window", None)
+        return w if w and getattr(c, "use_sliding_window", True) else None
+
+    for field, get in (("rope_type", rope), ("sliding_window", window),
+                       ("partial_rotary_factor",
+                        lambda c: getattr(c, "partial_rotary_factor", None) or
+                        (c.rope_parameters or {}).get("partial_rotary_factor", 1.0))):
+        if get(original) != get(loaded):
+            return f"{field} {get(original)} read back as {get(loaded)}"
+    return None
+
+
+def gguf_cell(name: str, folder: Path, work: Path, ids: list[int], prefill: int):
+    """The model written as an F32 GGUF as llama.cpp would (tests/gguf_models.py), exported
+    from the .gguf, against transformers loading the same .gguf: (max Δ, agree), or why
+    transformers' GGUF reader cannot round-trip it."""
+    import torch
+    import transformers
+
+    from tests.gguf_models import write_gguf
+    from trt_spec.export.checkpoint import load_target, resolve_model
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
+
+    gguf_dir = work / f"{name}-gguf"
+    gguf_dir.mkdir()
+    path = write_gguf(folder, gguf_dir / f"{name}.gguf", name)
+    try:
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf_dir, gguf_file=path.name, dtype=torch.float32).eval()
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+        return "refused: transformers' GGUF reader: " + str(e).split(".")[0][:70]
+    lost = lost_in_gguf(hf_model(folder).config, reference.config)
+    if lost is not None:
+        return "refused: transformers' GGUF reader: " + lost
+    engine = export_model(ExportConfig(str(path), work / f"{name}-gguf-engine", "fp32"))
+    config = load_target(resolve_model(str(path)))[1]
+    want = cached_logits(reference, ids, prefill).numpy()[prefill:]
+    got = ort_logits(engine, config, ids, prefill)[prefill:]
+    return float(np.abs(got - want).max()), float((got.argmax(-1) == want.argmax(-1)).mean())
+
+
 def row(name: str, work: Path) -> dict:
     import torch
 
@@ -152,6 +202,7 @@ def row(name: str, work: Path) -> dict:
     cells = {k: (float(np.abs(v - want).max()), float((v.argmax(-1) == want.argmax(-1)).mean()))
              for k, v in got.items()}
     cells.update(quantized_cells(name, folder, work, ids, prefill))
+    cells["GGUF fp32"] = gguf_cell(name, folder, work, ids, prefill)
     return {"name": name, "arch": MODELS[name][0], "kind": config.rope_scaling.kind,
             "rotary": f"{config.rotary_dim}/{config.head_dim}",
             "window": config.sliding_window,
@@ -177,6 +228,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(NAMES), choices=NAMES)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["TRT_SPEC_CACHE"] = tmp  # the .gguf exports' folders, not the user's cache
         rows = [row(name, Path(tmp)) for name in args.models]
     print(table(rows))
 
