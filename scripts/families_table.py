@@ -4,8 +4,11 @@ and the greedy (argmax) agreement over 64 positions that cross the model's RoPE 
 per backend: the torch export module, the exported ORT graph in fp32 and in int4; and per
 checkpoint form: the same model quantized to 4 bits (round to nearest, group 16) and written
 in the GPTQ and the AWQ layouts, exported (int4, the checkpoint's codes as they are) and
-compared with transformers running the checkpoint's dequantized weights. A form the exporter
-refuses gets the refusal's first words in its cell.
+compared with transformers running the checkpoint's dequantized weights; and the model written
+as an F32 GGUF the way llama.cpp does (tests/gguf_models.py), exported from the .gguf (fp32)
+and compared with transformers loading that .gguf. A form the exporter refuses gets the
+refusal's first words in its cell; a GGUF transformers' reader does not give back whole (a
+config field it loses, or a load it fails) gets what it loses.
 
     .venv/bin/python scripts/families_table.py [--models llama3.1 phi4-mini ...]
 
