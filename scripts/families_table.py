@@ -4,8 +4,11 @@ and the greedy (argmax) agreement over 64 positions that cross the model's RoPE 
 per backend: the torch export module, the exported ORT graph in fp32 and in int4; and per
 checkpoint form: the same model quantized to 4 bits (round to nearest, group 16) and written
 in the GPTQ and the AWQ layouts, exported (int4, the checkpoint's codes as they are) and
-compared with transformers running the checkpoint's dequantized weights. A form the exporter
-refuses gets the refusal's first words in its cell.
+compared with transformers running the checkpoint's dequantized weights; and the model written
+as an F32 GGUF the way llama.cpp does (tests/gguf_models.py), exported from the .gguf (fp32)
+and compared with transformers loading that .gguf. A form the exporter refuses gets the
+refusal's first words in its cell; a GGUF transformers' reader does not give back whole (a
+config field it loses, or a load it fails) gets what it loses.
 
     .venv/bin/python scripts/families_table.py [--models llama3.1 phi4-mini ...]
 
@@ -21,6 +24,7 @@ error for the static kinds; the documented difference for longrope and dynamic N
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -128,6 +132,59 @@ def quantized_cells(name: str, folder: Path, work: Path, ids: list[int],
     return cells
 
 
+def lost_in_gguf(original, loaded) -> str | None:
+    """What transformers' GGUF reader did not give back of `original`'s config (the first
+    field that differs and changes the model), or None."""
+    def rope(c):
+        return (c.rope_parameters or {}).get("rope_type", "default")
+
+    def window(c):
+        w = getattr(c, "sliding_window", None)
+        return w if w and getattr(c, "use_sliding_window", True) else None
+
+    def head_dim(c):
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+    for field, get in (("head_dim", head_dim), ("rope_type", rope), ("sliding_window", window),
+                       ("partial_rotary_factor",
+                        lambda c: getattr(c, "partial_rotary_factor", None) or
+                        (c.rope_parameters or {}).get("partial_rotary_factor", 1.0))):
+        if get(original) != get(loaded):
+            return f"{field} {get(original)} read back as {get(loaded)}"
+    return None
+
+
+def gguf_cell(name: str, folder: Path, work: Path, ids: list[int], prefill: int):
+    """The model written as an F32 GGUF as llama.cpp would (tests/gguf_models.py), exported
+    from the .gguf, against transformers loading the same .gguf: (max Δ, agree), or why
+    transformers' GGUF reader cannot round-trip it."""
+    import torch
+    import transformers
+
+    from tests.gguf_models import write_gguf
+    from trt_spec.export.checkpoint import load_target, resolve_model
+    from trt_spec.export.config import ExportConfig
+    from trt_spec.export.pipeline import export_model
+
+    gguf_dir = work / f"{name}-gguf"
+    gguf_dir.mkdir()
+    path = write_gguf(folder, gguf_dir / f"{name}.gguf", name)
+    lost = lost_in_gguf(hf_model(folder).config,
+                        transformers.AutoConfig.from_pretrained(gguf_dir, gguf_file=path.name))
+    if lost is not None:
+        return "refused: transformers' GGUF reader: " + lost
+    try:
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf_dir, gguf_file=path.name, dtype=torch.float32).eval()
+    except (ValueError, NotImplementedError) as e:
+        return "refused: transformers' GGUF reader: " + str(e).split(" in gguf-py")[0][:70]
+    engine = export_model(ExportConfig(str(path), work / f"{name}-gguf-engine", "fp32"))
+    config = load_target(resolve_model(str(path)))[1]
+    want = cached_logits(reference, ids, prefill).numpy()[prefill:]
+    got = ort_logits(engine, config, ids, prefill)[prefill:]
+    return float(np.abs(got - want).max()), float((got.argmax(-1) == want.argmax(-1)).mean())
+
+
 def row(name: str, work: Path) -> dict:
     import torch
 
@@ -152,6 +209,7 @@ def row(name: str, work: Path) -> dict:
     cells = {k: (float(np.abs(v - want).max()), float((v.argmax(-1) == want.argmax(-1)).mean()))
              for k, v in got.items()}
     cells.update(quantized_cells(name, folder, work, ids, prefill))
+    cells["GGUF fp32"] = gguf_cell(name, folder, work, ids, prefill)
     return {"name": name, "arch": MODELS[name][0], "kind": config.rope_scaling.kind,
             "rotary": f"{config.rotary_dim}/{config.head_dim}",
             "window": config.sliding_window,
@@ -177,6 +235,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(NAMES), choices=NAMES)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["TRT_SPEC_CACHE"] = tmp  # the .gguf exports' folders, not the user's cache
         rows = [row(name, Path(tmp)) for name in args.models]
     print(table(rows))
 
