@@ -331,11 +331,14 @@ def load_target(folder: str | Path):
 def gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     """Dequantizes a GGUF (of a family config_from_hf takes) to an fp32 Hugging Face folder (weights, config,
     tokenizer with its chat template), written atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trt_spec.export.gguf_check import check_kept
 
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file {gguf_path} not found")
+    check_kept(gguf_path, AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name))
     print(f"reading {gguf_path.name} (dequantizing to fp32) ...", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)

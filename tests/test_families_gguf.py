@@ -38,8 +38,11 @@ def test_gguf_export_equals_transformers_gguf_load(name, tmp_path, monkeypatch):
     lost = lost_in_gguf(original.config, reference.config)
     if name == "llama3.1":  # llama.cpp keeps llama3 RoPE as rope_freqs; transformers drops it
         assert lost == "rope_type llama3 read back as default"
-    else:
-        assert lost is None
+        with pytest.raises(ValueError, match="tensor 'rope_freqs.weight'"):  # so export refuses
+            export_model(ExportConfig(str(path), tmp_path / "engine", "fp32"))
+        assert not (tmp_path / "engine").exists()
+        return
+    assert lost is None
 
     engine = export_model(ExportConfig(str(path), tmp_path / "engine", "fp32"))
     config = load_target(resolve_model(str(path)))[1]
@@ -48,3 +51,21 @@ def test_gguf_export_equals_transformers_gguf_load(name, tmp_path, monkeypatch):
     got = ort_logits(engine, config, ids, 56)
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
     assert np.array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("name, words", [
+    ("mistral", "llama.attention.sliding_window = 16 read back as 4096"),
+    ("qwen3", "qwen3.attention.key_length = 32 (head_dim) read back as 128"),
+    ("phi3.5-mini", "tensor 'rope_factors_long.weight'")])
+def test_a_gguf_whose_fields_transformers_drops_is_refused_naming_them(name, words, tmp_path,
+                                                                       monkeypatch):
+    """Refused before a weight is read, naming the GGUF key and its value."""
+    from trt_spec.export.checkpoint import resolve_model
+
+    monkeypatch.setenv("TRT_SPEC_CACHE", str(tmp_path / "cache"))
+    folder = make_hf(tmp_path / name, name)
+    (tmp_path / "gguf").mkdir()
+    path = write_gguf(folder, tmp_path / "gguf" / f"{name}.gguf", name)
+    with pytest.raises(ValueError) as e:
+        resolve_model(str(path))
+    assert words in str(e.value) and "Hugging Face folder" in str(e.value)
