@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -169,7 +170,7 @@ class Scheduler:
         and max_tokens fitted to the context, its structure compiled into the Stream's guide
         (slow the first time: the server calls this off its event loop). params.n > 1: the
         Request of choice 0, its `choices` all n, choice i seeded with seed + i (mod 2^64;
-        no seed: each its own). FieldError naming what is wrong: "speculative" (the method or
+        no seed: a fresh one, drawn here). FieldError naming what is wrong: "speculative" (the method or
         k), "prompt", "max_tokens", "n", "logit_bias", or the structure's field
         (runtime/validation.py STRUCTURES)."""
         try:
@@ -178,9 +179,11 @@ class Scheduler:
             raise FieldError("speculative", str(e)) from None
         self._check_fits(prompt_ids, params)
         request_id = request_id or f"req-{next(_ids)}"
+        if params.seed is None:  # its own, drawn now: the output reports it
+            params = dataclasses.replace(params, seed=secrets.randbits(64))
         choices = []
         for i in range(params.n):
-            p = params if i == 0 or params.seed is None else \
+            p = params if i == 0 else \
                 dataclasses.replace(params, seed=(params.seed + i) % (MAX_SEED + 1))
             stream = Stream(list(prompt_ids), p, method, k, adaptive=adaptive,
                             guide=self._guide(p))

@@ -1,0 +1,156 @@
+"""Sampling whose randomness belongs to the output position: the exponential race.
+
+The token at output position i of a stream with seed s is a fixed function of (s, i) and the
+distribution p it is drawn from:
+
+    token = argmin_v E(s, i, v) / p(v)        E(s, i, v) ~ Exp(1), independent over v
+
+(the exponential race; equivalently Gumbel-max, argmax_v log p(v) - log E). Its marginal is
+exactly p: the v-th clock E_v / p(v) is Exp(p(v)), and the first of independent exponential
+clocks is v with probability p(v) / sum p. The noise is keyed by (s, i, v) alone, never by
+how many numbers a step drew, so plain decoding and every speculative method emit the same
+token at i (runtime/verify.py), and a model drafter that draws its draft at i with the same
+noise on its q is coupled to the target (Daliri, Musco and Suresh 2024, "Coupling without
+Communication and Drafter-Invariant Speculative Decoding": the two agree with probability
+at least (1 - TV(p, q)) / (1 + TV(p, q))). Choice c of a request seeded s has seed s + c
+(runtime/scheduler.py).
+
+Counter-based noise: a 64-bit mixing hash (splitmix64's finalizer) of (seed, position,
+index, level), in wrapping uint64 arithmetic, so that a torch twin (int64, with logical
+right shifts emulated by masks) can reproduce it bit for bit; a uniform is the top 53 bits,
+u = (h >> 11 + 1) / 2^53 in (0, 1], and E = -log u.
+
+The race without a full-vocabulary draw. The vocabulary is cut into blocks of BLOCK ids
+(the last may be shorter, n_b ids). Block b's clocks are generated from its minimum down:
+
+    m_b = E(s, i, b, level 0) / n_b          the block's smallest clock, ~ Exp(n_b)
+    j_b = uniform in 0..n_b-1 (level 1)      which id holds it
+    E_v = m_b + E(s, i, v, level 2)          every other id of the block (memorylessness)
+
+which is exactly n_b independent Exp(1) (the minimum of n iid Exp(1) is Exp(n), its
+position uniform, and the rest, given it, are it plus fresh Exp(1)). So the field E is a
+fixed function of (s, i, v), and within block b every time E_v / p(v) is at least
+m_b / max_b p: blocks are opened in the order of that bound and the race stops when the
+next bound is no better than the best time found. The winner is the full race's, exactly;
+a row costs one max over p's blocks, one hash per block and BLOCK hashes per block opened
+(on SmolLM2's 49,152 ids: 192 + ~256, against 49,152 for the whole field).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 256  # ids per block of the race
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio)
+M1, M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's finalizer multipliers
+LEVELS = 3  # 0: a block's minimum, 1: where it lies, 2: an id's own clock
+_U64 = np.uint64
+
+
+def mix(z: int) -> int:
+    """splitmix64's finalizer on a Python int (the per-row key, computed once)."""
+    z &= MASK
+    z = ((z ^ (z >> 30)) * M1) & MASK
+    z = ((z ^ (z >> 27)) * M2) & MASK
+    return z ^ (z >> 31)
+
+
+def mix_array(z: np.ndarray) -> np.ndarray:
+    """mix over a uint64 array (wrapping multiplications, as mix's masks)."""
+    z = z ^ (z >> _U64(30))
+    z *= _U64(M1)
+    z ^= z >> _U64(27)
+    z *= _U64(M2)
+    return z ^ (z >> _U64(31))
+
+
+def row_key(seed: int, position: int) -> int:
+    """The key of output position `position` (0: the first output token) of seed `seed`."""
+    assert seed is not None and 0 <= seed <= MASK and position >= 0, (seed, position)
+    return mix(seed ^ mix((position + 1) * GOLDEN))
+
+
+def hashes(key: int, ids: np.ndarray, level: int) -> np.ndarray:
+    """ids [n] (block or token ids) -> [n] uint64 hashes of (key, id, level)."""
+    assert 0 <= level < LEVELS, level
+    x = ids.astype(np.uint64) * _U64(LEVELS) + _U64(level)  # [n] distinct per (id, level)
+    return mix_array(_U64(key) ^ mix_array(x * _U64(GOLDEN)))
+
+
+def exponentials(key: int, ids: np.ndarray, level: int) -> np.ndarray:
+    """[n] Exp(1) draws: -log u, u = (top 53 bits + 1) / 2^53 in (0, 1]."""
+    u = ((hashes(key, ids, level) >> _U64(11)) + _U64(1)).astype(np.float64) * 2.0 ** -53
+    return -np.log(u)
+
+
+def block_minima(key: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' smallest clocks m [blocks] and where each lies, j [blocks] (offsets in the
+    block), of a row's field over `vocab` ids."""
+    blocks = np.arange(-(-vocab // BLOCK))
+    sizes = np.minimum(BLOCK, vocab - blocks * BLOCK)  # [blocks]
+    m = exponentials(key, blocks, 0) / sizes
+    # position: the top 32 bits scaled to the block (Lemire's multiply-shift)
+    j = ((hashes(key, blocks, 1) >> _U64(32)) * sizes.astype(np.uint64)) >> _U64(32)
+    return m, j.astype(np.int64)
+
+
+def clocks(key: int, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The clocks E [n] of ids [n] (any ids of 0..vocab-1): the block's minimum m_b at its
+    offset j_b, m_b + a fresh Exp(1) elsewhere."""
+    m, j = block_minima(key, vocab)
+    b = ids // BLOCK
+    e = m[b] + exponentials(key, ids, 2)
+    at_min = ids - b * BLOCK == j[b]
+    e[at_min] = m[b[at_min]]
+    return e
+
+
+def field(key: int, vocab: int) -> np.ndarray:
+    """The whole field E [vocab] of a row (for tests: race(p) is argmin E / p over it)."""
+    return clocks(key, np.arange(vocab), vocab)
+
+
+def first(p: np.ndarray, ids: np.ndarray, e: np.ndarray) -> tuple[int, float]:
+    """(id, time) of the first clock e / p[ids] to ring among ids [n] (p(id) > 0 for some)."""
+    w = p[ids]
+    with np.errstate(divide="ignore"):
+        times = np.where(w > 0, e / np.where(w > 0, w, 1.0), np.inf)
+    t = int(np.argmin(times))
+    return int(ids[t]), float(times[t])
+
+
+SPARSE = 4096  # a distribution with at most this many ids of weight > 0 races them alone
+
+
+def race(p: np.ndarray, seed: int, position: int) -> int:
+    """p [vocab] nonnegative weights -> argmin_v E(seed, position, v) / p(v). A token of
+    weight 0 is never returned. Only ids that can win are drawn (module docstring): where
+    few ids have weight (top-p, top-k, min-p, a grammar), those; else the block whose bound
+    m_b / max_b p is smallest, then at once every block whose bound beats its best time."""
+    vocab = len(p)
+    key = row_key(seed, position)
+    support = np.flatnonzero(p)
+    assert len(support), "a distribution without mass"
+    if len(support) <= SPARSE:
+        return first(p, support, clocks(key, support, vocab))[0]
+    m, j = block_minima(key, vocab)
+    pmax = np.maximum.reduceat(p, np.arange(0, vocab, BLOCK))  # [blocks]
+    with np.errstate(divide="ignore"):
+        bound = np.where(pmax > 0, m / np.where(pmax > 0, pmax, 1.0), np.inf)  # [blocks]
+    b0 = int(np.argmin(bound))
+    best, best_time = first(p, *block_ids(key, [b0], vocab))
+    rest = np.flatnonzero(bound < best_time)
+    rest = rest[rest != b0]
+    if len(rest):
+        other, time = first(p, *block_ids(key, rest, vocab))
+        if time < best_time:
+            best = other
+    return best
+
+
+def block_ids(key: int, blocks, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids [n] of the given blocks and their clocks [n]."""
+    ids = (np.asarray(blocks)[:, None] * BLOCK + np.arange(BLOCK)).ravel()
+    ids = ids[ids < vocab]
+    return ids, clocks(key, ids, vocab)
