@@ -2,12 +2,16 @@
 seeded sampled output equals plain seeded output token for token, on every method of a tiny
 engine folder, at k = 1, 2, 4 and auto, alone and in a batch of 4, with the policy's gain
 rules on (seeded requests are not exempt from them), after a prefix-cache hit, in chunked
-prefill, under a structure and the sampling controls, and for each of n = 2 choices."""
+prefill, under a structure and the sampling controls, for each of n = 2 choices, and through
+the server's defaults."""
 
 import dataclasses
+import json
 
+import httpx
 import pytest
 
+from tests.server_util import start_server
 from trt_spec import LLM
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams
@@ -113,3 +117,44 @@ def test_n_choices_equal_plain_and_the_seed_is_returned(tiny_vocab_engine):
                              chat=False)[0]
         assert again.token_ids == unseeded.token_ids, method
     assert want[0] != want[1]
+
+
+def test_the_server_answers_a_seeded_request_alike_every_time(tiny_vocab_engine):
+    """The server's defaults (method auto, the gain rules on, the suffix cache): the same
+    seeded chat request, n = 1 and n = 2, streamed or not, gives the same answer again, and
+    after other traffic has filled the suffix cache with its own answer; a request without a
+    seed is answered with the seed drawn for it, which gives the same answer again."""
+    server = start_server(tiny_vocab_engine, "--max-num-seqs", "4")
+    try:
+        def ask(**body):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "a b c a b c"}],
+                    "max_tokens": 24, "temperature": 0.9, "ignore_eos": True, **body}
+            r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def texts(answer):
+            return [c["message"]["content"] for c in answer["choices"]]
+
+        first = {n: ask(seed=5, n=n) for n in (1, 2)}
+        assert first[1]["seed"] == 5 and first[1]["metrics"]["method"] == "auto"
+        assert texts(first[2])[0] == texts(first[1])[0]
+        for n in (1, 2):
+            assert texts(ask(seed=5, n=n)) == texts(first[n]), n
+        for seed in range(6):  # other traffic, the same prompt among it: the suffix cache
+            ask(seed=seed, n=2)  # holds answers that continue it
+        for n in (1, 2):
+            assert texts(ask(seed=5, n=n)) == texts(first[n]), n
+        streamed = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "a b c a b c"}],
+            "max_tokens": 24, "temperature": 0.9, "ignore_eos": True, "seed": 5,
+            "stream": True}).text
+        chunks = [json.loads(line[6:]) for line in streamed.splitlines()
+                  if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                       if c["choices"]) == texts(first[1])[0]
+        assert [c["seed"] for c in chunks if "seed" in c] == [5]
+        free = ask()
+        assert texts(ask(seed=free["seed"])) == texts(free)
+    finally:
+        assert server.stop() == 0
