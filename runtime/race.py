@@ -153,9 +153,9 @@ def race(p: np.ndarray, seed: int, position: int) -> int:
     if len(rest):
         # an id's clock is at least its block's minimum: only ids with m_b / p(v) below the
         # best time can still ring first
-        ids = (rest[:, None] * BLOCK + np.arange(BLOCK)).ravel()  # [n * BLOCK]
-        ids = ids[ids < vocab]
-        ids = ids[p[ids] * best_time > m[ids // BLOCK]]
+        grid = p if vocab % BLOCK == 0 else np.pad(p, (0, -vocab % BLOCK))
+        rows, cols = (grid.reshape(-1, BLOCK)[rest] * best_time > m[rest, None]).nonzero()
+        ids = rest[rows] * BLOCK + cols  # [n] the ids that can still ring first
         if len(ids):
             other, time = first(p, ids, clocks(key, ids, vocab))
             if time < best_time:
