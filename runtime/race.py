@@ -97,10 +97,10 @@ def block_minima(key: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     return m, j.astype(np.int64)
 
 
-def clocks(key: int, ids: np.ndarray, vocab: int) -> np.ndarray:
-    """The clocks E [n] of ids [n] (any ids of 0..vocab-1): the block's minimum m_b at its
-    offset j_b, m_b + a fresh Exp(1) elsewhere."""
-    m, j = block_minima(key, vocab)
+def clocks(key: int, ids: np.ndarray, minima: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The clocks E [n] of ids [n], given the row's block_minima (m, j): the block's minimum
+    m_b at its offset j_b, m_b + a fresh Exp(1) elsewhere."""
+    m, j = minima
     b = ids // BLOCK
     e = m[b] + exponentials(key, ids, 2)
     at_min = ids - b * BLOCK == j[b]
@@ -110,7 +110,7 @@ def clocks(key: int, ids: np.ndarray, vocab: int) -> np.ndarray:
 
 def field(key: int, vocab: int) -> np.ndarray:
     """The whole field E [vocab] of a row (for tests: race(p) is argmin E / p over it)."""
-    return clocks(key, np.arange(vocab), vocab)
+    return clocks(key, np.arange(vocab), block_minima(key, vocab))
 
 
 def first(p: np.ndarray, ids: np.ndarray, e: np.ndarray) -> tuple[int, float]:
@@ -130,24 +130,27 @@ SPARSE = 4096  # a distribution with at most this many ids of weight > 0 races t
 
 def race(p: np.ndarray, seed: int, position: int) -> int:
     """p [vocab] nonnegative weights -> argmin_v E(seed, position, v) / p(v). A token of
-    weight 0 is never returned. Only ids that can win are drawn (module docstring): where
+    weight 0 is never returned (a row without any, a grammar's dead end that its guide
+    reports, gives argmax p, as greedy decoding would). Only ids that can win are drawn (module docstring): where
     few ids have weight (top-p, top-k, min-p, a grammar), those; else the block whose bound
     m_b / max_b p is smallest, then at once every block whose bound beats its best time."""
     vocab = len(p)
     key = row_key(seed, position)
     live = p > 0  # (a boolean's nonzero is ~10x a float64's)
     n = np.count_nonzero(live)
-    assert n, "a distribution without mass"
+    if not n:
+        return int(np.argmax(p))
+    minima = block_minima(key, vocab)
     if n <= SPARSE:
         support = live.nonzero()[0]
-        return first(p, support, clocks(key, support, vocab))[0]
-    m, j = block_minima(key, vocab)
+        return first(p, support, clocks(key, support, minima))[0]
+    m = minima[0]
     pmax = np.maximum.reduceat(p, np.arange(0, vocab, BLOCK))  # [blocks]
     bound = np.full(len(m), np.inf)  # [blocks] no clock of block b rings before bound[b]
     np.divide(m, pmax, out=bound, where=pmax > 0)
     b0 = int(np.argmin(bound))
     ids = np.arange(b0 * BLOCK, min(vocab, (b0 + 1) * BLOCK))
-    best, best_time = first(p, ids, clocks(key, ids, vocab))
+    best, best_time = first(p, ids, clocks(key, ids, minima))
     rest = np.flatnonzero(bound < best_time)
     rest = rest[rest != b0]
     if len(rest):
@@ -157,7 +160,7 @@ def race(p: np.ndarray, seed: int, position: int) -> int:
         rows, cols = (grid.reshape(-1, BLOCK)[rest] * best_time > m[rest, None]).nonzero()
         ids = rest[rows] * BLOCK + cols  # [n] the ids that can still ring first
         if len(ids):
-            other, time = first(p, ids, clocks(key, ids, vocab))
+            other, time = first(p, ids, clocks(key, ids, minima))
             if time < best_time:
                 best = other
     return best
