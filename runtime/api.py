@@ -71,6 +71,10 @@ class RequestOutput:
     # first, then its TokenLogprob (log-probability given the tokens before it, rank, and the
     # most likely alternatives); None otherwise
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # the seed the request was sampled with (its own, or one drawn at admission when it gave
+    # none): the same request with this seed gives these outputs again, under any method
+    # and k (choice i draws with seed + i)
+    seed: int | None = None
 
     @property
     def text(self) -> str:
@@ -286,4 +290,4 @@ class LLM:
         return RequestOutput(r.id, prompt, s.prompt_ids, outputs,
                              all(c.stream.finished for c in r.choices), s.metrics(),
                              list(s.prompt_logprobs) if s.params.prompt_logprobs is not None
-                             else None)
+                             else None, s.params.seed)

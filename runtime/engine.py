@@ -227,7 +227,7 @@ class Engine:
         if s.guide is not None:  # the first token under the grammar too
             row = row.copy()
             s.guide.apply(row, s.guide.masks([]))
-        token = next_token(controlled(s, row)[0], s.params, s.rng)
+        token = next_token(controlled(s, row)[0], s.params, 0)
         append(s, [token], self.stops, logits[-1:], step_sources(0, None, 0, 0, 1))
         if s.finished:
             self.release(s)

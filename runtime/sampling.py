@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trt_spec.runtime import validation as v
+from trt_spec.runtime.race import race
 
 MAX_LOGPROBS = 20  # most likely alternatives per token, as OpenAI's top_logprobs
 GREEDY_TEMPERATURE = 1e-5  # a temperature below this is greedy (0): vLLM's _SAMPLING_EPS
@@ -81,7 +82,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0..1e20; below 1e-5: greedy (stored as 0)
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1e-20..1 (1: off)
-    seed: int | None = None
+    seed: int | None = None  # None: a fresh one when the stream is made (runtime/stream.py)
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -333,11 +334,14 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p
 
 
-def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """logits: [vocab] (the target's, after process_logits and check_finite) -> token id."""
+def next_token(logits: np.ndarray, params: SamplingParams, position: int) -> int:
+    """logits: [vocab] (the target's, after process_logits and check_finite) -> the token at
+    output position `position` (0: the first): the argmax when greedy, else the exponential
+    race of the request's seed at that position (runtime/race.py), the same token whatever
+    was drafted there."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample_from_probs(target_probs(logits, params), rng)
+    return race(target_probs(logits, params), params.seed, position)
 
 
 @dataclass(frozen=True)

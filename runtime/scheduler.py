@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -167,21 +168,20 @@ class Scheduler:
         """A request checked, here and only here, and its Stream built, not yet queued
         (`enqueue`): its method and k resolved (None takes the configured default), its prompt
         and max_tokens fitted to the context, its structure compiled into the Stream's guide
-        (slow the first time: the server calls this off its event loop). params.n > 1: the
-        Request of choice 0, its `choices` all n, choice i seeded with seed + i (mod 2^64;
-        no seed: each its own). FieldError naming what is wrong: "speculative" (the method or
-        k), "prompt", "max_tokens", "n", "logit_bias", or the structure's field
-        (runtime/validation.py STRUCTURES)."""
+        (slow the first time: the server calls this off its event loop) -> the Request of
+        choice 0, its `choices` all n, choice i seeded seed + i (mod 2^64; no seed: one drawn
+        here). FieldError naming the field: "speculative" (method or k), "prompt",
+        "max_tokens", "n", "logit_bias" or the structure's (validation.STRUCTURES)."""
         try:
             method, k, adaptive = self.gen.resolve(method, num_draft_tokens)
         except ValueError as e:
             raise FieldError("speculative", str(e)) from None
         self._check_fits(prompt_ids, params)
         request_id = request_id or f"req-{next(_ids)}"
+        seed = secrets.randbits(64) if params.seed is None else params.seed  # (reported)
         choices = []
         for i in range(params.n):
-            p = params if i == 0 or params.seed is None else \
-                dataclasses.replace(params, seed=(params.seed + i) % (MAX_SEED + 1))
+            p = dataclasses.replace(params, seed=(seed + i) % (MAX_SEED + 1))
             stream = Stream(list(prompt_ids), p, method, k, adaptive=adaptive,
                             guide=self._guide(p))
             choices.append(Request(request_id, stream, IncrementalDetokenizer(

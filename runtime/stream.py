@@ -8,7 +8,9 @@ state of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -107,7 +109,6 @@ class Stream:
     # of the step, so that it fails alone there (stream_step.verify_stream)
     fault: Exception | None = None
     text: str = ""
-    rng: np.random.Generator = None
     # per output token, when params.logprobs is set: its log-probability under the target
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # per prompt token, when params.prompt_logprobs is set: its log-probability given the
@@ -126,8 +127,8 @@ class Stream:
             raise ValueError("the prompt is empty: at least one token is needed")
         if self.method == PLAIN:
             self.num_draft_tokens, self.adaptive = 0, False
-        if self.rng is None:
-            self.rng = np.random.default_rng(self.params.seed)
+        if self.params.seed is None:  # its own, kept on params: the output reports it
+            self.params = dataclasses.replace(self.params, seed=secrets.randbits(64))
 
     @property
     def finished(self) -> bool:

@@ -50,13 +50,13 @@ def isolated(s: Stream, release: Callable[..., None], work: Callable[..., T], *a
 
 def verify_stream(s: Stream, d: Draft, logits: np.ndarray) -> Verified:
     """A stream that drafted: its accepted prefix and one token more (runtime/verify.py); one
-    that did not takes the target's next token as plain decoding samples it (the same draw
-    from the same distribution as verifying no drafts). Its rows, logits [len(d) + 1, vocab],
+    that did not takes the target's next token as plain decoding samples it (the same race
+    at the same position as verifying no drafts). Its rows, logits [len(d) + 1, vocab],
     are under its sampling controls, each counting the drafts before it (stream.controlled)."""
     if s.fault is not None:  # raised for s in the step's shared work (its grammar)
         raise s.fault
+    at = len(s.output_ids)  # the output position of its first row
     if not len(d):
-        return Verified(0, 0, [next_token(controlled(s, logits[-1:])[0], s.params, s.rng)])
-    out = verify_batch([d.tokens], [d.q], [controlled(s, logits, d.tokens)], [s.params],
-                       [s.rng])
+        return Verified(0, 0, [next_token(controlled(s, logits[-1:])[0], s.params, at)])
+    out = verify_batch([d.tokens], [controlled(s, logits, d.tokens)], [s.params], [at])
     return Verified(len(d), int(out.num_accepted[0]), out.tokens[0, :out.num_emitted[0]])

@@ -5,19 +5,32 @@ Terms, used throughout:
                  controls, runtime/sampling.py: process_logits with the row's own context,
                  the output so far and the drafts before it, then temperature, min-p, top-k
                  and top-p; applied exactly as for q)
-    q            the drafter's distribution the draft token was sampled from; a deterministic
+    q            the drafter's distribution the draft token was drawn from; a deterministic
                  drafter (n-gram, greedy draft) has q = one-hot of its token
     accepted     a drafted token the verifier keeps; drafts are kept as a prefix
-    recovered    the token emitted in place of the first rejected draft: sampled from
-                 norm(max(0, p - q)) (or the target's argmax when greedy)
-    bonus        the token emitted after all k drafts were accepted: sampled from p at k
+    recovered    the token emitted in place of the first rejected draft
+    bonus        the token emitted after all k drafts were accepted
 Every step therefore emits accepted + 1 tokens.
 
-Greedy: accept the longest prefix where the draft equals the target's argmax.
-Stochastic (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
-Decoding", Algorithm 1): accept draft x with probability min(1, p(x) / q(x)); on rejection
-emit a recovered token and stop. The emitted tokens are distributed exactly as sampling from
-p one token at a time.
+Greedy: accept the longest prefix where the draft equals the target's argmax; the recovered
+or bonus token is the target's argmax.
+
+Sampled (drafter-invariant; Daliri, Musco and Suresh 2024, "Coupling without Communication
+and Drafter-Invariant Speculative Decoding"): the target's token at output position i is
+the exponential race of the request's seed at i over p (runtime/race.py), t_i = argmin_v
+E(s, i, v) / p(v), a fixed function of (s, i) and p. Accept the longest prefix where the
+draft equals t_i; the recovered or bonus token is t_i. Plain decoding emits t_i at i too, so
+every method and k emits exactly plain decoding's tokens for a seed, and the emitted tokens
+are distributed as p (the race's marginal). A lookup's draft x is accepted with probability
+p(x), as under Leviathan's rule; a model drafter draws its draft at i as the race of the
+same noise over q (runtime/proposers/base.py pick_draft), which makes it agree with t_i with
+probability at least (1 - TV(p, q)) / (1 + TV(p, q)) (Leviathan's rule: 1 - TV(p, q)).
+
+Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding",
+Algorithm 1: accept x with probability min(1, p(x) / q(x)), else draw the recovered token
+from norm(max(0, p - q))) is kept as `stochastic_verify`: the device loop's rule
+(plugins/spec_verify.py holds its kernel to it), which does not reproduce a seed across
+methods.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import SamplingParams, sample_from_probs, target_probs
+from trt_spec.runtime.sampling import SamplingParams, next_token, sample_from_probs, target_probs
 
 PLACEHOLDER = -1  # fills fixed-shape token outputs past what a row emitted
 Q_FLOOR = 1e-10  # q(x) is never below this in a division
@@ -65,8 +78,9 @@ def residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
 def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
                       target_logits: np.ndarray, params: SamplingParams,
                       rng: np.random.Generator) -> tuple[int, list[int]]:
-    """drafts: [k]; draft_probs: [k, vocab] (q at each draft position) or None for a
-    deterministic drafter; target_logits: [k + 1, vocab] (after process_logits)."""
+    """Leviathan's rule (the device loop's; the module docstring). drafts: [k]; draft_probs:
+    [k, vocab] (q at each draft position) or None for a deterministic drafter;
+    target_logits: [k + 1, vocab] (after process_logits)."""
     def p(i: int) -> np.ndarray:  # row by row: rows after the first rejection are never read
         return target_probs(target_logits[i], params)
 
@@ -84,11 +98,27 @@ def stochastic_verify(drafts: np.ndarray, draft_probs: np.ndarray | None,
     return len(drafts), out
 
 
-def verify_batch(drafts: list[np.ndarray], draft_probs: list[np.ndarray | None],
-                 target_logits: list[np.ndarray], params: list[SamplingParams],
-                 rngs: list[np.random.Generator]) -> SampleResult:
-    """Per row: drafts [k_i], draft_probs [k_i, vocab] | None, target_logits [k_i + 1, vocab]
-    (each row after its process_logits: runtime/sampling.py). Rows may have different k
+def race_verify(drafts: np.ndarray, target_logits: np.ndarray, params: SamplingParams,
+                position: int) -> tuple[int, list[int]]:
+    """drafts: [k]; target_logits: [k + 1, vocab] (after process_logits), row i the target at
+    output position position + i. Accepts while a draft equals the target's raced token
+    (sampling.next_token); that token ends the step. Rows after the first mismatch are
+    never read."""
+    out = []
+    for i, x in enumerate(int(d) for d in drafts):
+        t = next_token(target_logits[i], params, position + i)
+        out.append(t)
+        if t != x:
+            return i, out
+    out.append(next_token(target_logits[len(drafts)], params, position + len(drafts)))
+    return len(drafts), out
+
+
+def verify_batch(drafts: list[np.ndarray], target_logits: list[np.ndarray],
+                 params: list[SamplingParams], positions: list[int]) -> SampleResult:
+    """Per row: drafts [k_i], target_logits [k_i + 1, vocab] (each row after its
+    process_logits: runtime/sampling.py), params (sampled: with its seed), positions: the
+    output position its first row predicts (its output's length). Rows may have different k
     (k_i = 0 is a plain decode step)."""
     batch = len(drafts)
     k_max = max((len(d) for d in drafts), default=0)
@@ -100,7 +130,7 @@ def verify_batch(drafts: list[np.ndarray], draft_probs: list[np.ndarray | None],
         if params[i].greedy:
             a, out = greedy_verify(d, target_logits[i])
         else:
-            a, out = stochastic_verify(d, draft_probs[i], target_logits[i], params[i], rngs[i])
+            a, out = race_verify(d, target_logits[i], params[i], positions[i])
         tokens[i, :len(out)] = out
         accepted[i] = a
     return SampleResult(tokens, accepted, accepted + 1)

@@ -8,6 +8,7 @@ allowed; the server answers it as OpenAI does: status 4xx and
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -331,7 +332,8 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
     """The request's SamplingParams: the server's own limits here (OpenAI's stop limits),
     every other check in SamplingParams (runtime/validation.py), shared with the Python API,
     and in Scheduler.prepare (n against --max-num-seqs, logit_bias against the vocabulary);
-    each error names the field and the allowed values. null takes each default."""
+    each error names the field and the allowed values. null takes each default; a request
+    without a seed gets one here, for all its prompts, which its answer reports (`seed`)."""
     field = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
     given = {name: getattr(req, name) for name in CONTROLS if getattr(req, name) is not None}
     try:
@@ -339,7 +341,8 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed, stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
+            seed=secrets.randbits(64) if req.seed is None else req.seed,
+            stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs_asked(req), prompt_logprobs=prompt_logprobs_asked(req),
             n=1 if req.n is None else req.n, **given,
             **structure(req))

@@ -3,7 +3,8 @@
     scheduler thread   on_output(out) -> loop.call_soon_threadsafe(queue.put_nowait, out)
     event loop         events():  a chunk per delta, each naming its choice's index (the
                                   choices' chunks interleave as they come, as OpenAI's);
-                                  each choice's last carries this server's metrics, then
+                                  each choice's last carries this server's metrics and
+                                  the request's seed, then
                                   usage (stream_options.include_usage) and [DONE]
                        collect(): waits for every choice's last Output, then answers in one
                                   body, built and serialized on a worker thread (with
@@ -189,6 +190,13 @@ def usage(jobs: list[Job]) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(m.cached_tokens for m in firsts)}}
 
 
+def request_seed(job: Job) -> int:
+    """The `seed` extension: the seed the request was sampled with (its own, or the one the
+    server drew for it); sent again with it, the request gets the same answer, under any
+    method and k (choice i draws with seed + i)."""
+    return job.choices[0].stream.params.seed if job.choices else job.stream.params.seed
+
+
 def answer_metrics(ms: list[RequestMetrics]) -> dict | list[dict]:
     """The `metrics` extension of an answer: one choice's, or a list in choice order."""
     return response_metrics(ms[0]) if len(ms) == 1 else [response_metrics(m) for m in ms]
@@ -315,7 +323,8 @@ async def events(rid: str, choices: list[Choice], outputs: Outputs, model: str, 
             yield sse(failure(c.job, structure).body())
             yield DONE
             return
-        yield await chunk(head, c, out, {"metrics": response_metrics(c.job.stream.metrics())})
+        yield await chunk(head, c, out, {"metrics": response_metrics(c.job.stream.metrics()),
+                                         "seed": request_seed(c.job)})
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage([c.job for c in choices])})
     yield DONE
@@ -413,5 +422,6 @@ def whole_body(rid: str, choices: list[Choice], model: str, created: int) -> byt
     shape = choices[0].shape
     return dumps({"id": rid, "object": shape.object, "created": created, "model": model,
                   "choices": [whole(c) for c in choices], "usage": usage(jobs),
-                  "metrics": answer_metrics(ms), **shape.response_fields(choices[0].job)}
+                  "metrics": answer_metrics(ms), "seed": request_seed(jobs[0]),
+                  **shape.response_fields(choices[0].job)}
                  ).encode("utf-8")

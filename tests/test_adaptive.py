@@ -228,7 +228,7 @@ def test_method_auto_without_drafters_picks_the_lookup_or_nothing(tiny_engine):
 
 def test_method_auto_chooses_by_measured_gain():
     """The lookup where its drafts are accepted, the head where its are, nothing where neither
-    pays (but one step in PROBE_EVERY drafts), and hybrid's fixed rule for a seeded sample."""
+    pays (but one step in PROBE_EVERY drafts), a seeded sample as any other."""
     from types import SimpleNamespace
 
     from trt_spec.runtime.proposers.auto import PROBE_EVERY, AutoProposer
@@ -263,9 +263,12 @@ def test_method_auto_chooses_by_measured_gain():
     picks = [auto.choose(greedy, found, 4, gate, 1) for _ in range(2 * PROBE_EVERY)]
     assert picks.count((None, 0)) == 2 * PROBE_EVERY - 2  # the first step and one in 16 probe
     assert [j for src, j in picks if src] == [1, 1]  # ... at the best length, not all k
-    seeded = SimpleNamespace(id=2, params=SamplingParams(temperature=0.7, seed=3))
-    assert auto.choose(seeded, found, 4, gate, 1) == ("suffix", 3)
-    assert auto.choose(seeded, found[:1], 4, gate, 1) == ("mtp", 4)
+    # a seeded sample is chosen for as any sample (its tokens do not depend on the choice)
+    for n in (3, 1):
+        seeded = SimpleNamespace(id=10 + n, params=SamplingParams(temperature=0.7, seed=3))
+        free = SimpleNamespace(id=20 + n, params=SamplingParams(temperature=0.7))
+        assert auto.choose(seeded, found[:n], 4, gate, 1) == \
+            auto.choose(free, found[:n], 4, gate, 1)
 
 
 class FakeHead:
@@ -452,9 +455,12 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
     assert ks[0] == 1 and ks[PROBE_EVERY] == 1 and sum(ks) == 2  # a probe drafts the best k'
 
     assert policy.plan([s], lambda s, k: (k, 1.2)) == [2]
-    seeded = SimpleNamespace(**{**vars(s), "id": 2, "params": SamplingParams(
-        max_tokens=500, temperature=0.8, seed=1)})  # its seed must reproduce: never judged
-    assert all(policy.plan([seeded], lambda s, k: (k, 0.1)) == [2] for _ in range(5))
+    # judged as any other: a seed reproduces its output whatever the policy drafts
+    seeded, free = (SimpleNamespace(**{**vars(s), "id": i, "params": SamplingParams(
+        max_tokens=500, temperature=0.8, seed=seed)}) for i, seed in ((5, 1), (6, None)))
+    ks = [policy.plan([seeded], lambda s, k: (k, 0.1))[0] for _ in range(5)]
+    assert ks == [policy.plan([free], lambda s, k: (k, 0.1))[0] for _ in range(5)]
+    assert sum(ks) < 10
 
 
 def test_a_fixed_k_drafts_its_best_shorter_length_and_probes_the_rest():

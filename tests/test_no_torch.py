@@ -30,8 +30,8 @@ def test_sampling_and_verification_import_without_torch():
         p = probs_from_logits(np.arange(8.0), 0.7, top_k=5, top_p=0.9)
         assert abs(p.sum() - 1) < 1e-12 and (p[:3] == 0).all()
         logits = np.random.default_rng(0).normal(size=(3, 8))
-        out = verify_batch([np.array([1, 2])], [None], [logits],
-                           [SamplingParams(temperature=0.8, top_k=4)], [np.random.default_rng(1)])
+        out = verify_batch([np.array([1, 2])], [logits],
+                           [SamplingParams(temperature=0.8, top_k=4, seed=1)], [0])
         assert out.num_emitted[0] >= 1
         assert "trt_spec.runtime.sampling_torch" not in sys.modules
     """)

@@ -1,10 +1,18 @@
-"""Speculative verification as data: forced argmaxes, edge cases, and distributions."""
+"""Speculative verification as data: forced argmaxes, edge cases, and distributions; the
+exponential race (runtime/race.py) and the drafter-invariant rule built on it; Leviathan's
+rule (stochastic_verify: the device loop's)."""
+
+import dataclasses
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
-from trt_spec.runtime.verify import PLACEHOLDER, residual, stochastic_verify, verify_batch
-from trt_spec.runtime.sampling import SamplingParams, probs, probs_from_logits, process_logits
+from trt_spec.runtime import race as race_mod
+from trt_spec.runtime.verify import (PLACEHOLDER, race_verify, residual, stochastic_verify,
+                                     verify_batch)
+from trt_spec.runtime.sampling import (SamplingParams, next_token, probs, probs_from_logits,
+                                       process_logits)
 
 V = 8
 GREEDY = SamplingParams()
@@ -30,8 +38,7 @@ def test_greedy_accepts_longest_matching_prefix(k, batch):
         drafts.append(d)
         logits.append(forced(target))
         expect.append((a, target[:a + 1]))
-    res = verify_batch(drafts, [None] * batch, logits, [GREEDY] * batch,
-                       [np.random.default_rng(0)] * batch)
+    res = verify_batch(drafts, logits, [GREEDY] * batch, [0] * batch)
     assert res.tokens.shape == (batch, k + 1)
     for row, (a, out) in enumerate(expect):
         assert res.num_accepted[row] == a and res.num_emitted[row] == a + 1
@@ -40,9 +47,8 @@ def test_greedy_accepts_longest_matching_prefix(k, batch):
 
 
 def test_rows_with_different_k_and_plain_decode():
-    res = verify_batch([np.array([3, 4]), np.array([], dtype=np.int64)], [None, None],
-                       [forced([3, 4, 5]), forced([6])], [GREEDY] * 2,
-                       [np.random.default_rng(0)] * 2)
+    res = verify_batch([np.array([3, 4]), np.array([], dtype=np.int64)],
+                       [forced([3, 4, 5]), forced([6])], [GREEDY] * 2, [0, 0])
     assert res.tokens.tolist() == [[3, 4, 5], [6, PLACEHOLDER, PLACEHOLDER]]
     assert res.num_emitted.tolist() == [3, 1]
 
@@ -163,3 +169,87 @@ def test_emitted_tokens_follow_the_target_distribution(name, p_logits, q_logits,
         p1 = dist(p1_logits[y], OUTPUT + [y])
         assert counts[p1 == 0].sum() == 0
         assert tv(counts, p1) < 2.5 * TV_BOUND, (name, y, counts / counts.sum(), p1)
+
+
+# --- the exponential race (runtime/race.py): sampling keyed by (seed, position) ------------
+
+def full_race(p: np.ndarray, seed: int, position: int) -> int:
+    """argmin E / p over the whole field, drawn whole (what race must equal)."""
+    e = race_mod.field(race_mod.row_key(seed, position), len(p))
+    with np.errstate(divide="ignore"):
+        return int(np.argmin(np.where(p > 0, e / np.where(p > 0, p, 1.0), np.inf)))
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 5000])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_race_is_the_whole_fields_race(vocab, sparse, monkeypatch):
+    """Only ids that can win are drawn (few ids with weight; else the blocks whose bound beats
+    the best time): the winner is the whole field's, over peaked, flat and cut p."""
+    monkeypatch.setattr(race_mod, "SPARSE", vocab if sparse else 0)
+    rng = np.random.default_rng(vocab)
+    for trial in range(40):
+        p = np.exp(rng.standard_normal(vocab) * (0.5, 3, 8)[trial % 3])
+        p[rng.random(vocab) < (0, 0.5, 0.95)[trial % 3]] = 0
+        if not p.any():
+            p[trial % vocab] = 1
+        p /= p.sum()
+        assert race_mod.race(p, trial, trial * 3) == full_race(p, trial, trial * 3), trial
+
+
+def test_race_draws_each_token_at_its_weight_across_blocks(monkeypatch):
+    """Over seeds, the race's frequencies are p's (chi-square), through the blocks' path
+    (3 blocks of 256, the last shorter)."""
+    monkeypatch.setattr(race_mod, "SPARSE", 0)
+    vocab = 600
+    p = np.zeros(vocab)
+    p[[3, 200, 255, 256, 400, 599]] = [0.3, 0.1, 0.05, 0.25, 0.2, 0.1]
+    draws = np.bincount([race_mod.race(p, seed, 0) for seed in range(20000)], minlength=vocab)
+    assert draws[p == 0].sum() == 0
+    assert chisquare(draws[p > 0], 20000 * p[p > 0]).pvalue > 1e-6
+
+
+def test_race_noise_is_pinned():
+    """splitmix64's finalizer, as a torch twin must reproduce it bit for bit (a change here
+    changes every seeded output)."""
+    assert race_mod.mix(0x9E3779B97F4A7C15) == 0xE220A8397B1DCDAF  # splitmix64(0)'s first
+    z = np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)
+    assert race_mod.mix_array(z).tolist() == [race_mod.mix(int(x)) for x in z]
+    key = race_mod.row_key(5, 3)
+    assert key == 0xCD56B8B8726D3927
+    assert race_mod.hashes(key, np.arange(3), 2).tolist() == [
+        15770577530034542605, 2934192898899368097, 4910066732917116557]
+
+
+@pytest.mark.parametrize("name, p_logits, q_logits, p1_logits, params", list(cases()),
+                         ids=[c[0] for c in cases()])
+def test_race_verify_emits_plain_decodings_tokens(name, p_logits, q_logits, p1_logits, params):
+    """For every seed: the drafts drawn as the engine draws them (the race of the same seed
+    over q, or a deterministic drafter's argmax), verified, give exactly the tokens plain
+    decoding draws at those positions; a model draft is accepted at least as often as the
+    coupling's bound (1 - TV) / (1 + TV) allows, less a margin."""
+    def dist(logits, output):
+        return probs(process_logits(logits[None], params, PROMPT, output)[0], params)
+
+    at = len(OUTPUT)  # the output position of the first verified row
+    p0 = dist(p_logits, OUTPUT)
+    accepted, seeds = 0, 3000
+    for seed in range(seeds):
+        sp = dataclasses.replace(params, seed=seed)
+        if q_logits is None:
+            d1 = int(np.argmax(p0))
+        else:
+            d1 = race_mod.race(dist(q_logits, OUTPUT), seed, at)
+        d2 = int(np.argmax(p1_logits[d1]))
+        rows = process_logits(np.stack([p_logits, p1_logits[d1], p_logits]), params, PROMPT,
+                              OUTPUT, [d1, d2])
+        a, out = race_verify(np.array([d1, d2]), rows, sp, at)
+        t0 = next_token(process_logits(p_logits[None], params, PROMPT, OUTPUT)[0], sp, at)
+        assert out[0] == t0, (name, seed)
+        if a >= 1:
+            t1 = next_token(process_logits(p1_logits[d1][None], params, PROMPT,
+                                           OUTPUT + [d1])[0], sp, at + 1)
+            assert out[1] == t1, (name, seed)
+        accepted += a >= 1
+    if q_logits is not None:
+        d = 0.5 * np.abs(p0 - dist(q_logits, OUTPUT)).sum()
+        assert accepted / seeds > (1 - d) / (1 + d) - 0.03, (name, accepted / seeds, d)

@@ -184,7 +184,9 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     if peers and batch != 1:
         raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
     methods = list(dict.fromkeys(methods))
-    if "none" not in methods and (peers or (temperature == 0 and any(m != "none" for m in methods))):
+    # greedy or seeded: every method must emit the baseline's tokens
+    comparable = temperature == 0 or seed is not None
+    if "none" not in methods and (peers or (comparable and any(m != "none" for m in methods))):
         methods = ["none"] + methods  # identical_to_baseline and the peers' ratios need it
     max_len = max(pasts + [512]) + max_new_tokens + max([k_max(k) for k in ks] + [0]) + 8
     gens, configs = {}, []
@@ -211,7 +213,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     workloads = [("prompts", i, group) for i, group in enumerate(groups)]
     workloads += [(f"past={p}", p, None) for p in pasts]
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            ignore_eos=not stop_at_eos)
+                            top_p=config.top_p, ignore_eos=not stop_at_eos)
     if peers and stop_at_eos:
         raise ValueError("--peers decode a fixed number of tokens (EOS ignored); drop "
                          "--stop-at-eos")
@@ -296,7 +298,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         precision = gens[c.engine].manifest.graph("target")["precision"]
         base = next((b for b in configs if b.engine == c.engine and b.method == "none"), None)
         for name in dict.fromkeys(w[0] for w in workloads):
-            baseline = base.runs[name] if (base and temperature == 0 and c is not base) else None
+            baseline = base.runs[name] if (base and comparable and c is not base) else None
             results.append(summarize(c, name, c.runs[name], baseline, precision))
     for r in results:
         none = next((x for x in results if x["engine"] == r["engine"] and x["method"] == "none"
@@ -325,6 +327,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
     report = {
         "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
                      "max_new_tokens": max_new_tokens, "temperature": temperature,
+                     "top_p": config.top_p,
                      "prompts": str(config.prompts_file or default_prompts_path()),
                      "backend": config.backend,
                      "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,

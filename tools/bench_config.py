@@ -24,7 +24,10 @@ class BenchConfig:
     pasts: tuple[int, ...] = ()  # also decode after synthetic prompts of these lengths
     repeats: int = 2
     temperature: float = 0.0
-    seed: int | None = None  # sampling: None draws fresh randomness each run
+    top_p: float = 1.0  # sampling: nucleus (1: off)
+    # sampling: None draws a fresh seed per request; with a seed every method emits plain
+    # decoding's tokens, so identical_to_baseline is measured
+    seed: int | None = None
     batch: int = 1
     stop_at_eos: bool = False
     peers: tuple[str, ...] = ()

@@ -42,9 +42,8 @@ class AutoProposer(Proposer):
     def __init__(self, lookup: SuffixProposer, head: Proposer | None,
                  measured: Callable[[], bool] = lambda: True, min_run: int = MIN_RUN):
         """measured(): whether the choice may follow measurements (the policy's gain rules
-        are on); where not, and for a seeded sampled request (whose seed must reproduce its
-        output), the choice is hybrid's fixed rule: the lookup when it drafts at least
-        `min_run` tokens, else the head at k."""
+        are on); where not, the choice is hybrid's fixed rule: the lookup when it drafts at
+        least `min_run` tokens, else the head at k."""
         self.lookup = lookup
         self.head = head
         self.measured = measured
@@ -63,7 +62,7 @@ class AutoProposer(Proposer):
                ) -> tuple[str | None, int]:
         """(source, drafts) for one stream: ("suffix", j), (head name, j) or (None, 0).
         found: the lookup's draft, continuing an n-gram of n tokens."""
-        if not self.measured() or (not s.params.greedy and s.params.seed is not None):
+        if not self.measured():
             if len(found) >= min(self.min_run, k) or self.head is None:
                 return (self.lookup.name, len(found)) if len(found) else (None, 0)
             return self.head.name, k

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import probs, process_logits, sample_from_probs
+from trt_spec.runtime.race import race
+from trt_spec.runtime.sampling import probs, process_logits
 
 
 @dataclass
@@ -94,12 +95,13 @@ def pick_draft(s, logits: np.ndarray, vocab: DraftVocab | None = None,
                drafted=()) -> tuple[int, np.ndarray | None]:
     """A draft token from a drafter's logits [head_vocab] (over `vocab`, or the target's whole
     vocabulary when None) -> (target token, q [vocab] or None when greedy). drafted: the
-    tokens this stream drafted before it this step. Greedy: the argmax. Sampling: drawn from
-    q, the head's distribution after the request's controls (runtime/sampling.py, with the
-    same context as the target's row that verifies it: the output so far and `drafted`);
-    over a draft vocabulary q is zero outside it, so the verifier's min(1, p(d)/q(d)) and
-    norm(max(0, p - q)) stay exact (lossless). Under a grammar the logits are held to what it
-    allows first (`held`), so q is the masked, renormalised distribution drawn from."""
+    tokens this stream drafted before it this step. Greedy: the argmax. Sampling: the race
+    (`draw`) over q, the head's distribution after the request's controls
+    (runtime/sampling.py, with the same context as the target's row that verifies it: the
+    output so far and `drafted`); over a draft vocabulary q is placed at its target ids
+    (zero elsewhere), so the race's noise is the target's, id for id. Under a grammar the
+    logits are held to what it allows first (`held`), so q is the masked, renormalised
+    distribution drawn from."""
     logits = held(s, logits, vocab, drafted)
     if s.params.processes_logits:
         return pick_processed(s, logits, vocab, drafted)
@@ -107,10 +109,17 @@ def pick_draft(s, logits: np.ndarray, vocab: DraftVocab | None = None,
         d = int(np.argmax(logits))
         return (d if vocab is None else int(vocab.draft_to_target[d])), None
     q = probs(logits, s.params)
-    d = sample_from_probs(q, s.rng)
-    if vocab is None:
-        return d, q
-    return int(vocab.draft_to_target[d]), vocab.to_target(q)
+    if vocab is not None:
+        q = vocab.to_target(q)
+    return draw(s, q, drafted), q
+
+
+def draw(s, q: np.ndarray, drafted) -> int:
+    """The draft token from q [vocab] (over the target's ids): the race of the stream's seed
+    at the output position it drafts (runtime/race.py), the target's own noise there, so that
+    the draft equals the target's token there as often as the coupling allows
+    (runtime/verify.py)."""
+    return race(q, s.params.seed, len(s.output_ids) + len(drafted))
 
 
 def held(s, logits: np.ndarray, vocab: DraftVocab | None, drafted) -> np.ndarray:
@@ -144,7 +153,7 @@ def pick_processed(s, logits: np.ndarray, vocab: DraftVocab | None,
     if s.params.greedy:
         return int(np.argmax(z)), None
     q = probs(z, s.params)
-    return sample_from_probs(q, s.rng), q
+    return draw(s, q, drafted), q
 
 
 def confidence(logits: np.ndarray, q: np.ndarray | None, token: int) -> float:

@@ -46,8 +46,7 @@ class HybridProposer(Proposer):
         """How many of n drafts from `source` to verify: a fixed-k stream under the gain rules
         takes the best length by that source's measured acceptance within hybrid (a lookup
         matching 4 tokens but accepted for 1 is cut to what pays); else n."""
-        if (gate is None or not self.measured() or gate.adaptive[i]
-                or (not s.params.greedy and s.params.seed is not None)):
+        if gate is None or not self.measured() or gate.adaptive[i]:
             return n
         rule = gate.rule
         acc = rule.acceptance(source_key(self.name, source), not s.params.greedy)

@@ -129,8 +129,7 @@ class SuffixProposer(NgramProposer):
         length by that key's measured acceptance (none where no length pays, but for
         probes), at a fixed k and at k = auto alike (an adaptive stream's draft is then cut
         by position too, in the engine); else n."""
-        if (gate is None or not self.measured()
-                or (not s.params.greedy and s.params.seed is not None)):
+        if gate is None or not self.measured():
             return n
         rule = gate.rule
         acc = rule.acceptance(source_key(self.name, key), not s.params.greedy)

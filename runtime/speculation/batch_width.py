@@ -12,9 +12,7 @@ a_s(j): the acceptance by position its drafts are measured at (per method, per s
 hybrid / auto, per sampling mode). w* = 0 is a plain step for everyone: its tokens per unit
 of cost are B. Drafts are cut to w* (a cut draft is as a rejected one: no proposer state
 depends on it being verified); one step in PROBE_EVERY that would be cut keeps one draft
-more, so the next position stays measured. Only under the gain rules, from 2 streams on, and never
-where a stream is exempt from them (a seeded sampled request: its seed must reproduce its
-output).
+more, so the next position stays measured. Only under the gain rules, from 2 streams on.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ decode step for that stream, in the same target forward as the others):
       a probe that fails again doubles the cooldown (up to `max_cooldown`), one that
       pays resets it (`fallback`; on by default)
     - else its k, capped by the tokens still allowed and the room left in the cache.
-The gain rules (`fallback`) leave out a sampled request that gives a seed: they depend on
-timings and on what earlier requests measured, and a step drafted or not draws different
-random numbers, so its seed would no longer reproduce its output; it drafts its k.
+The gain rules (`fallback`) apply to every request, seeded sampled ones too: a sampled
+token is a function of the seed and its output position alone (runtime/race.py), so what
+the rules decide (timings, what earlier requests measured) never changes the output.
 The policy keeps its own per-stream state (the windows and the cooldown), by stream id.
 """
 
@@ -115,7 +115,7 @@ class SpeculationPolicy:
 
     def judged(self, s) -> bool:
         """Whether the gain rules apply to s (see the module's docstring)."""
-        return self.config.fallback and (s.params.greedy or s.params.seed is None)
+        return self.config.fallback
 
     def observe(self, s, proposed: int, accepted: int, cost: float | None = None) -> None:
         """Records a step (cost: what the whole step cost, in plain decoding steps c_B(1);

@@ -74,10 +74,13 @@ def parse_peers(text: str) -> list[str]:
 @click.option("--temperature", type=click.FloatRange(min=0), default=BENCH["temperature"],
               show_default=True,
               help="0 = greedy.")
+@click.option("--top-p", type=click.FloatRange(1e-20, 1), default=BENCH["top_p"],
+              show_default=True,
+              help="Sampling: keep the most likely tokens up to this mass (1 = off).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Sampling: the requests' seed, for repeatable runs (a seeded request drafts "
-                   "its k on every step: the policy's gain rules depend on timings) "
-                   "[default: fresh randomness].")
+              help="Sampling: the requests' seed, for repeatable runs; every method then emits "
+                   "plain decoding's tokens, which `same` measures [default: a fresh seed per "
+                   "request].")
 @click.option("--past", "pasts", default="", callback=checked(parse_past),
               help="Also time decoding after synthetic prompts of these lengths "
                    "(comma-separated, e.g. 0,512,1024).")
