@@ -353,7 +353,7 @@ def test_trt_lowered_gemma3_graph_equals_torch(tmp_path_factory):
     """`--backend trt`: the sliding layers' window becomes a mask for TRT_Attention. The graph,
     run by onnx.reference with plugins/reference_ops.py standing in for TensorRT, equals the
     torch module over a prefill past the window, a decode and a 3-token verification."""
-    from tests.test_plugins_trt_graphs import graph, run_torch, step_feeds
+    from tests.test_plugins_trt_graphs import graph, steps_match_torch
     from trt_spec.export.config import ExportConfig
     from trt_spec.export.pipeline import export_model
 
@@ -366,21 +366,8 @@ def test_trt_lowered_gemma3_graph_equals_torch(tmp_path_factory):
     masked = [n for n in proto.graph.node if n.op_type == "TRT_Attention"
               and any(a.name == "causal_kind" and a.s == b"none" for a in n.attribute)]
     assert len(masked) == 4  # the sliding layers
-    caches = [c.numpy() for c in empty_cache(config, 2, 24)]
-    want_caches = [c.copy() for c in caches]
-    lengths = [0, 0]
-    seqs = prompts(2, 16, seed=6)
-    for start, n in ((0, 12), (12, 1), (13, 3)):
-        rows = [s[start:start + n] for s in seqs]
-        feeds = step_feeds(config, rows, lengths, caches)
-        feeds["logits_index"] = np.tile(np.arange(n), (2, 1)).astype(np.int64)
-        names = [o.name for o in proto.graph.output]
-        got = dict(zip(names, session.run(None, feeds)))
-        want = run_torch(model, {**step_feeds(config, rows, lengths, want_caches),
-                                 "logits_index": feeds["logits_index"]}, ["logits_index"])
-        np.testing.assert_allclose(got["logits"], want[0], atol=1e-4, rtol=1e-4)
-        lengths = [m + n for m in lengths]
-        caches, want_caches = [got[k] for k in names[3:]], want[3:]
+    steps_match_torch(session, proto, model, config, prompts(2, 16, seed=6),
+                      ((0, 12), (12, 1), (13, 3)), max_len=24)
 
 
 def test_model_config_without_family_fields_is_llama():

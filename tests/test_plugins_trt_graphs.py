@@ -109,6 +109,31 @@ def run_torch(module, feeds, extra=()):
         return [x.numpy() for x in module(*args, *past)]
 
 
+def steps_match_torch(session, proto, model, config, seqs, steps, max_len: int,
+                      total: int | None = None) -> None:
+    """Rows `seqs` stepped through the graph's `session` and the torch `model`, each with its
+    own caches of `max_len` rows: steps are (start, n) slices of every row; logits equal
+    (1e-4) at every step. total: the graph's total_sequence_length (None: step_feeds')."""
+    from trt_spec.export.model import empty_cache
+
+    caches = [c.numpy() for c in empty_cache(config, len(seqs), max_len)]
+    want_caches = [c.copy() for c in caches]
+    lengths = [0] * len(seqs)
+    names = [o.name for o in proto.graph.output]
+    for start, n in steps:
+        rows = [s[start:start + n] for s in seqs]
+        feeds = step_feeds(config, rows, lengths, caches)
+        if total is not None:
+            feeds["total_sequence_length"] = np.array(total, np.int32)
+        feeds["logits_index"] = np.tile(np.arange(n), (len(seqs), 1)).astype(np.int64)
+        got = dict(zip(names, session.run(None, feeds)))
+        want = run_torch(model, {**step_feeds(config, rows, lengths, want_caches),
+                                 "logits_index": feeds["logits_index"]}, ["logits_index"])
+        np.testing.assert_allclose(got["logits"], want[0], atol=1e-4, rtol=1e-4)
+        lengths = [m + n for m in lengths]
+        caches, want_caches = [got[k] for k in names[3:]], want[3:]
+
+
 def test_target_graph_prefill_decode_verify(trt_engine, torch_target):
     """Two rows of different lengths: prefill (5 and 3 tokens), one decode step each, then a
     3-token verification after the past; logits and hidden states equal torch's, and the

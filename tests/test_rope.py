@@ -140,7 +140,7 @@ def test_trt_lowered_graph_equals_torch(tmp_path):
     over a prefill below the switch, a decode onto it and a 3-token step past it."""
     from onnx.reference import ReferenceEvaluator
 
-    from tests.test_plugins_trt_graphs import run_torch, step_feeds
+    from tests.test_plugins_trt_graphs import steps_match_torch
     from trt_spec.export.onnx_export import export_target
     from trt_spec.plugins.lowering import lowering
     from trt_spec.plugins.reference_ops import REFERENCE_OPS
@@ -150,22 +150,8 @@ def test_trt_lowered_graph_equals_torch(tmp_path):
         proto = export_target(model)
     assert any(n.op_type == "TRT_Attention" for n in proto.graph.node)
     session = ReferenceEvaluator(proto, new_ops=REFERENCE_OPS)
-    caches = [c.numpy() for c in empty_cache(config, 2, 40)]
-    want_caches = [c.copy() for c in caches]
-    lengths = [0, 0]
-    seqs = [ids_of(36, seed=8), ids_of(36, seed=9)]
-    names = [o.name for o in proto.graph.output]
-    for start, n in ((0, 30), (30, 2), (32, 3)):
-        rows = [s[start:start + n] for s in seqs]
-        feeds = step_feeds(config, rows, lengths, caches)
-        feeds["total_sequence_length"] = np.array(40, np.int32)
-        feeds["logits_index"] = np.tile(np.arange(n), (2, 1)).astype(np.int64)
-        got = dict(zip(names, session.run(None, feeds)))
-        want = run_torch(model, {**step_feeds(config, rows, lengths, want_caches),
-                                 "logits_index": feeds["logits_index"]}, ["logits_index"])
-        np.testing.assert_allclose(got["logits"], want[0], atol=1e-4, rtol=1e-4)
-        lengths = [m + n for m in lengths]
-        caches, want_caches = [got[k] for k in names[3:]], want[3:]
+    steps_match_torch(session, proto, model, config, [ids_of(36, seed=8), ids_of(36, seed=9)],
+                      ((0, 30), (30, 2), (32, 3)), max_len=40, total=40)
 
 
 # --- config.json spellings and refusals ---------------------------------------------------
