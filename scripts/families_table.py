@@ -78,7 +78,7 @@ def ort_logits(engine: Path, config, ids: list[int], prefill: int) -> np.ndarray
 GROUP = 16  # the tiny models' widths are multiples of 16
 
 
-def dequantized_hf(folder: Path, codes: dict):
+def dequantized_hf(folder: Path, codes: dict, config):
     """transformers' model of `folder` with each quantized module's weight replaced by the
     codes' dequantized values (what a GPTQ / AWQ kernel computes with)."""
     import torch
@@ -87,7 +87,7 @@ def dequantized_hf(folder: Path, codes: dict):
     from trt_spec.export.int4_checkpoint import dequantize, parts_of
 
     model = hf_model(folder)
-    sizes = module_sizes(model_config(folder))
+    sizes = module_sizes(config)
     with torch.no_grad():
         for name, ql in codes.items():
             i, fused = name.split(".")[1], name.split(".")[2]
@@ -100,12 +100,6 @@ def dequantized_hf(folder: Path, codes: dict):
     return model
 
 
-def model_config(folder: Path):
-    from trt_spec.export.checkpoint import load_target
-
-    return load_target(folder)[1]
-
-
 def quantized_cells(name: str, folder: Path, work: Path, ids: list[int],
                     prefill: int) -> dict:
     """{"GPTQ": cell, "AWQ": cell}: (max Δ, agree) or the refusal's text."""
@@ -116,7 +110,7 @@ def quantized_cells(name: str, folder: Path, work: Path, ids: list[int],
 
     target, config = load_target(folder)
     codes = quantize_target(target, None, GROUP, progress=lambda msg: None)
-    want = cached_logits(dequantized_hf(folder, codes), ids, prefill).numpy()[prefill:]
+    want = cached_logits(dequantized_hf(folder, codes, config), ids, prefill).numpy()[prefill:]
     cells = {}
     for form, qc in (("GPTQ", gptq_config(GROUP, False, False)), ("AWQ", awq_config(GROUP))):
         try:
