@@ -19,8 +19,8 @@ from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
 from trt_spec.runtime.tool_formats import format_of
 from trt_spec.runtime.validation import FieldError
-from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
-                                     served)
+from trt_spec.serve.endpoint import (Prompted, Served, answer, check_model, check_size,
+                                     read_request, served)
 from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, \
     sampling_params, structure_param
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
@@ -30,9 +30,15 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    ctx = served(request)
-    scheduler = ctx.scheduler
     req = await read_request(request, ChatRequest)
+    return await answer(request, req, [await chat_prompt(served(request), req)])
+
+
+async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
+    """The chat's one prompt: its messages templated and tokenized, its sampling params (held
+    to the tool-call grammar, after the thinking section), how its answer reads (a Shape).
+    POST /v1/responses (serve/responses.py) answers through it too."""
+    scheduler = ctx.scheduler
     check_model(req.model, ctx.model_name)
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")
@@ -57,7 +63,7 @@ async def chat_completions(request: Request):
     shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
              if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
     shape.think = None if ctx.reasoning_in_content else think
-    return await answer(request, req, [Prompted(ids, params, shape)])
+    return Prompted(ids, params, shape)
 
 
 def template_kwargs(req: ChatRequest) -> dict:

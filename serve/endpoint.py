@@ -137,6 +137,22 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     once and queued as a request of its own, n choices each (all of them, or a 429), then
     the choices answered together, whole or as server-sent events (stream: true)."""
     ctx = served(request)
+    rid, choices, outputs = await queued(ctx, req, prompts)
+    created = int(time.time())
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return EventStream(events(rid, choices, outputs, ctx.model_name, created,
+                                  include_usage, structure_param(req)),
+                           lambda: cancel(ctx.scheduler, [c.job for c in choices]))
+    return await collect(request, ctx.scheduler, rid, choices, outputs, ctx.model_name,
+                         created, structure_param(req))
+
+
+async def queued(ctx: Served, req,
+                 prompts: list[Prompted]) -> tuple[str, list[Choice], Outputs]:
+    """The request's prompts checked and queued, all or none (a 429): (the request's id, its
+    choices, the Outputs they feed). POST /v1/responses (serve/responses.py) answers them in
+    its own events."""
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream: true",
                            "stream_options")
@@ -159,14 +175,7 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    created = int(time.time())
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStream(events(rid, choices, outputs, ctx.model_name, created,
-                                  include_usage, structure_param(req)),
-                           lambda: cancel(ctx.scheduler, [c.job for c in choices]))
-    return await collect(request, ctx.scheduler, rid, choices, outputs, ctx.model_name,
-                         created, structure_param(req))
+    return rid, choices, outputs
 
 
 def response_values(prompts: list[Prompted], stream: bool) -> tuple[int, int]:

@@ -375,6 +375,17 @@ async def collect(request: Request, scheduler: Scheduler, rid: str, choices: lis
     for all (`failure`: the structure's fault a 400 naming `structure`, an engine error a
     500, an abort (shutdown) a 503)."""
     jobs = [c.job for c in choices]
+    await finished(request, scheduler, jobs, outputs, structure)
+    build = functools.partial(whole_body, rid, choices, model, created)
+    body = await asyncio.to_thread(build) if bulky(jobs) else build()
+    return Response(body, media_type="application/json")
+
+
+async def finished(request: Request, scheduler: Scheduler, jobs: list[Job], outputs: Outputs,
+                   structure: str | None = None) -> None:
+    """Returns once every job's last Output is in (collect's wait; POST /v1/responses's too);
+    a client that disconnects first cancels them. RequestError where one failed (`failure`)
+    or was aborted (503)."""
 
     async def watch_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
@@ -395,9 +406,6 @@ async def collect(request: Request, scheduler: Scheduler, rid: str, choices: lis
         raise RequestError(f.message, f.param, f.status, f.code)
     if "abort" in reasons:
         raise RequestError("the request was cancelled", status=503, code="abort")
-    build = functools.partial(whole_body, rid, choices, model, created)
-    body = await asyncio.to_thread(build) if bulky(jobs) else build()
-    return Response(body, media_type="application/json")
 
 
 BULKY_VALUES = 4096  # an answer with more tokens and logprobs is built on a worker thread
