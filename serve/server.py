@@ -1,6 +1,7 @@
 """`trt-spec serve`: an OpenAI-compatible HTTP server on FastAPI + uvicorn.
 
     POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
+    POST /v1/responses                            (OpenAI's Responses API, stateless)
     POST /tokenize, /detokenize; GET /tokenizer_info   (vLLM's tokenizer routes)
     GET  /v1/models, /health, /metrics            (Prometheus text)
     GET  /                                        the browser page (serve/page.py)
@@ -24,6 +25,8 @@ context is refused from its size before tokenizing, and a long prompt is prefill
                     stopped with the app), error handlers, /health, /metrics, /v1/models;
                     serve / serve_engine (uvicorn)
     completions.py  POST /v1/completions        chat.py  POST /v1/chat/completions
+    responses.py    POST /v1/responses: translated onto the chat path (responses_protocol.py,
+                    its request; responses_stream.py, its output items and events)
     tokenize.py     POST /tokenize, /detokenize, GET /tokenizer_info
     access.py       the API key (--api-key) and CORS (--allowed-origins), as middleware
     connection.py   what one connection may hold: header and body timeouts, idle
@@ -49,7 +52,7 @@ from starlette.requests import ClientDisconnect
 
 from trt_spec.runtime.scheduler import Scheduler
 from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES
-from trt_spec.serve import chat, completions, page, tokenize
+from trt_spec.serve import chat, completions, page, responses, tokenize
 from trt_spec.serve.endpoint import Served, served
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.access import add_access
@@ -58,7 +61,8 @@ from trt_spec.serve.options import Access, ConnectionLimits, ServeOptions
 from trt_spec.serve.protocol import RequestError
 
 log = logging.getLogger("trt_spec.server")
-ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, " \
+ROUTES = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, " \
+         "GET /v1/models, POST /tokenize, " \
          "POST /detokenize, GET /tokenizer_info, GET /health, GET /metrics, GET / (the page)"
 
 
@@ -95,7 +99,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     add_access(app, access, metrics)
     if max_concurrent_requests is not None:  # outermost: counts every request, refused or not
         app.add_middleware(InFlightLimit, limit=max_concurrent_requests, metrics=metrics)
-    for routes in (router, completions.router, chat.router, tokenize.router):
+    for routes in (router, completions.router, chat.router, responses.router, tokenize.router):
         app.include_router(routes)
     app.include_router(page.router)  # GET /: the browser page, open without the key
     return app
