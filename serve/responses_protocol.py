@@ -348,10 +348,6 @@ def logprobs(req: ResponsesRequest) -> dict:
     return {"logprobs": True, "top_logprobs": req.top_logprobs}
 
 
-def wants_logprobs(req: ResponsesRequest) -> bool:
-    return bool(logprobs(req))
-
-
 def _show(value) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
