@@ -135,6 +135,13 @@ def test_items_and_events_in_the_order_the_responses_api_sends_them():
     cut, end = Builder({}).finish("length", {}, {})  # nothing written, cut short
     assert cut["status"] == "incomplete" and cut["output"][0]["status"] == "incomplete"
     assert cut["incomplete_details"] == {"reason": "max_output_tokens"}
+    b = Builder({})
+    b.feed({"content": "a"}, [])
+    failed = b.failed({"message": "gone", "code": "abort", "param": None})
+    assert types(failed) == ["response.output_text.done", "response.content_part.done",
+                             "response.output_item.done", "response.failed"]
+    assert failed[-1]["response"]["status"] == "failed"
+    assert failed[-1]["response"]["error"] == {"code": "abort", "message": "gone"}
 
 
 TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
@@ -336,3 +343,41 @@ def test_errors_name_the_responses_field(server, body, param, words):
     assert error["param"] == param and words in error["message"], error
     assert error["type"] == "invalid_request_error"
     assert "messages" not in error["message"] and "response_format" not in error["message"]
+
+
+THINKING = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant\n{% if enable_thinking is defined and "
+            "enable_thinking is false %}<think></think>{% else %}<think>{% endif %}{% endif %}")
+
+
+def test_the_thinking_comes_as_a_reasoning_item(byte_engine, tmp_path):
+    """A template that opens the think block in the prompt: the answer starts thinking, and
+    its thinking is the output's reasoning item (chat's reasoning_content); effort "none"
+    turns it off (chat's enable_thinking: false)."""
+    (tmp_path / "think.jinja").write_text(THINKING)
+    s = start_server(byte_engine, "--chat-template", str(tmp_path / "think.jinja"))
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0)
+        kw = dict(model="tiny", input="a b", max_output_tokens=8, temperature=0)
+        r = client.responses.create(**kw)
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "a b"}], max_tokens=8,
+            temperature=0).choices[0].message
+        # the random model never closes the think block: cut while thinking, all reasoning
+        (reasoning,) = r.output
+        assert reasoning.type == "reasoning" and reasoning.summary == []
+        assert reasoning.content[0].text == chat.model_extra["reasoning_content"] != ""
+        assert r.output_text == chat.content == "" and reasoning.status == "incomplete"
+        assert 0 < r.usage.output_tokens_details.reasoning_tokens <= 8
+        kinds = [e.type for e in client.responses.create(**kw, stream=True)]
+        assert kinds[2:5] == ["response.output_item.added", "response.content_part.added",
+                              "response.reasoning_text.delta"]
+        assert "response.reasoning_text.done" in kinds
+        off = client.responses.create(**kw, reasoning={"effort": "none"})
+        assert [i.type for i in off.output] == ["message"]
+        assert off.output_text == client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "a b"}], max_tokens=8,
+            temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+        ).choices[0].message.content
+    finally:
+        assert s.stop() == 0
