@@ -6,6 +6,8 @@ where its earlier turns left their KV rows (each replica's prefix cache is its o
 
 A chat's key is its tools, its leading system messages and its first user message: every
 later turn of the chat resends them first, unchanged, so every turn has the key of the first.
+A Responses request (stateless: each turn resends the conversation) is keyed alike, by its
+tools, instructions and input up to its first user message.
 A completions prompt's key is its first OPENING_CHARS characters (OPENING_IDS ids for a
 token-id prompt), so prompts that extend one another (a client continuing its own text) and
 prompts that share a long few-shot preamble meet on one replica. Other routes have no key.
@@ -22,7 +24,7 @@ import json
 
 OPENING_CHARS = 512  # of a completions prompt
 OPENING_IDS = 128  # of a token-id prompt
-KEYED_ROUTES = ("/v1/chat/completions", "/v1/completions")
+KEYED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def _digest(data: str) -> str:
@@ -40,6 +42,18 @@ def chat_opening(body: dict) -> list | None:
         if isinstance(m, dict) and m.get("role") == "user":
             break
     return [body.get("tools"), opening]
+
+
+def responses_opening(body: dict) -> list | None:
+    """The tools, instructions and input up to its first user message (a string input is
+    one), as sent."""
+    items = body.get("input")
+    if isinstance(items, list):
+        items = chat_opening({"messages": items})
+        items = items and items[1]
+    if not items:
+        return None
+    return [body.get("tools"), body.get("instructions"), items]
 
 
 def completion_opening(body: dict) -> object | None:
@@ -62,8 +76,10 @@ def route_key(path: str, body: bytes) -> str | None:
         data = json.loads(body)
         if not isinstance(data, dict):
             return None
-        opening = (chat_opening(data) if path.rstrip("/").endswith("chat/completions")
-                   else completion_opening(data))
+        route = path.rstrip("/")
+        opening = (chat_opening(data) if route.endswith("chat/completions") else
+                   responses_opening(data) if route.endswith("responses") else
+                   completion_opening(data))
         if opening is None:
             return None
         return _digest(json.dumps(opening, sort_keys=True, ensure_ascii=False, default=str))

@@ -98,6 +98,23 @@ def test_what_is_not_served_is_a_400_naming_the_field(body, param, words):
     assert (e.value.status, e.value.param) == (400, param) and words in e.value.message
 
 
+def test_a_conversation_s_turns_share_one_replica_key():
+    """Under Ray Serve every turn of a Responses conversation goes where the first one left
+    its KV rows (serve/affinity.py): the key is the tools, instructions and input up to the
+    first user message."""
+    from trt_spec.serve.affinity import route_key
+
+    def key(**body):
+        return route_key("/v1/responses", json.dumps({"model": "tiny", **body}).encode())
+
+    first = [{"role": "user", "content": "a b"}]
+    later = first + [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                     {"type": "function_call_output", "call_id": "c", "output": "x"}]
+    assert key(input=first, tools=[WEATHER]) == key(input=later, tools=[WEATHER]) is not None
+    assert key(input=first) != key(input=first, instructions="i") != key(input="a b")
+    assert key(input="a b") is not None and key(input=[]) is None
+
+
 def types(events) -> list[str]:
     return [e["type"] for e in events]
 
