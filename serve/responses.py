@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from trt_spec.serve.chat import chat_prompt
 from trt_spec.serve.endpoint import Served, queued, read_request, served
 from trt_spec.serve.protocol import ChatRequest, RequestError, structure_param
-from trt_spec.serve.responses_protocol import Names, ResponsesRequest, chat_request
+from trt_spec.serve.responses_protocol import ResponsesRequest, chat_request
 from trt_spec.serve.responses_stream import Builder, sse, usage
 from trt_spec.serve.streaming import (Choice, EventStream, Outputs, cancel, dumps, failure,
                                       finished, request_seed, response_metrics)
@@ -51,9 +51,8 @@ async def create_response(request: Request):
     except RequestError as e:
         raise names.error(e) from None
     whole = c.shape.whole(c.job)  # the chat choice: {"message", "logprobs", "finish_reason"}
-    m = whole["message"]
-    builder.feed({"reasoning_content": m.get("reasoning_content"), "content": m["content"],
-                  "tool_calls": m.get("tool_calls")}, token_logprobs(whole["logprobs"]))
+    delta = {k: v for k, v in whole["message"].items() if v is not None}  # as one chat delta
+    builder.feed(delta, token_logprobs(whole["logprobs"]))
     response, _ = builder.finish(whole["finish_reason"], *ending(builder, c))
     return Response(dumps(response).encode("utf-8"), media_type="application/json")
 

@@ -119,7 +119,7 @@ PATH = re.compile(r"\b(messages|response_format|max_completion_tokens|max_tokens
                   r"chat_template_kwargs|tools\[\d+\]\.function)[\w.\[\]]*")
 
 
-def check_stateless(req: ResponsesRequest) -> None:
+def check_served(req: ResponsesRequest) -> None:
     """A 400 for each field that names stored state (NOT_KEPT), and for what is not done."""
     for name, why in NOT_KEPT.items():
         value = getattr(req, name)
@@ -140,7 +140,7 @@ def check_stateless(req: ResponsesRequest) -> None:
 
 def chat_request(req: ResponsesRequest) -> tuple[ChatRequest, Names]:
     """The chat completions request that answers `req`, and how to name its fields back."""
-    check_stateless(req)
+    check_served(req)
     names = Names()
     body = {"model": req.model, "messages": chat_messages(req, names),
             "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
