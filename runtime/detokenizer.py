@@ -31,9 +31,11 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = (),
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stops = stops
+        self.skip = skip_special_tokens  # as the stream's text (SamplingParams)
         self.text = ""  # text of the output tokens decoded so far (whole characters only)
         self.sent = 0  # characters of the text already handed out
         self._prefix = 0  # window start (token index)
@@ -43,8 +45,8 @@ class IncrementalDetokenizer:
         """ids: the stream's output token ids so far (they only grow)."""
         if len(ids) == self._read:
             return
-        before = self.tokenizer.decode(ids[self._prefix:self._read])
-        after = self.tokenizer.decode(ids[self._prefix:])
+        before = self.tokenizer.decode(ids[self._prefix:self._read], self.skip)
+        after = self.tokenizer.decode(ids[self._prefix:], self.skip)
         if len(after) > len(before) and not after.endswith(REPLACEMENT):
             self.text += after[len(before):]
             self._prefix, self._read = self._read, len(ids)

@@ -77,6 +77,30 @@ def seed(value) -> int | None:
     return integer("seed", value, 0, MAX_SEED, " (or None: a fresh seed)")
 
 
+MAX_TOKEN_IDS = 1 << 20  # ids in allowed_token_ids, or in all bad words together
+
+
+def token_ids(field: str, value) -> tuple[int, ...]:
+    """A list / tuple of token ids (integers >= 0) -> a tuple; whether each is in the
+    vocabulary is the engine's check (ids_in_vocabulary)."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_TOKEN_IDS:
+        raise FieldError(field, f"{field}={_show(value)}: expected a list of token ids (at "
+                                f"most {MAX_TOKEN_IDS})")
+    return tuple(integer(field, t, 0) for t in value)
+
+
+def token_sequences(field: str, value) -> tuple[tuple[int, ...], ...]:
+    """A list of non-empty token-id lists -> a tuple of tuples."""
+    if not isinstance(value, (list, tuple)) or \
+            not all(isinstance(w, (list, tuple)) and w for w in value):
+        raise FieldError(field, f"{field}={_show(value)}: expected a list of non-empty "
+                                "token-id lists")
+    out = tuple(token_ids(field, w) for w in value)
+    if sum(map(len, out)) > MAX_TOKEN_IDS:
+        raise FieldError(field, f"{field} holds more than {MAX_TOKEN_IDS} token ids")
+    return out
+
+
 def flag(field: str, value) -> bool:
     if not isinstance(value, bool):
         raise FieldError(field, f"{field}={_show(value)}: must be true or false")
@@ -307,3 +331,15 @@ def bias_in_vocabulary(bias: tuple[tuple[int, float], ...], vocab: int) -> None:
     if outside:
         raise FieldError("logit_bias", f"logit_bias has token ids {outside[:4]} outside the "
                                        f"vocabulary 0..{vocab - 1}")
+
+
+def ids_in_vocabulary(params, vocab: int) -> None:
+    """FieldError unless every token id of the params' logit_bias, allowed_token_ids and
+    bad_words_ids is below the vocabulary size."""
+    bias_in_vocabulary(params.logit_bias, vocab)
+    for field, ids in (("allowed_token_ids", params.allowed_token_ids),
+                       ("bad_words", [t for w in params.bad_words_ids for t in w])):
+        outside = [t for t in ids if t >= vocab]
+        if outside:
+            raise FieldError(field, f"{field} has token ids {outside[:4]} outside the "
+                                    f"vocabulary 0..{vocab - 1}")
