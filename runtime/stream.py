@@ -235,7 +235,9 @@ class StopChecker:
                 s.text = self.decode(s.output_ids, p)
 
     def decode(self, ids: list[int], p: SamplingParams) -> str:
-        return self.tokenizer.decode(ids, p.skip_special_tokens)
+        """The text of ids, special tokens dropped unless p keeps them."""
+        return self.tokenizer.decode(ids) if p.skip_special_tokens else \
+            self.tokenizer.decode(ids, False)
 
     def floor(self, s: Stream) -> int:
         """Where a stop string may end at the earliest: past the text of the first
