@@ -26,7 +26,8 @@ a token it forbids stays at -inf through every step):
     top-k, softmax, top-p
 
 (vLLM's order.) Their torch twin, for the torch backends (batched, one setting per row), is
-runtime/sampling_torch.py.
+runtime/sampling_torch.py; it has no twin of the three masks yet: a stream with one is
+stepped by the host loop (SamplingParams.controls, runtime/device/loop.py).
 
 Bounds. Every value SamplingParams accepts keeps the logits finite through every step above,
 in float32 (the torch path's dtype) for logits of magnitude up to ~1e4: a temperature below

@@ -255,3 +255,20 @@ def test_top_k_and_structured_outputs_on_chat(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
     r = post(server, structured_outputs={"nope": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out():
+    from types import SimpleNamespace
+
+    from trt_spec.serve.chat import ChatShape
+
+    def out(text, finish=None):
+        return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
+
+    shape = ChatShape(None, False)
+    shape.think, shape.with_reasoning = False, False
+    deltas = [shape.delta(None, out(t))["delta"] for t in ["<think> a </th", "ink> b", ""]]
+    assert deltas == [{}, {"content": "b"}, {}]
+    whole = shape.whole(SimpleNamespace(stream=SimpleNamespace(
+        text="<think> a </think> b", logprobs=[], finish_reason="stop")))
+    assert whole["message"] == {"role": "assistant", "content": "b", "reasoning_content": None}
