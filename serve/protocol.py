@@ -541,7 +541,8 @@ def structured_outputs(value) -> dict:
     if not isinstance(value, dict) or any(k not in allowed for k in value):
         raise RequestError(f"structured_outputs={json.dumps(value)[:80]}: expected an object "
                            f"of {', '.join(allowed)}", "structured_outputs")
-    out = {k: v for k, v in value.items() if k in STRUCTURED_OUTPUTS and v not in (None, False)}
+    out = {k: v for k, v in value.items()
+           if k in STRUCTURED_OUTPUTS and v is not None and v is not False}
     if out.get("json_object", True) is not True:
         raise RequestError("structured_outputs.json_object: must be true or false",
                            "structured_outputs")
