@@ -448,7 +448,8 @@ def sampling_params(req: _Request, max_tokens: int | None, default_max_tokens: i
         return SamplingParams(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=0 if req.top_k in (None, -1) else req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k in (None, -1) else req.top_k,
+            top_p=1.0 if req.top_p is None else req.top_p,
             seed=secrets.randbits(64) if req.seed is None else req.seed,
             stop=stop_strings(req.stop), ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs_asked(req), prompt_logprobs=prompt_logprobs_asked(req),
