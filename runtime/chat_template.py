@@ -145,6 +145,23 @@ def render(template, messages: list[dict], add_generation_prompt: bool,
                            add_generation_prompt=add_generation_prompt, **given)
 
 
+def open_final_message(text: str, messages: list[dict]) -> str:
+    """The rendered chat cut right after the last message's content, so the model goes on
+    with that message (transformers' continue_final_message): the template's end-of-turn
+    after it dropped. ValueError where the text does not show that content."""
+    content = messages[-1].get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message: the last message has no text to continue")
+    at = text.rfind(content.strip())
+    if at < 0:
+        raise ValueError("continue_final_message: the chat template does not show the last "
+                         "message's content as it is, so it cannot be left open")
+    # the content as given, where the template kept its trailing whitespace; else stripped
+    whole = content.lstrip()
+    keep = len(whole) if text[at:at + len(whole)] == whole else len(content.strip())
+    return text[:at + keep]
+
+
 def read_template_file(path: str | Path) -> str:
     """The template a --chat-template file holds: its text, or the `chat_template` of a JSON
     object (a tokenizer_config.json); compiled here, so a bad one fails at start."""

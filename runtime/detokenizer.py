@@ -31,9 +31,11 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = (),
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stops = stops
+        self.skip = skip_special_tokens  # as the stream's text (SamplingParams)
         self.text = ""  # text of the output tokens decoded so far (whole characters only)
         self.sent = 0  # characters of the text already handed out
         self._prefix = 0  # window start (token index)
@@ -43,11 +45,16 @@ class IncrementalDetokenizer:
         """ids: the stream's output token ids so far (they only grow)."""
         if len(ids) == self._read:
             return
-        before = self.tokenizer.decode(ids[self._prefix:self._read])
-        after = self.tokenizer.decode(ids[self._prefix:])
+        before = self.decode(ids[self._prefix:self._read])
+        after = self.decode(ids[self._prefix:])
         if len(after) > len(before) and not after.endswith(REPLACEMENT):
             self.text += after[len(before):]
             self._prefix, self._read = self._read, len(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        # (the flag passed only when it is not the default: a tokenizer's decode(ids) is all
+        # a stream without it needs)
+        return self.tokenizer.decode(ids) if self.skip else self.tokenizer.decode(ids, False)
 
     def delta(self) -> str:
         """New text safe to send while the stream runs."""

@@ -4,6 +4,7 @@ uses none of them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -273,9 +274,17 @@ class Generator:
         """A Stream for a request; None takes the configured method and k. num_draft_tokens:
         k, or "auto" / "auto:K" (adaptive)."""
         method, k, adaptive = self.resolve(method, num_draft_tokens)
-        validation.bias_in_vocabulary(params.logit_bias, self.config.vocab_size)
+        validation.ids_in_vocabulary(params, self.config.vocab_size)
+        params = self.with_model_stops(params)
         return Stream(list(prompt_ids), params, method, k, adaptive=adaptive,
                       guide=self.guide(params))
+
+    def with_model_stops(self, params: SamplingParams) -> SamplingParams:
+        """params with this model's end tokens as eos_token_ids, which min_tokens holds back
+        (runtime/sampling.py); params itself without min_tokens."""
+        if not params.min_tokens or params.eos_token_ids:
+            return params
+        return dataclasses.replace(params, eos_token_ids=tuple(sorted(self.stops.eos_ids)))
 
     def guide(self, params: SamplingParams):
         """The request's structure compiled into a guide (runtime/grammar.py), or None when it

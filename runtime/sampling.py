@@ -11,6 +11,11 @@ The order, on row j of a verification [last, d1..dk], which predicts the token a
 prompt, the output so far and d1..dj (a grammar's mask, runtime/guided_step.py, comes first:
 a token it forbids stays at -inf through every step):
 
+    allowed_token_ids   z[t] = -inf for every t not in the list
+    bad_words_ids       z[w[-1]] = -inf for each word w whose other tokens end the row's
+                        output (a one-token word: always)
+    min_tokens          z[t] = -inf for the end tokens (EOS, stop_token_ids) while the row's
+                        output is shorter than min_tokens
     logit_bias          z[t] += bias[t]
     repetition_penalty  z[t] / r if z[t] > 0 else z[t] * r, for t in the prompt or the row's
                         output (vLLM's definition)
@@ -21,7 +26,8 @@ a token it forbids stays at -inf through every step):
     top-k, softmax, top-p
 
 (vLLM's order.) Their torch twin, for the torch backends (batched, one setting per row), is
-runtime/sampling_torch.py.
+runtime/sampling_torch.py; it has no twin of the three masks yet: a stream with one is
+stepped by the host loop (SamplingParams.controls, runtime/device/loop.py).
 
 Bounds. Every value SamplingParams accepts keeps the logits finite through every step above,
 in float32 (the torch path's dtype) for logits of magnitude up to ~1e4: a temperature below
@@ -112,6 +118,20 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # -2..2 (0: off)
     repetition_penalty: float = 1.0  # 1e-20..1e20 (1: off)
     min_p: float = 0.0  # 0..1 (0: off)
+    # vLLM's masks (process_logits): no end token (EOS, stop_token_ids) before min_tokens
+    # output tokens, which also no stop string ends; only allowed_token_ids (() : every
+    # token); none of the bad words, each a token-id sequence (the server tokenizes vLLM's
+    # bad_words into them: serve/protocol.py)
+    min_tokens: int = 0
+    allowed_token_ids: tuple[int, ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    # the model's end tokens min_tokens holds back besides stop_token_ids: the engine fills
+    # them in (Generator.with_model_stops), as vLLM's all_stop_token_ids
+    eos_token_ids: tuple[int, ...] = ()
+    # the output's text: special tokens dropped (vLLM's default) or kept; the stop string
+    # that ended it cut off (OpenAI's) or kept
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         """Every field checked, types included (runtime/validation.py: the server's checks
@@ -156,6 +176,19 @@ class SamplingParams:
             "repetition_penalty", self.repetition_penalty, "in 1e-20..1e20 (1 = off; past "
             "these a penalized logit overflows float32)", lo=1 / MAX_SCALE, hi=MAX_SCALE))
         set_(self, "min_p", v.real("min_p", self.min_p, "in 0..1 (0 = off)", 0, 1))
+        set_(self, "min_tokens", v.integer("min_tokens", self.min_tokens, 0,
+                                           allowed=" (0 = off)"))
+        if self.min_tokens > self.max_tokens:
+            raise v.FieldError("min_tokens", f"min_tokens={self.min_tokens}: must be at most "
+                                             f"max_tokens ({self.max_tokens})")
+        set_(self, "allowed_token_ids", v.token_ids("allowed_token_ids",
+                                                    self.allowed_token_ids))
+        set_(self, "eos_token_ids", v.token_ids("eos_token_ids", self.eos_token_ids))
+        set_(self, "bad_words_ids", v.token_sequences("bad_words_ids", self.bad_words_ids))
+        set_(self, "skip_special_tokens", v.flag("skip_special_tokens",
+                                                 self.skip_special_tokens))
+        set_(self, "include_stop_str_in_output", v.flag("include_stop_str_in_output",
+                                                        self.include_stop_str_in_output))
 
     @property
     def structure(self) -> tuple[str, str | tuple[str, ...]] | None:
@@ -170,9 +203,14 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
+    def masks(self) -> bool:
+        """Some mask of process_logits is on (allowed_token_ids, bad words, min_tokens)."""
+        return bool(self.allowed_token_ids) or bool(self.bad_words_ids) or self.min_tokens > 0
+
+    @property
     def processes_logits(self) -> bool:
-        """Some control of process_logits is on (a bias or a penalty)."""
-        return bool(self.logit_bias) or self.presence_penalty != 0 or \
+        """Some control of process_logits is on (a mask, a bias or a penalty)."""
+        return self.masks or bool(self.logit_bias) or self.presence_penalty != 0 or \
             self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
@@ -180,7 +218,8 @@ class SamplingParams:
         """The names of the controls on besides temperature, top-k and top-p (what the device
         loop does not apply yet)."""
         off = {"logit_bias": (), "presence_penalty": 0, "frequency_penalty": 0,
-               "repetition_penalty": 1, "min_p": 0}
+               "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "allowed_token_ids": (),
+               "bad_words_ids": ()}
         return tuple(k for k, v in off.items() if getattr(self, k) != v)
 
 
@@ -195,12 +234,39 @@ def process_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, outpu
         return logits
     assert logits.ndim == 2 and len(drafts) >= len(logits) - 1, (logits.shape, len(drafts))
     z = np.array(logits, dtype=np.float64)  # [R, V] a copy
+    if params.masks:
+        mask_(z, params, output_ids, drafts)
     if params.logit_bias:
         ids, bias = (np.asarray(c) for c in zip(*params.logit_bias))
         z[:, ids] += bias
     if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
         penalize_(z, params, prompt_ids, output_ids, drafts)
     return z
+
+
+def mask_(z: np.ndarray, params: SamplingParams, output_ids, drafts) -> None:
+    """z [R, V], in place: vLLM's masks, row j over output_ids + drafts[:j] (the module
+    docstring's first steps); a token id past the vocabulary masks nothing."""
+    rows, vocab = z.shape
+    if params.allowed_token_ids:
+        keep = np.zeros(vocab, dtype=bool)
+        ids = np.asarray(params.allowed_token_ids)
+        keep[ids[ids < vocab]] = True
+        z[:, ~keep] = -np.inf
+    if params.bad_words_ids:
+        seen = [*output_ids[-max(map(len, params.bad_words_ids)):], *drafts[:rows - 1]]
+        before = len(seen) - (rows - 1)  # the tokens row 0 follows: seen[:before]
+        for j in range(rows):
+            tail = seen[:before + j]
+            for word in params.bad_words_ids:
+                *head, last = word
+                if last < vocab and (not head or tail[-len(head):] == head):
+                    z[j, last] = -np.inf
+    if params.min_tokens:
+        ends = np.asarray([t for t in {*params.eos_token_ids, *params.stop_token_ids}
+                           if t < vocab], dtype=np.int64)
+        short = len(output_ids) + np.arange(rows) < params.min_tokens  # [R]
+        z[np.ix_(short, ends)] = -np.inf
 
 
 def penalize_(z: np.ndarray, params: SamplingParams, prompt_ids, output_ids, drafts) -> None:

@@ -48,7 +48,7 @@ from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.validation import MAX_SEED, FieldError, bias_in_vocabulary
+from trt_spec.runtime.validation import MAX_SEED, FieldError, ids_in_vocabulary
 
 log = logging.getLogger("trt_spec.scheduler")
 _ids = itertools.count()
@@ -177,6 +177,7 @@ class Scheduler:
         except ValueError as e:
             raise FieldError("speculative", str(e)) from None
         self._check_fits(prompt_ids, params)
+        params = self.gen.with_model_stops(params)
         request_id = request_id or f"req-{next(_ids)}"
         seed = secrets.randbits(64) if params.seed is None else params.seed  # (reported)
         choices = []
@@ -185,7 +186,7 @@ class Scheduler:
             stream = Stream(list(prompt_ids), p, method, k, adaptive=adaptive,
                             guide=self._guide(p))
             choices.append(Request(request_id, stream, IncrementalDetokenizer(
-                self.gen.tokenizer, p.stop), on_output, index=i))
+                self.gen.tokenizer, p.stop, p.skip_special_tokens), on_output, index=i))
         for c in choices:
             c.choices = choices
         return choices[0]
@@ -208,7 +209,7 @@ class Scheduler:
         bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise FieldError("prompt", f"prompt token ids {bad[:4]} are outside 0..{vocab - 1}")
-        bias_in_vocabulary(params.logit_bias, vocab)
+        ids_in_vocabulary(params, vocab)
         n = len(prompt_ids)
         if n >= self.max_len:
             raise FieldError("prompt", f"the prompt has {n} tokens; the context holds "

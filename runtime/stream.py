@@ -212,15 +212,17 @@ class StopChecker:
     def update(self, s: Stream) -> None:
         token = s.output_ids[-1]
         p = s.params
-        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        early = len(s.output_ids) < p.min_tokens  # nothing stops it yet (vLLM's min_tokens)
+        if not early and ((token in self.eos_ids and not p.ignore_eos)
+                          or token in p.stop_token_ids):
             s.finish_reason = "stop"
         elif s.guide is not None and s.guide.done:  # the structure is complete
             s.finish_reason = "stop"
-        elif p.stop:
-            s.text = self.tokenizer.decode(s.output_ids)
-            cut = min((i for i in (s.text.find(x) for x in p.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                s.text = s.text[:cut]
+        elif p.stop and not early:
+            s.text = self.decode(s.output_ids, p)
+            end = stop_end(s.text, p.stop, self.floor(s), p.include_stop_str_in_output)
+            if end is not None:
+                s.text = s.text[:end]
                 s.finish_reason = "stop"
         if s.finish_reason is None and len(s.output_ids) >= p.max_tokens:
             s.finish_reason = "length"
@@ -230,7 +232,29 @@ class StopChecker:
         if s.finished:
             s.stats.t_finished = time.perf_counter()
             if not p.stop:
-                s.text = self.tokenizer.decode(s.output_ids)
+                s.text = self.decode(s.output_ids, p)
+
+    def decode(self, ids: list[int], p: SamplingParams) -> str:
+        """The text of ids, special tokens dropped unless p keeps them."""
+        return self.tokenizer.decode(ids) if p.skip_special_tokens else \
+            self.tokenizer.decode(ids, False)
+
+    def floor(self, s: Stream) -> int:
+        """Where a stop string may end at the earliest: past the text of the first
+        min_tokens - 1 tokens (0 without min_tokens)."""
+        n = s.params.min_tokens
+        return len(self.decode(s.output_ids[:n - 1], s.params)) + 1 if n > 1 else 0
+
+
+def stop_end(text: str, stops: tuple[str, ...], floor: int, include: bool) -> int | None:
+    """Where text ends at its first stop string ending at `floor` or later: where the stop
+    string starts, or (include) where it ends; None where none is in it."""
+    found = [(i, len(x)) for x in stops
+             if (i := text.find(x, max(0, floor - len(x)))) >= 0]
+    if not found:
+        return None
+    at, size = min(found)
+    return at + size if include else at
 
 
 def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray,
@@ -244,7 +268,7 @@ def append(s: Stream, tokens, stops: "StopChecker", logits: np.ndarray,
         s.sources.append(sources[n - 1])
         if s.guide is not None and not s.guide.consume(token):
             s.finish_reason = "error"  # a grammar no token can go on with
-            s.text = stops.tokenizer.decode(s.output_ids)
+            s.text = stops.decode(s.output_ids, s.params)
             s.stats.t_finished = time.perf_counter()
             return n
         if s.params.logprobs is not None:

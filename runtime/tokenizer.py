@@ -180,10 +180,11 @@ class Tokenizer:
         return self.chat_template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **variables) -> str:
+                            continue_final_message: bool = False, **variables) -> str:
         """The chat as text, as transformers' apply_chat_template(tokenize=False) renders it
         (runtime/chat_template.py). variables: more of the template's variables (tools,
-        enable_thinking, ...)."""
+        enable_thinking, ...). continue_final_message: the text ends with the last
+        message's content, left open (templates.open_final_message)."""
         text = self.template_text(variables.get("tools"))
         if not text:
             raise ValueError("this model's tokenizer has no chat template; pass a plain prompt")
@@ -193,8 +194,10 @@ class Tokenizer:
         if text not in self._templates:
             self._templates[text] = templates.compile_template(text)
         try:
-            return templates.render(self._templates[text], messages, add_generation_prompt,
-                                    self.special_tokens(), variables)
+            rendered = templates.render(self._templates[text], messages, add_generation_prompt,
+                                        self.special_tokens(), variables)
+            return templates.open_final_message(rendered, messages) \
+                if continue_final_message else rendered
         except templates.Refused as e:  # raise_exception's, saying why
             raise ValueError(f"chat template: {e}") from None
         except (TemplateError, TypeError, LookupError, AttributeError, ArithmeticError,
@@ -231,11 +234,18 @@ class Tokenizer:
                 mark = f"\ue000{nonce}.{i}\ue001"
                 marks[mark] = m["content"]
                 m = {**m, "content": mark}
+            if m.get("reasoning_content"):  # plain text too, where the template shows it
+                mark = f"\ue000{nonce}.r{i}\ue001"
+                marks[mark] = m["reasoning_content"]
+                m = {**m, "reasoning_content": mark}
             shown.append(m)
         text = self.apply_chat_template(shown, add_generation_prompt, **variables)
-        pieces = re.split(f"(\ue000{nonce}\\.\\d+\ue001)", text)
+        pieces = re.split(f"(\ue000{nonce}\\.r?\\d+\ue001)", text)
         found = pieces[1::2]
-        if sorted(found) != sorted(marks):
+        # every content shown once; a reasoning at most once (a template may drop it)
+        shown_once = [k for k in marks if ".r" not in k] + \
+            [k for k in set(found) if ".r" in k]
+        if sorted(found) != sorted(shown_once):
             raise ValueError("this model's chat template rewrites message content (it drops, "
                              "splits or repeats it), so special tokens written in it cannot "
                              "be read as plain text (--escape-special-tokens); send the "

@@ -269,17 +269,20 @@ def tools_block(given: list[Tool]) -> str:
 
 
 def rendered_turn(m: dict) -> dict:
-    """An assistant's calls as the text it wrote; a tool result as a user turn."""
+    """An assistant's calls as the text it wrote; a tool result as a user turn. An
+    assistant's reasoning stays, for a template that renders it."""
     if m["role"] == "tool":
         return {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+    kept = {k: v for k, v in m.items() if k in ("role", "content", "name", "reasoning_content")}
     if m.get("tool_calls"):
         calls = [OPEN + json.dumps({"name": c["function"]["name"],
                                     "arguments": c["function"]["arguments"]},
                                    ensure_ascii=False, **SEPARATORS) + CLOSE
                  for c in m["tool_calls"]]
         text = "\n".join(([m["content"]] if m["content"] else []) + calls)
-        return {"role": "assistant", "content": text}
-    return {k: v for k, v in m.items() if k in ("role", "content", "name")}
+        thought = {k: v for k, v in kept.items() if k == "reasoning_content"}
+        return {"role": "assistant", "content": text, **thought}
+    return kept
 
 
 SEPARATORS = {"separators": (", ", ": ")}  # as the call grammar writes JSON

@@ -77,6 +77,30 @@ def seed(value) -> int | None:
     return integer("seed", value, 0, MAX_SEED, " (or None: a fresh seed)")
 
 
+MAX_TOKEN_IDS = 1 << 20  # ids in allowed_token_ids, or in all bad words together
+
+
+def token_ids(field: str, value) -> tuple[int, ...]:
+    """A list / tuple of token ids (integers >= 0) -> a tuple; whether each is in the
+    vocabulary is the engine's check (ids_in_vocabulary)."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_TOKEN_IDS:
+        raise FieldError(field, f"{field}={_show(value)}: expected a list of token ids (at "
+                                f"most {MAX_TOKEN_IDS})")
+    return tuple(integer(field, t, 0) for t in value)
+
+
+def token_sequences(field: str, value) -> tuple[tuple[int, ...], ...]:
+    """A list of non-empty token-id lists -> a tuple of tuples."""
+    if not isinstance(value, (list, tuple)) or \
+            not all(isinstance(w, (list, tuple)) and w for w in value):
+        raise FieldError(field, f"{field}={_show(value)}: expected a list of non-empty "
+                                "token-id lists")
+    out = tuple(token_ids(field, w) for w in value)
+    if sum(map(len, out)) > MAX_TOKEN_IDS:
+        raise FieldError(field, f"{field} holds more than {MAX_TOKEN_IDS} token ids")
+    return out
+
+
 def flag(field: str, value) -> bool:
     if not isinstance(value, bool):
         raise FieldError(field, f"{field}={_show(value)}: must be true or false")
@@ -89,7 +113,8 @@ def chat(messages, field: str = "messages") -> list[dict]:
     {"role", "content": str} dicts (a "name" is kept). Tool turns as OpenAI's: an assistant
     message may carry `tool_calls` (its content then may be null), whose arguments (JSON
     text) are returned parsed, as chat templates read them; a "tool" message carries the
-    `tool_call_id` it answers."""
+    `tool_call_id` it answers. An assistant message comes back as the server answered it
+    (`assistant`): its reasoning and refusal, and the fields of an answer that are null."""
     if not isinstance(messages, list) or not messages:
         raise FieldError(field, f"{field}={_show(messages)}: expected a non-empty list of "
                                 "{'role', 'content'} messages")
@@ -97,25 +122,34 @@ def chat(messages, field: str = "messages") -> list[dict]:
 
 
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+# what an answer's message carries besides (OpenAI's and vLLM's), sent back in a chat's
+# history: the reasoning (kept as reasoning_content, which chat templates read; one that
+# does not render it drops it), the refusal (the content, where that is null), and fields
+# this server never sets, which must then be null (annotations: dropped)
+ASSISTANT_KEYS = {"reasoning_content", "reasoning", "refusal", "annotations", "audio",
+                  "function_call"}
 
 
 def message(m, where: str) -> dict:
     """One chat message, checked (see `chat`)."""
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+    assistant = isinstance(m, dict) and m.get("role") == "assistant"
+    if not isinstance(m, dict) or "role" not in m or ("content" not in m and not assistant):
         raise FieldError(where, f"{where}={_show(m)}: expected {{'role': ..., "
                                 "'content': ...}")
-    extra = sorted(set(m) - MESSAGE_KEYS)
+    extra = sorted(set(m) - MESSAGE_KEYS - (ASSISTANT_KEYS if assistant else set()))
     if extra:
         raise FieldError(f"{where}.{extra[0]}", f"{where} has unknown keys {extra}; a "
                                                 "message has role, content and name (tool "
-                                                "turns: tool_calls, tool_call_id)")
+                                                "turns: tool_calls, tool_call_id; an "
+                                                "assistant's: reasoning_content, refusal)")
     role = m["role"]
     if role not in ROLES:
         raise FieldError(f"{where}.role", f"{where}.role={_show(role)}: must be one "
                                           f"of {', '.join(ROLES)}")
     calls = m.get("tool_calls")
-    out = {"role": role, "content": "" if m["content"] is None and calls else
-           text_content(m["content"], f"{where}.content")}
+    content = m.get("content")
+    out = {"role": role, "content": "" if content is None and (calls or assistant) else
+           text_content(content, f"{where}.content")}
     for key in ("name", "tool_call_id"):
         if m.get(key) is not None:
             if not isinstance(m[key], str):
@@ -130,17 +164,42 @@ def message(m, where: str) -> dict:
     if role == "tool" and "tool_call_id" not in out:
         raise FieldError(f"{where}.tool_call_id", f"{where} is a tool message without "
                                                   "tool_call_id: name the call it answers")
+    return assistant_fields(m, out, where) if assistant else out
+
+
+def assistant_fields(m: dict, out: dict, where: str) -> dict:
+    """out with an assistant message's own fields (ASSISTANT_KEYS): reasoning_content (or
+    vLLM's newer name, reasoning), the refusal as the content where there is none."""
+    for key in ("reasoning_content", "reasoning", "refusal"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise FieldError(f"{where}.{key}", f"{where}.{key}={_show(m[key])}: expected a "
+                                               "string or null")
+    thought = m.get("reasoning_content") if m.get("reasoning_content") is not None \
+        else m.get("reasoning")
+    if thought:
+        out["reasoning_content"] = thought
+    if m.get("refusal") and not out["content"] and not out.get("tool_calls"):
+        out["content"] = m["refusal"]  # what the assistant said
+    for key in ("audio", "function_call"):
+        if m.get(key) is not None:
+            raise FieldError(f"{where}.{key}", f"{where}.{key}={_show(m[key])}: must be null "
+                                               "(a text-only server; tools: tool_calls)")
+    if m.get("annotations") is not None and not isinstance(m["annotations"], list):
+        raise FieldError(f"{where}.annotations", f"{where}.annotations="
+                                                 f"{_show(m['annotations'])}: expected a "
+                                                 "list or null")
     return out
 
 
 def text_content(content, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of text parts (joined)."""
+    """A message's content: a string, or OpenAI's list of text parts (joined; an assistant's
+    refusal part as its text)."""
     if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text"
-                   and isinstance(p.get("text"), str) for p in content):
+        if not all(isinstance(p, dict) and isinstance(p.get(p.get("type")), str)
+                   and p.get("type") in ("text", "refusal") for p in content):
             raise FieldError(where, f"{where}: only text parts "
                              '({"type": "text", "text": ...}) are supported')
-        content = "".join(p["text"] for p in content)
+        content = "".join(p[p["type"]] for p in content)
     if not isinstance(content, str):
         raise FieldError(where, f"{where}={_show(content)}: expected a string or a list of "
                                 "text parts")
@@ -307,3 +366,15 @@ def bias_in_vocabulary(bias: tuple[tuple[int, float], ...], vocab: int) -> None:
     if outside:
         raise FieldError("logit_bias", f"logit_bias has token ids {outside[:4]} outside the "
                                        f"vocabulary 0..{vocab - 1}")
+
+
+def ids_in_vocabulary(params, vocab: int) -> None:
+    """FieldError unless every token id of the params' logit_bias, allowed_token_ids and
+    bad_words_ids is below the vocabulary size."""
+    bias_in_vocabulary(params.logit_bias, vocab)
+    for field, ids in (("allowed_token_ids", params.allowed_token_ids),
+                       ("bad_words", [t for w in params.bad_words_ids for t in w])):
+        outside = [t for t in ids if t >= vocab]
+        if outside:
+            raise FieldError(field, f"{field} has token ids {outside[:4]} outside the "
+                                    f"vocabulary 0..{vocab - 1}")

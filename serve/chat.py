@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 from fastapi import APIRouter, Request
 
@@ -22,7 +23,7 @@ from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.endpoint import (Prompted, Served, answer, check_model, check_size,
                                      read_request, served)
 from trt_spec.serve.protocol import ChatRequest, RequestError, chat_messages, \
-    sampling_params, structure_param
+    sampling_params, structure_param, truncated
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 router = APIRouter()
@@ -44,13 +45,16 @@ async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
     check_size(scheduler, [m["content"] for m in messages], "messages")
     tools, choice = tool_request(req)
     variables = template_kwargs(req)
+    rendering = prompt_options(req)
     try:  # the template and the tokenizer, off the event loop
-        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools, variables)
+        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools,
+                                      {**variables, **rendering})
     except ValueError as e:  # no chat template, or the template refused the messages
         raise RequestError(str(e), "messages") from None
+    ids = truncated(ids, req, scheduler.max_len)
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
-    params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1))
     tokenizer = scheduler.tokenizer
+    params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1), tokenizer)
     fmt = format_of(tokenizer.template_text(tools))
     think = reasoning.thinking_of(tokenizer, variables, ids)
     if choice.forced:
@@ -63,15 +67,57 @@ async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
     shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
              if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
     shape.think = None if ctx.reasoning_in_content else think
+    shape.with_reasoning = req.include_reasoning is not False
+    shape.echo = echoed(req, messages)
     return Prompted(ids, params, shape)
 
 
 def template_kwargs(req: ChatRequest) -> dict:
-    """chat_template_kwargs, checked (a 400 naming it)."""
+    """chat_template_kwargs, checked (a 400 naming it), and reasoning_effort's: the template
+    reads it by that name, and "none" turns thinking off (enable_thinking false, unless the
+    kwargs set it), any other effort on."""
     try:
-        return reasoning.template_kwargs(req.chat_template_kwargs)
+        variables = reasoning.template_kwargs(req.chat_template_kwargs)
     except FieldError as e:
         raise RequestError(str(e), e.field) from None
+    effort = req.reasoning_effort
+    if effort is None:
+        return variables
+    if effort not in EFFORTS:
+        raise RequestError(f"reasoning_effort={effort!r}: must be one of {', '.join(EFFORTS)}",
+                           "reasoning_effort")
+    return {"enable_thinking": effort != "none", "reasoning_effort": effort, **variables}
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's
+
+
+def prompt_options(req: ChatRequest) -> dict:
+    """How the chat is rendered (vLLM's fields): add_generation_prompt (default true),
+    continue_final_message (the last message left open for the model to go on with; not with
+    add_generation_prompt), documents (the template's)."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise RequestError("continue_final_message and add_generation_prompt are both true: "
+                           "a chat either opens a new assistant turn or continues its last "
+                           "message; set add_generation_prompt false", "continue_final_message")
+    options = {"add_generation_prompt": not req.continue_final_message
+               and req.add_generation_prompt is not False}
+    if req.continue_final_message:
+        options["continue_final_message"] = True
+    if req.documents is not None:
+        if not isinstance(req.documents, list) or \
+                not all(isinstance(d, dict) for d in req.documents):
+            raise RequestError(f"documents={json.dumps(req.documents)[:80]}: expected a list of "
+                               "objects (e.g. {\"title\", \"text\"})", "documents")
+        options["documents"] = req.documents
+    return options
+
+
+def echoed(req: ChatRequest, messages: list[dict]) -> str:
+    """vLLM's echo: the last message's content, where it is the assistant's (the role the
+    answer has), goes in front of the answer's content."""
+    last = messages[-1]
+    return last["content"] if req.echo and last["role"] == "assistant" else ""
 
 
 def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
@@ -115,9 +161,11 @@ class ChatShape(Shape):
     # or --reasoning-in-content); else whether the prompt opened the think block
     think: bool | None = None
     splitter: reasoning.Splitter | None = None  # this choice's, made on its first delta
+    with_reasoning: bool = True  # include_reasoning: false leaves the reasoning out
+    echo: str = ""  # vLLM's echo: the last (assistant) message, in front of the content
 
     def opening(self) -> dict:
-        return {"index": self.index, "delta": {"role": "assistant", "content": ""},
+        return {"index": self.index, "delta": {"role": "assistant", "content": self.echo},
                 "logprobs": None, "finish_reason": None}
 
     def pieces(self, out: Output) -> tuple[str, str]:
@@ -127,11 +175,14 @@ class ChatShape(Shape):
             return "", out.text
         if self.splitter is None:
             self.splitter = reasoning.Splitter(self.think)
-        return self.splitter.feed(out.text, out.finish_reason is not None)
+        thought, text = self.splitter.feed(out.text, out.finish_reason is not None)
+        return (thought if self.with_reasoning else ""), text
 
     def parts(self, text: str) -> tuple[str | None, str]:
         """(reasoning, content) of a finished answer."""
-        return (None, text) if self.think is None else reasoning.split(text, self.think)
+        thought, content = (None, text) if self.think is None else \
+            reasoning.split(text, self.think)
+        return (thought if self.with_reasoning else None), content
 
     def delta(self, job: Job, out: Output) -> dict:
         thought, text = self.pieces(out)
@@ -142,7 +193,7 @@ class ChatShape(Shape):
     def whole(self, job: Job) -> dict:
         s = job.stream
         thought, content = self.parts(s.text)
-        return {"index": self.index, "message": self.message(thought, content),
+        return {"index": self.index, "message": self.message(thought, self.echo + content),
                 "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
 
     def message(self, thought: str | None, content: str | None, **more) -> dict:
@@ -197,6 +248,7 @@ class ToolChatShape(ChatShape):
         content, calls = self.fmt.parse(text, self.tools, self.held)
         if not calls:
             return super().whole(job)
+        content = self.echo + (content or "") if self.echo else content
         message = self.message(thought, content, tool_calls=[c.to_dict() for c in calls])
         return {"index": self.index, "message": message,
                 "logprobs": self.content_logprobs(s.logprobs),

@@ -18,7 +18,7 @@ from trt_spec.runtime.tokenizer import Tokenizer
 from trt_spec.serve.endpoint import (Prompted, answer, check_model, check_size, read_request,
                                      served)
 from trt_spec.serve.protocol import (CompletionRequest, RequestError, completion_prompts,
-                                     sampling_params)
+                                     sampling_params, truncated)
 from trt_spec.serve.streaming import Shape, prompt_logprobs, token_piece
 
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions (chat: the rest of the context)
@@ -43,13 +43,16 @@ async def completions(request: Request):
     for text in texts:
         check_size(scheduler, [text], "prompt")
     # the texts tokenized together, off the event loop (encode_batch releases the GIL)
-    encoded = iter(await asyncio.to_thread(scheduler.tokenizer.encode_batch, texts)
+    special = req.add_special_tokens is not False  # vLLM's: a BOS where the model has one
+    encoded = iter(await asyncio.to_thread(scheduler.tokenizer.encode_batch, texts, special)
                    if texts else [])
     choices = []
     for i, p in enumerate(prompts):
         ids = next(encoded) if isinstance(p, str) else p
+        cut = truncated(ids, req, scheduler.max_len)  # vLLM's truncate_prompt_tokens
+        p, ids = (p if cut is ids else cut), cut
         default = min(DEFAULT_MAX_TOKENS, scheduler.max_len - len(ids))
-        params = sampling_params(req, req.max_tokens, max(default, 1))
+        params = sampling_params(req, req.max_tokens, max(default, 1), scheduler.tokenizer)
         echo = None if not req.echo else p  # token ids: decoded once checked (prepare)
         shape = CompletionShape(scheduler.tokenizer, params.logprobs, i, echo,
                                 req.prompt_logprobs is not None)

@@ -1,5 +1,5 @@
 """The sampling controls end to end (logit_bias, presence / frequency / repetition penalties,
-min_p) on every method of a tiny engine folder: greedy speculative output equals plain output
+min_p, and vLLM's masks: min_tokens, allowed_token_ids, bad words) on every method of a tiny engine folder: greedy speculative output equals plain output
 under each control, and sampled output follows the reference distribution, the target's with
 the control applied at each position to the tokens so far (runtime/sampling.py)."""
 
@@ -24,6 +24,12 @@ CONTROLS = {
     "frequency_penalty": dict(frequency_penalty=1.5),
     "repetition_penalty": dict(repetition_penalty=1.3),
     "min_p": dict(min_p=0.1),
+    # no end token (EOS, the odd ids) before 3 tokens; then an odd id stops the output
+    "min_tokens": dict(min_tokens=3, stop_token_ids=tuple(range(1, 128, 2))),
+    "allowed_token_ids": dict(allowed_token_ids=(A, B, C, 5, 17, 42, 61, 99)),
+    # C never, B never after A (a two-token word: the row's drafts before it count), and
+    # every fourth odd id
+    "bad_words": dict(bad_words_ids=((A, B), (C,), *((t,) for t in range(1, 128, 4)))),
 }
 BIASED_PROMPT = [A, B, C, A, B, C, A, B]
 BIAS = {A: 6.0, B: 6.0, C: 6.0}
@@ -134,8 +140,10 @@ def test_sampled_output_follows_the_reference_under_each_control(tiny_vocab_engi
     bias = {**BIAS, **{int(k): v for k, v in extra.get("logit_bias", {}).items()}}
     params = dict(max_tokens=TOKENS, temperature=1.0, top_k=3, ignore_eos=True,
                   **{**extra, "logit_bias": bias})
-    dist = reference(Generator(tiny_vocab_engine, max_len=32), SamplingParams(**params),
-                     TOKENS, BIASED_PROMPT)
+    plain = Generator(tiny_vocab_engine, max_len=32)
+    # (min_tokens holds back the model's EOS too: the engine adds its ids to params)
+    dist = reference(plain, plain.with_model_stops(SamplingParams(**params)), TOKENS,
+                     BIASED_PROMPT)
     accepted = 0
     for method in ["none"] + every_method:
         gen = speculative(tiny_vocab_engine, method, 16)
