@@ -129,6 +129,30 @@ def test_help_shows_every_options_variable():
     assert not missing, missing
 
 
+def test_ray_replicas_take_the_settings_from_the_environment_and_the_file(served, tmp_path,
+                                                                           monkeypatch):
+    """--ray hands the same ServeOptions to the replicas' config (ray_serve.replica_config):
+    what the environment and the file set reaches every replica."""
+    ray_serve = pytest.importorskip("trt_spec.serve.ray_serve",
+                                    reason="needs the ray extra")
+    got = []
+    monkeypatch.setattr(ray_serve, "serve_on_ray",
+                        lambda options, ray_options, checksum, say: got.append(
+                            (options, ray_options)))
+    env = {"TRT_SPEC_LOG_FORMAT": "json", "TRT_SPEC_API_KEY": "k-123",
+           "TRT_SPEC_REPLICAS": "3"}
+    result = served("--ray", env=env, config="access-log = false\nmax-body-bytes = 1000\n"
+                                             "reasoning-in-content = true\n", tmp=tmp_path)
+    assert result is None, result.output
+    options, ray_options = got.pop()
+    config = ray_serve.replica_config(options)
+    assert (config.log_format, config.access_log, config.max_body_bytes,
+            config.reasoning_in_content, config.access.api_key) == \
+        ("json", False, 1000, True, "k-123")
+    assert ray_options.replicas == 3
+    assert "k-123" not in repr(config) + repr(options)
+
+
 def test_the_docs_table_is_the_commands():
     """docs/serving.md holds the options table as options_table writes it (regenerate with
     `python scripts/docs_options.py`)."""
