@@ -210,7 +210,8 @@ class EngineReplica:
                                    start_loop=self.serves_http,  # else: started here
                                    max_body_bytes=config.max_body_bytes, access=config.access,
                                    reasoning_in_content=config.reasoning_in_content,
-                                   docs=config.docs, access_log=config.access_log)
+                                   docs=config.docs, access_log=config.access_log,
+                                   echo_request_id=False)  # the proxy's x-request-id
         if not self.serves_http:
             self.scheduler.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -7,8 +7,10 @@ middleware (serve/server.py):
     the routes   ──>  note(request, model=..., jobs=...): what only they know (endpoint.py:
                       the model asked for, the scheduler requests that answered; server.py:
                       an error's code)
-    response     <──  `x-request-id` added to its headers; the line is written when the
-                      response has ended (a stream: after its last event), or raised
+    response     <──  `x-request-id` added to its headers (not under Ray Serve, whose proxy
+                      adds it: the id it passed in, the client's or its own); the line is
+                      written when the response has ended (a stream: after its last
+                      event), or raised
 
 The line's fields (serve/logs.py writes them as key=value or as JSON):
 
@@ -105,12 +107,13 @@ def note(request: Request, **what) -> None:
 
 
 class RequestLog:
-    """ASGI middleware: the request's id into its scope and its response's headers, and its
-    access line at the end (when `enabled` and the trt_spec.access logger is on)."""
+    """ASGI middleware: the request's id into its scope and (echo) its response's headers,
+    and its access line at the end (when `enabled` and the trt_spec.access logger is on)."""
 
-    def __init__(self, app, enabled: bool = True):
+    def __init__(self, app, enabled: bool = True, echo: bool = True):
         self.app = app
         self.enabled = enabled
+        self.echo = echo
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -125,6 +128,7 @@ class RequestLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            if message["type"] == "http.response.start" and self.echo:
                 message = {**message, "headers": [*message.get("headers", []),
                                                   (HEADER, rid.encode("ascii"))]}
             await send(message)

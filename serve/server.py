@@ -69,7 +69,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access(),
                reasoning_in_content: bool = False, docs: bool = False,
                max_concurrent_requests: int | None = None,
-               access_log: bool = True) -> FastAPI:
+               access_log: bool = True, echo_request_id: bool = True) -> FastAPI:
     """The FastAPI app serving `scheduler` as `model_name`; its lifespan starts the
     scheduler's thread (start_loop; False: the caller steps it) and stops it. access: the
     API key and CORS origins (serve/access.py); reasoning_in_content: a thinking section
@@ -77,8 +77,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     /openapi.json (off: nothing about the API is published, and Swagger's page loads its
     scripts from a CDN); max_concurrent_requests: past it in flight, 503
     (serve/connection.py; None: no cap, as under Ray Serve, whose replicas have their own);
-    access_log: a line per request (serve/request_log.py; every answer carries its
-    x-request-id either way).
+    access_log: a line per request (serve/request_log.py); echo_request_id: every answer
+    carries its x-request-id (off under Ray Serve, whose proxy adds the same header).
 
     No route redirects: a path with a trailing slash is a 404 like any unknown path, since
     Starlette's redirect would name the host the request's Host header gave."""
@@ -101,7 +101,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     add_access(app, access, metrics)
     if max_concurrent_requests is not None:  # outermost: counts every request, refused or not
         app.add_middleware(InFlightLimit, limit=max_concurrent_requests, metrics=metrics)
-    app.add_middleware(RequestLog, enabled=access_log)  # outermost: every answer has an id
+    # outermost: every answer has an id
+    app.add_middleware(RequestLog, enabled=access_log, echo=echo_request_id)
     for routes in (router, completions.router, chat.router, tokenize.router):
         app.include_router(routes)
     app.include_router(page.router)  # GET /: the browser page, open without the key
