@@ -73,7 +73,7 @@ def default_method(engine: str) -> str:
                    "reads them instead of timing its first requests.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=SERVE["max_body_bytes"],
               show_default=True, help="Largest request body; past it, 413.")
-@click.option("--api-key", envvar="TRT_SPEC_API_KEY", show_envvar=True, default=None,
+@click.option("--api-key", default=None,
               help="Require `Authorization: Bearer KEY` on every route but /health and "
                    "/metrics (401 otherwise).")
 @click.option("--protect-metrics", is_flag=True,
