@@ -101,14 +101,9 @@ async def read_request(request: Request, model: type[BaseModel]) -> BaseModel:
         req = parse_body(raw, model)
     else:
         req = await asyncio.to_thread(parse_body, raw, model)
-    note_model(request, req)
+    if isinstance(getattr(req, "model", None), str):  # the access line's (request_log.py)
+        note(model=req.model)
     return req
-
-
-def note_model(request: Request, req) -> None:
-    """The access line's model: the one the request asks for (request_log.py)."""
-    if isinstance(getattr(req, "model", None), str):
-        note(request, model=req.model)
 
 
 def check_model(name: str, served_name: str) -> None:
@@ -147,7 +142,6 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     once and queued as a request of its own, n choices each (all of them, or a 429), then
     the choices answered together, whole or as server-sent events (stream: true)."""
     ctx = served(request)
-    note_model(request, req)
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream: true",
                            "stream_options")
@@ -170,7 +164,7 @@ async def answer(request: Request, req, prompts: list[Prompted]):
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    note(request, jobs=[c.job for c in choices])  # the access line's numbers, at its end
+    note(jobs=[c.job for c in choices])  # the access line's numbers, at its end
     created = int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -3,10 +3,11 @@ middleware (serve/server.py):
 
     request      ──>  RequestLog: the id from `x-request-id` (a new one where it is absent or
                       is not 1-128 visible ASCII characters), timer started, an AccessEntry
-                      in the scope
-    the routes   ──>  note(request, model=..., jobs=...): what only they know (endpoint.py:
-                      the model asked for, the scheduler requests that answered; server.py:
-                      an error's code)
+                      made the request's (a context variable: the route, its error handlers
+                      and what they call run in the request's task, or a copy of its context)
+    the routes   ──>  note(model=..., jobs=...): what only they know (endpoint.py: the model
+                      asked for, the scheduler requests that answered; server.py and
+                      access.py: an error's code), with no request object to pass along
     response     <──  `x-request-id` added to its headers (not under Ray Serve, whose proxy
                       adds it: the id it passed in, the client's or its own); the line is
                       written when the response has ended (a stream: after its last
@@ -29,13 +30,12 @@ scheduler's thread, and is not read).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
-
-from fastapi import Request
 
 from trt_spec.serve.logs import ACCESS
 from trt_spec.serve.streaming import usage
@@ -43,7 +43,10 @@ from trt_spec.serve.streaming import usage
 log = logging.getLogger(ACCESS)
 HEADER = b"x-request-id"
 GIVEN_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # an id taken as sent: visible ASCII
-SCOPE_KEY = "trt_spec.access"  # the AccessEntry's place in the ASGI scope
+# the AccessEntry of the request this task serves (None: outside a request, or an app
+# without RequestLog)
+CURRENT: contextvars.ContextVar["AccessEntry | None"] = contextvars.ContextVar(
+    "trt_spec_access", default=None)
 LONGEST = 256  # characters of a free-form value (a path, a model name) written to the log
 
 
@@ -94,10 +97,10 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:LONGEST])
 
 
-def note(request: Request, **what) -> None:
-    """Tells the request's access line `what` (AccessEntry's fields); a no-op for an app
-    without RequestLog (a test's)."""
-    entry = request.scope.get(SCOPE_KEY)
+def note(**what) -> None:
+    """Tells the access line of the request being served `what` (AccessEntry's fields); a
+    no-op outside a request or in an app without RequestLog."""
+    entry = CURRENT.get()
     if entry is None:
         return
     for name, value in what.items():
@@ -121,7 +124,7 @@ class RequestLog:
         t0 = time.perf_counter()
         rid = request_id(dict(scope["headers"]).get(HEADER))
         entry = AccessEntry(rid, printable(f"{scope['method']} {scope['path']}"))
-        scope[SCOPE_KEY] = entry
+        token = CURRENT.set(entry)
         status = None
 
         async def send_with_id(message):
@@ -139,6 +142,7 @@ class RequestLog:
             status = status or 500  # Starlette's outermost handler answers it
             raise
         finally:
+            CURRENT.reset(token)
             if self.enabled and log.isEnabledFor(logging.INFO):
                 log.info("%s %s", entry.route, status,
                          extra={"fields": entry.fields(status, time.perf_counter() - t0)})

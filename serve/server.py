@@ -111,8 +111,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
 
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     """Every error as OpenAI's JSON ({"error": {message, type, param, code}}), counted."""
-    def error(request: Request, e: RequestError) -> JSONResponse:
-        note(request, error=e.code or e.body()["error"]["type"], error_param=e.param)
+    def error(e: RequestError) -> JSONResponse:
+        note(error=e.code or e.body()["error"]["type"], error_param=e.param)
         if e.status < 500:  # a client gone mid-body was refused nothing: counted apart
             metrics.rejected("queue_full" if e.status == 429 else "disconnected"
                              if e.code == "client_disconnected" else "invalid")
@@ -120,11 +120,11 @@ def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, e: RequestError):
-        return error(request, e)
+        return error(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException):
-        return error(request, RequestError(f"{request.method} {request.url.path}: {e.detail}; this "
+        return error(RequestError(f"{request.method} {request.url.path}: {e.detail}; this "
                                   f"server has {ROUTES}", status=e.status_code))
 
     @app.exception_handler(ClientDisconnect)
@@ -137,7 +137,7 @@ def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def on_bug(request: Request, e: Exception):
         # a bug, not the client's fault: still OpenAI's JSON, and counted
         log.error("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        note(request, error="internal_error")
+        note(error="internal_error")
         metrics.rejected("error")
         return JSONResponse(RequestError(f"internal error: {type(e).__name__}: {e}",
                                          status=500, code="internal_error").body(),
