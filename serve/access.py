@@ -26,6 +26,7 @@ from starlette.responses import Response
 from trt_spec.serve.metrics import ServerMetrics
 from trt_spec.serve.options import Access
 from trt_spec.serve.protocol import RequestError
+from trt_spec.serve.request_log import note
 
 # liveness probes carry no key; the page (serve/page.py) holds no data and asks for the key
 OPEN = frozenset({"/health", "/"})
@@ -48,6 +49,7 @@ class ApiKey:
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
             return await self.app(scope, receive, send)
         self.metrics.rejected("unauthorized")
+        note(error="invalid_api_key")
         why = ("no API key: send the header Authorization: Bearer <key>" if given is None
                else "invalid API key in the Authorization header (expected: Bearer <key>)")
         error = RequestError(why, status=401, code="invalid_api_key")

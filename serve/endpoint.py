@@ -31,6 +31,7 @@ from trt_spec.runtime.scheduler import QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.validation import STRUCTURES, FieldError
 from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.request_log import note
 from trt_spec.serve.protocol import (IGNORED, RequestError, ignored_fields, parse_body,
                                      structure_param)
 from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, TokenSources, cancel,
@@ -97,8 +98,12 @@ async def read_request(request: Request, model: type[BaseModel]) -> BaseModel:
     body on a worker thread: the event loop is not held while it is walked."""
     raw = await read_body(request)
     if len(raw) <= PARSE_INLINE_BYTES:
-        return parse_body(raw, model)
-    return await asyncio.to_thread(parse_body, raw, model)
+        req = parse_body(raw, model)
+    else:
+        req = await asyncio.to_thread(parse_body, raw, model)
+    if isinstance(getattr(req, "model", None), str):  # the access line's (request_log.py)
+        note(model=req.model)
+    return req
 
 
 def check_model(name: str, served_name: str) -> None:
@@ -175,6 +180,7 @@ async def queued(ctx: Served, req,
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}", status=429, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    note(jobs=[c.job for c in choices])  # the access line's numbers, at its end
     return rid, choices, outputs
 
 

@@ -12,6 +12,7 @@ from trt_spec.runtime.settings import DEFAULT_MAX_BODY_BYTES, RuntimeConfig
 
 
 ROUTINGS = ("prefix", "load")  # serve --ray --routing
+LOG_FORMATS = ("text", "json")  # serve --log-format (serve/logs.py)
 ORIGIN = re.compile(r"https?://[^/\s]+")  # scheme://host[:port], no path
 
 
@@ -92,9 +93,14 @@ class ServeOptions:
     max_header_bytes: int = LIMITS.max_header_bytes
     max_connections: int = LIMITS.max_connections
     max_concurrent_requests: int = LIMITS.max_concurrent_requests
+    log_format: str = "text"  # the log's lines on stderr: text or json (serve/logs.py)
+    access_log: bool = True  # a line per request (serve/request_log.py)
 
     def __post_init__(self):
         self.access, self.limits  # noqa: B018 - checked once, here
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format {self.log_format!r}: expected one of "
+                             f"{', '.join(LOG_FORMATS)}")
 
     @property
     def access(self) -> Access:

@@ -71,6 +71,8 @@ class ReplicaConfig:
     access: Access = Access()  # the API key and CORS origins, as `trt-spec serve`'s
     reasoning_in_content: bool = False
     docs: bool = False  # /docs, /redoc, /openapi.json
+    log_format: str = "text"  # the replica's log lines (serve/logs.py)
+    access_log: bool = True  # a line per request (serve/request_log.py)
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,10 @@ class EngineReplica:
 
         from trt_spec.runtime.generator import Generator
         from trt_spec.runtime.scheduler import Scheduler
+        from trt_spec.serve.logs import configure_logging
         from trt_spec.serve.server import create_app
 
+        configure_logging(config.log_format, config.access_log)
         folder = source.materialize()
         digest = manifest_digest(folder)
         want = config.engine_checksum or source.digest
@@ -206,7 +210,8 @@ class EngineReplica:
                                    start_loop=self.serves_http,  # else: started here
                                    max_body_bytes=config.max_body_bytes, access=config.access,
                                    reasoning_in_content=config.reasoning_in_content,
-                                   docs=config.docs)
+                                   docs=config.docs, access_log=config.access_log,
+                                   echo_request_id=False)  # the proxy's x-request-id
         if not self.serves_http:
             self.scheduler.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -366,7 +371,8 @@ def replica_config(options: ServeOptions, engine_checksum: str | None = None) ->
                          debug_step_delay=options.debug_step_delay,
                          engine_checksum=engine_checksum, max_body_bytes=options.max_body_bytes,
                          access=options.access,
-                         reasoning_in_content=options.reasoning_in_content, docs=options.docs)
+                         reasoning_in_content=options.reasoning_in_content, docs=options.docs,
+                         log_format=options.log_format, access_log=options.access_log)
 
 
 def scaling_config(options: ServeOptions, ray_options: RayOptions) -> ScalingConfig:

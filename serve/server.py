@@ -29,6 +29,8 @@ context is refused from its size before tokenizing, and a long prompt is prefill
                     its request; responses_stream.py, its output items and events)
     tokenize.py     POST /tokenize, /detokenize, GET /tokenizer_info
     access.py       the API key (--api-key) and CORS (--allowed-origins), as middleware
+    request_log.py  the request's id (x-request-id) and its access-log line, outermost;
+                    logs.py: the log's handler and format (--log-format)
     connection.py   what one connection may hold: header and body timeouts, idle
                     keep-alive, header size, connections and requests in flight
     page.py         GET /: the browser page, serve/static/index.html
@@ -59,6 +61,7 @@ from trt_spec.serve.access import add_access
 from trt_spec.serve.connection import InFlightLimit, uvicorn_limits
 from trt_spec.serve.options import Access, ConnectionLimits, ServeOptions
 from trt_spec.serve.protocol import RequestError
+from trt_spec.serve.request_log import RequestLog, note
 
 log = logging.getLogger("trt_spec.server")
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, " \
@@ -69,14 +72,17 @@ ROUTES = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
 def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access: Access = Access(),
                reasoning_in_content: bool = False, docs: bool = False,
-               max_concurrent_requests: int | None = None) -> FastAPI:
+               max_concurrent_requests: int | None = None,
+               access_log: bool = True, echo_request_id: bool = True) -> FastAPI:
     """The FastAPI app serving `scheduler` as `model_name`; its lifespan starts the
     scheduler's thread (start_loop; False: the caller steps it) and stops it. access: the
     API key and CORS origins (serve/access.py); reasoning_in_content: a thinking section
     stays in `content` (no `reasoning_content`); docs: serve /docs, /redoc and
     /openapi.json (off: nothing about the API is published, and Swagger's page loads its
     scripts from a CDN); max_concurrent_requests: past it in flight, 503
-    (serve/connection.py; None: no cap, as under Ray Serve, whose replicas have their own).
+    (serve/connection.py; None: no cap, as under Ray Serve, whose replicas have their own);
+    access_log: a line per request (serve/request_log.py); echo_request_id: every answer
+    carries its x-request-id (off under Ray Serve, whose proxy adds the same header).
 
     No route redirects: a path with a trailing slash is a 404 like any unknown path, since
     Starlette's redirect would name the host the request's Host header gave."""
@@ -99,6 +105,8 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
     add_access(app, access, metrics)
     if max_concurrent_requests is not None:  # outermost: counts every request, refused or not
         app.add_middleware(InFlightLimit, limit=max_concurrent_requests, metrics=metrics)
+    # outermost: every answer has an id
+    app.add_middleware(RequestLog, enabled=access_log, echo=echo_request_id)
     for routes in (router, completions.router, chat.router, responses.router, tokenize.router):
         app.include_router(routes)
     app.include_router(page.router)  # GET /: the browser page, open without the key
@@ -108,6 +116,7 @@ def create_app(scheduler: Scheduler, model_name: str, start_loop: bool = True,
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     """Every error as OpenAI's JSON ({"error": {message, type, param, code}}), counted."""
     def error(e: RequestError) -> JSONResponse:
+        note(error=e.code or e.body()["error"]["type"], error_param=e.param)
         if e.status < 500:  # a client gone mid-body was refused nothing: counted apart
             metrics.rejected("queue_full" if e.status == 429 else "disconnected"
                              if e.code == "client_disconnected" else "invalid")
@@ -132,6 +141,7 @@ def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def on_bug(request: Request, e: Exception):
         # a bug, not the client's fault: still OpenAI's JSON, and counted
         log.error("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
+        note(error="internal_error")
         metrics.rejected("error")
         return JSONResponse(RequestError(f"internal error: {type(e).__name__}: {e}",
                                          status=500, code="internal_error").body(),
@@ -164,9 +174,11 @@ async def models(request: Request):
 def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
           shutdown_timeout: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           access: Access = Access(), reasoning_in_content: bool = False, docs: bool = False,
-          limits: ConnectionLimits = ConnectionLimits()) -> None:
+          limits: ConnectionLimits = ConnectionLimits(), access_log: bool = True) -> None:
     """Runs until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown). limits: what
-    one connection may hold (serve/connection.py: uvicorn's h11 protocol with them)."""
+    one connection may hold (serve/connection.py: uvicorn's h11 protocol with them).
+    uvicorn leaves logging as it is (serve/logs.py configures it) and writes no access log
+    of its own (request_log.py writes one)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -183,8 +195,9 @@ def serve(scheduler: Scheduler, model_name: str, host: str, port: int,
 
     app = create_app(scheduler, model_name, max_body_bytes=max_body_bytes, access=access,
                      reasoning_in_content=reasoning_in_content, docs=docs,
-                     max_concurrent_requests=limits.max_concurrent_requests)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                     max_concurrent_requests=limits.max_concurrent_requests,
+                     access_log=access_log)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=shutdown_timeout + 10,
                             **uvicorn_limits(limits))
     # uvicorn handles the signal while it runs, then raises it again under the handlers it
@@ -202,7 +215,9 @@ def serve_engine(options: ServeOptions, say=print) -> None:
     run (one whose weights and caches do not fit in memory: before any graph is read),
     before anything listens."""
     from trt_spec.runtime.generator import Generator
+    from trt_spec.serve.logs import configure_logging
 
+    configure_logging(options.log_format, options.access_log)
     gen = Generator(options.engine, options.runtime)  # refuses what does not fit in memory
     gen.cache.reserve()  # resident from the start: kept slots fill all of it in time
     scheduler = Scheduler(gen, options.debug_step_delay)
@@ -213,4 +228,4 @@ def serve_engine(options: ServeOptions, say=print) -> None:
         f"http://{options.host}:{options.port}")
     serve(scheduler, name, options.host, options.port, options.shutdown_timeout,
           options.max_body_bytes, options.access, options.reasoning_in_content, options.docs,
-          options.limits)
+          options.limits, options.access_log)

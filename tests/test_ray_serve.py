@@ -7,7 +7,8 @@ it); one test deploys with --routing load (the proxy hands requests to the repli
 The engine folder goes to the replicas through Ray's object store (--ship-engine) into a
 cache folder of this test, and every replica checks --engine-checksum and every file's sha256.
 The replicas sleep 20 ms after each step (--debug-step-delay), so a 200-token request (4 s) is
-still running when a test kills its replica."""
+still running when a test kills its replica. The log format comes from a --config file
+(json), and the driver's stderr, where Ray forwards the replicas' lines, is kept."""
 
 import concurrent.futures as futures
 import json
@@ -55,11 +56,14 @@ def ray_server(tiny_spec_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("ray")
     env = {**os.environ, "TRT_SPEC_ENGINE_CACHE": str(root / "cache")}
     sd = root / "targets.json"
-    s = start_server(tiny_spec_engine, "--ray", "--replicas", "2", "--ray-num-cpus", "2",
-                     "--ship-engine", "--engine-checksum", manifest_digest(tiny_spec_engine),
-                     "--metrics-targets", str(sd), *SERVE_ARGS, timeout=150, env=env)
+    (root / "serve.toml").write_text('log-format = "json"\n')
+    with open(root / "driver.log", "w") as log:
+        s = start_server(tiny_spec_engine, "--ray", "--replicas", "2", "--ray-num-cpus", "2",
+                         "--ship-engine", "--engine-checksum", manifest_digest(tiny_spec_engine),
+                         "--metrics-targets", str(sd), "--config", str(root / "serve.toml"),
+                         *SERVE_ARGS, timeout=150, env=env, stderr=log)
     assert wait_for(lambda: len(targets(sd)) == 2, 30), targets(sd)
-    s.targets, s.cache = sd, root / "cache"
+    s.targets, s.cache, s.log = sd, root / "cache", root / "driver.log"
     yield s
     assert s.stop(timeout=60) == 0
     assert wait_for(lambda: not any(pid_alive(t) for t in targets(sd)), 30)  # Ray went too
@@ -267,8 +271,39 @@ def test_routing_by_load_serves_straight_from_the_proxy(tiny_spec_engine, single
         streamed = "".join(ch.choices[0].delta.content or "" for ch in
                            client(s).chat.completions.create(stream=True, **kw))
         assert streamed == want
+        r = httpx.get(f"{s.url}/v1/models", headers={"x-request-id": "load-1"}, timeout=30)
+        assert r.headers.get_list("x-request-id") == ["load-1"]  # the proxy's, once
     finally:
         assert s.stop(timeout=60) == 0
+
+
+def replica_access_lines(server) -> list[dict]:
+    """The replicas' JSON access lines, as Ray forwards them to the driver's stderr (each
+    behind Ray's "(ServeReplica:... pid=...)" prefix, maybe with its "[repeated 2x across
+    cluster]" after)."""
+    out = []
+    for line in server.log.read_text(errors="replace").splitlines():
+        if "ServeReplica" in line and '{"time"' in line:
+            entry, _ = json.JSONDecoder().raw_decode(line[line.index('{"time"'):])
+            if entry["logger"] == "trt_spec.access":
+                out.append(entry)
+    return out
+
+
+def test_replicas_log_as_the_config_file_says(ray_server):
+    """--config's log-format reached the replicas: their access lines are JSON, with the
+    request's id, which the response returns once (the proxy's header, not a second)."""
+    r = httpx.post(f"{ray_server.url}/v1/chat/completions", timeout=60,
+                   headers={"x-request-id": "ray-access-1"},
+                   json={"model": "tiny", "max_tokens": 4, "temperature": 0, **EXTRA,
+                         "messages": [{"role": "user", "content": "a b"}]})
+    assert r.status_code == 200
+    assert r.headers.get_list("x-request-id") == ["ray-access-1"]
+    entry = wait_for(lambda: next((e for e in replica_access_lines(ray_server)
+                                   if e["request_id"] == "ray-access-1"), None), 30)
+    assert entry, ray_server.log.read_text()[-2000:]
+    assert (entry["route"], entry["status"], entry["model"], entry["completion_tokens"]) == \
+        ("POST /v1/chat/completions", 200, "tiny", 4)
 
 
 def test_scaling_options_map_onto_ray_serve():

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import click
 
+from trt_spec.cli.config import configurable
 from trt_spec.cli.options import (RUNTIME, backend_options, chat_template_option, engine_option,
                                   fail, memory_option, methods_help, runtime_config,
                                   speculation_options, threads_option)
 from trt_spec.runtime.options import defaults, from_options
 from trt_spec.runtime.settings import SERVE_MAX_BATCH
-from trt_spec.serve.options import ROUTINGS, RayOptions, ServeOptions
+from trt_spec.serve.options import LOG_FORMATS, ROUTINGS, RayOptions, ServeOptions
 
 SERVE, RAY = defaults(ServeOptions), defaults(RayOptions)
 
@@ -26,6 +27,7 @@ def default_method(engine: str) -> str:
         return "none"
 
 
+@configurable
 @click.command()
 @engine_option
 @click.option("--host", default=SERVE["host"], show_default=True, help="Address to listen on.")
@@ -71,7 +73,7 @@ def default_method(engine: str) -> str:
                    "reads them instead of timing its first requests.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=SERVE["max_body_bytes"],
               show_default=True, help="Largest request body; past it, 413.")
-@click.option("--api-key", envvar="TRT_SPEC_API_KEY", show_envvar=True, default=None,
+@click.option("--api-key", default=None,
               help="Require `Authorization: Bearer KEY` on every route but /health and "
                    "/metrics (401 otherwise).")
 @click.option("--protect-metrics", is_flag=True,
@@ -107,6 +109,14 @@ def default_method(engine: str) -> str:
               default=SERVE["max_concurrent_requests"], show_default=True,
               help="Requests in flight (a stream until it ends); past it, 503 with "
                    "Retry-After (/health and /metrics always answer).")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default=SERVE["log_format"],
+              show_default=True,
+              help="The log's lines on stderr: text, or one JSON object per line (time, "
+                   "level, logger, message, and an access line's fields).")
+@click.option("--access-log/--no-access-log", default=SERVE["access_log"], show_default=True,
+              help="One line per request: its id (the x-request-id header, or one made and "
+                   "returned in that header), route, status, model, method, prompt, cached "
+                   "and completion tokens, time to first token, total time and tau.")
 @click.option("--debug-step-delay", type=click.FloatRange(min=0),
               default=SERVE["debug_step_delay"], hidden=True,
               help="Sleep this long after each step (tests: a slower model).")
