@@ -32,6 +32,7 @@ from trt_spec.export.config import (DRAFT_VOCABS, DRAFTER_METHODS, FULL_VOCAB, E
 from trt_spec.export.drafter_checkpoint import is_draft_folder, load_draft, load_drafter
 from trt_spec.export.drafters import Drafter, head_vocab, restrict_head
 from trt_spec.export.hub import local, local_folder, pin
+from trt_spec.export.lean import unfuse_split_products
 from trt_spec.export.model import TargetModel
 from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, export_score,
                                          export_target, fc_io, save_with_external_data,
@@ -67,7 +68,10 @@ HEAD_RESCORE = {"int4": 128, "int4-plain": 128, "int8-rows": 128}
 CHECKPOINT_CODES = ("int4", "int4-head8", "int4-plain")
 # Bumped when a graph's lowering changes (weight forms, attention rows), so that `export`
 # redoes folders made before.
-LOWERING_VERSION = 5
+LOWERING_VERSION = 6
+# The quantized forms whose zero points are integers (no block-sum residual): a graph whose body
+# holds only these is made as lean as onnxruntime-genai's (export/lean.py).
+LEAN_FORMS = ("int4", "int4-checkpoint")
 
 def restrict_heads(draft_vocab: str, draft, drafters: dict[str, Drafter]):
     """In place: the vanilla draft and the heads over the target's vocabulary (MTP, Eagle)
@@ -154,6 +158,9 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
             + (f" (the head: 4-bit, its top {rescore} rescored from it)"
                if tied and rescore else "")
             + (", embedding to int8" if tables else ""))
+        if is_lean(errors):
+            cut = unfuse_split_products(proto)
+            log(f"  lean graph: {cut} fused products (gate/up) run as two MatMulNBits, no Split")
     inputs, outputs = io
     if backend == "ort" and pad_attention_rows(proto):  # exact decoding inside the graph
         inputs = inputs + [ATTENTION_ROWS_SPEC]
@@ -176,6 +183,13 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
         entry["kv_cache"] = {"layout": "[batch, kv_heads, max_len, head_dim]", "dtype": kv["dtype"],
                              "in_place": "past and present share one buffer"}
     return entry
+
+
+def is_lean(errors: dict[str, tuple[str, float]]) -> bool:
+    """Whether every quantized MatMul of the body (the 8-bit head aside) has integer zero
+    points (LEAN_FORMS): then no node of the graph needs the fused products (export/lean.py)."""
+    body = {form for form, _ in errors.values()} - {"int8"}
+    return bool(body) and body <= set(LEAN_FORMS)
 
 
 def weights_entry(errors: dict[str, tuple[str, float]]) -> dict:

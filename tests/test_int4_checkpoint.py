@@ -151,11 +151,12 @@ def checkpoint_weights(folder):
 
 def engine_weights(engine):
     """The [K, N] weights each checkpoint MatMulNBits of target.onnx computes with, rows in
-    the input's own order (its act_order Gather undone)."""
+    the input's own order (its act_order Gather undone); the lean graph's pieces of one fused
+    product (export/lean.py: gate and up, named <product>/cols<lo>_<hi>) joined again."""
     model = onnx.load(str(engine / "target.onnx"))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
-    out = []
+    out: dict[str, list[np.ndarray]] = {}
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or ".int4-checkpoint" not in node.input[1]:
             continue
@@ -163,9 +164,10 @@ def engine_weights(engine):
         gather = producers.get(node.input[0])
         perm = inits[gather.input[1]] if gather is not None and gather.op_type == "Gather" \
             and gather.input[1].endswith(".perm") else None
-        out.append(dequantize_nbits(*(inits[x] for x in node.input[1:4]), attrs["K"],
-                                              attrs["N"], attrs["block_size"], perm))
-    return out
+        out.setdefault(node.name.split("/cols")[0], []).append(dequantize_nbits(
+            *(inits[x] for x in node.input[1:4]), attrs["K"], attrs["N"], attrs["block_size"],
+            perm))
+    return [np.concatenate(pieces, axis=1) for pieces in out.values()]
 
 
 def test_engine_weights_are_the_checkpoints_bitwise(quantized):
