@@ -31,8 +31,9 @@ from trt_spec.runtime.scheduler import QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.validation import STRUCTURES, FieldError
 from trt_spec.serve.metrics import ServerMetrics
+from trt_spec.serve.request_body import parse_body
 from trt_spec.serve.request_log import note
-from trt_spec.serve.protocol import (IGNORED, RequestError, ignored_fields, parse_body,
+from trt_spec.serve.protocol import (IGNORED, RequestError, ignored_fields,
                                      structure_param)
 from trt_spec.serve.streaming import (Choice, EventStream, Outputs, Shape, TokenSources, cancel,
                                       collect, events)
@@ -94,7 +95,7 @@ PARSE_INLINE_BYTES = 64 * 1024
 
 
 async def read_request(request: Request, model: type[BaseModel]) -> BaseModel:
-    """The body read (read_body) and parsed into `model` (protocol.parse_body), a large
+    """The body read (read_body) and parsed into `model` (request_body.parse_body), a large
     body on a worker thread: the event loop is not held while it is walked."""
     raw = await read_body(request)
     if len(raw) <= PARSE_INLINE_BYTES:

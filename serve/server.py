@@ -36,7 +36,8 @@ context is refused from its size before tokenizing, and a long prompt is prefill
     page.py         GET /: the browser page, serve/static/index.html
     endpoint.py     what both do with a request: body, size, the one check, queue, answer
     streaming.py    the answer from the scheduler's Outputs: server-sent events or one body
-    protocol.py     request bodies and their checks; metrics.py: Prometheus
+    protocol.py     request bodies and their checks (request_body.py: bytes -> a request);
+                    metrics.py: Prometheus
 """
 
 from __future__ import annotations
