@@ -254,6 +254,13 @@ def test_no_server_function_is_over_60_lines(tmp_path):
     assert [f.split()[1] for f in long_functions(probe, 60)] == ["outer:", "inner:"]
 
 
+def test_no_tool_function_is_over_60_lines():
+    """The tools read step by step: no function in tools/ over 60 lines (bench's run_bench
+    is a list of named steps: load, warm up, run ours and the peers per workload, collect)."""
+    long = [f for path in files("tools") for f in long_functions(path, 60)]
+    assert not long, long
+
+
 # The serving spine, top to bottom: a module imports only modules of its own layer or below
 # (the generator loads an engine folder and is used by the layers above the engine; it
 # uses none of them). Everything else in runtime/ is the engine's layer or below it.

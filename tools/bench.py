@@ -19,7 +19,6 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 
 from trt_spec.runtime.speculation.draft_length import DraftLength
@@ -31,53 +30,11 @@ from trt_spec.tools.bench_peers import (PeerRunner, identical_share, load_peers,
 from trt_spec.tools.bench_output import peak_rss_mb, table, write_json, write_plot
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.tools.bench_config import BenchConfig
+from trt_spec.tools.bench_prompts import (PROMPTS, default_prompts_path, load_prompts,  # noqa: F401
+                                         load_schemas, read_prompts)
 from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
 from trt_spec.runtime.scheduler import generate_ids
-
-def default_prompts_path() -> Path:
-    return Path(str(resources.files("trt_spec.runtime") / "data" / "prompts.jsonl"))
-
-
-def load_prompts(path: str | Path | None) -> list:
-    """FILE.jsonl: one object per line, {"prompt": "..."} or {"messages": [...]} (and maybe a
-    "json_schema": load_schemas)."""
-    return [p for p, _ in read_prompts(path)]
-
-
-def load_schemas(path: str | Path | None) -> list[dict | None]:
-    """Per prompt of FILE.jsonl, the JSON schema its line gives its answer ("json_schema"), or
-    None."""
-    return [schema for _, schema in read_prompts(path)]
-
-
-def read_prompts(path: str | Path | None) -> list[tuple]:
-    path = Path(path) if path else default_prompts_path()
-    if not path.is_file():
-        raise ValueError(f"--prompts {str(path)!r}: no such file")
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e})") from e
-        schema = obj.get("json_schema") if isinstance(obj, dict) else None
-        if schema is not None and not isinstance(schema, dict):
-            raise ValueError(f"{path}:{n}: json_schema must be a JSON object")
-        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-            prompts.append((obj["prompt"], schema))
-        elif isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-            prompts.append((obj["messages"], schema))
-        else:
-            raise ValueError(f'{path}:{n}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
-
-
-PROMPTS = load_prompts(None)  # the default prompts, as plain strings
 
 
 def parse_ints(text: str, option: str, minimum: int = 0) -> list[int]:
@@ -170,192 +127,304 @@ def summarize(cfg: Config, workload: str, runs: list[dict], baseline: list[dict]
     }
 
 
-def run_bench(config: BenchConfig, progress=print) -> dict:
-    engines, methods, ks = list(config.engines), list(config.methods), list(config.ks) or [4]
-    max_new_tokens, pasts, repeats = config.max_new_tokens, list(config.pasts), config.repeats
-    temperature, seed, batch, peers = config.temperature, config.seed, config.batch, config.peers
-    threads, exact_decode, stop_at_eos = config.threads, config.exact_decode, config.stop_at_eos
-    prompts = load_prompts(config.prompts_file)[:config.num_prompts]
-    schemas = load_schemas(config.prompts_file)[:config.num_prompts]
-    if any(schemas) and batch != 1:
-        raise ValueError(f"--batch {batch}: prompts with a json_schema each run at batch 1")
+def check_settings(config: BenchConfig, schemas: list) -> None:
+    """ValueError for settings that cannot run together, before anything loads."""
+    if any(schemas) and config.batch != 1:
+        raise ValueError(f"--batch {config.batch}: prompts with a json_schema each run at batch 1")
     if any(schemas):
         require_jsonschema()
-    if peers and batch != 1:
-        raise ValueError(f"--peers runs at batch 1 only; got --batch {batch}")
-    methods = list(dict.fromkeys(methods))
-    # greedy or seeded: every method must emit the baseline's tokens
-    comparable = temperature == 0 or seed is not None
-    if "none" not in methods and (peers or (comparable and any(m != "none" for m in methods))):
-        methods = ["none"] + methods  # identical_to_baseline and the peers' ratios need it
-    max_len = max(pasts + [512]) + max_new_tokens + max([k_max(k) for k in ks] + [0]) + 8
+    if config.peers and config.batch != 1:
+        raise ValueError(f"--peers runs at batch 1 only; got --batch {config.batch}")
+    if config.peers and config.stop_at_eos:
+        raise ValueError("--peers decode a fixed number of tokens (EOS ignored); drop "
+                         "--stop-at-eos")
+
+
+def comparable(config: BenchConfig) -> bool:
+    """Greedy or seeded: every method must emit the baseline's tokens."""
+    return config.temperature == 0 or config.seed is not None
+
+
+def bench_methods(config: BenchConfig) -> list[str]:
+    """The methods to run, 'none' first where identical_to_baseline or the peers' ratios
+    need it."""
+    methods = list(dict.fromkeys(config.methods))
+    if "none" not in methods and (config.peers or (comparable(config)
+                                                   and any(m != "none" for m in methods))):
+        methods = ["none"] + methods
+    return methods
+
+
+def load_engines(config: BenchConfig, methods: list[str], ks: list) -> tuple[dict, list[Config]]:
+    """A Generator per engine folder and a Config per engine x method x k (and none-fast
+    beside exact none); a drafter that cannot load fails here, before any timing."""
+    max_len = (max(list(config.pasts) + [512]) + config.max_new_tokens
+               + max([k_max(k) for k in ks] + [0]) + 8)
     gens, configs = {}, []
-    for e in engines:
+    for e in config.engines:
         # no prefix cache: every configuration reads the same prompts, and none may start
         # from another's rows
-        gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
+        gens[e] = Generator(e, max_batch=config.batch, max_len=max_len, threads=config.threads,
                             backend=config.backend, device=config.device,
-                            exact_decode=exact_decode, prefix_cache=False,
+                            exact_decode=config.exact_decode, prefix_cache=False,
                             fallback=config.fallback, forced_tokens=config.forced_tokens,
                             corpus=config.corpus)
         for m in methods:
             for k in ([None] if m == "none" else ks):
                 configs.append(Config(e, m, k))
-            if m == "none" and exact_decode and hasattr(gens[e].target, "exact_decode"):
+            if m == "none" and config.exact_decode and hasattr(gens[e].target, "exact_decode"):
                 configs.append(Config(e, NONE_FAST, None))  # what a user who does not
                 # speculate would run: speed-ups are given against it too
-    for c in configs:  # a drafter that cannot load fails now, before any timing
+    for c in configs:
         if c.method != NONE_FAST:
             gens[c.engine].proposer(gens[c.engine].check_method(c.method))
-    # groups of `batch` prompts decode together (the last group wraps around)
+    return gens, configs
+
+
+def make_workloads(prompts: list, batch: int, pasts: list[int]) -> list[tuple]:
+    """(name, key, group): groups of `batch` prompts that decode together (the last group
+    wraps around), key its index; then each synthetic past, key its length, group None."""
     groups = [[prompts[(g + j) % len(prompts)] for j in range(batch)]
               for g in range(0, len(prompts), batch)]
-    workloads = [("prompts", i, group) for i, group in enumerate(groups)]
-    workloads += [(f"past={p}", p, None) for p in pasts]
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            top_p=config.top_p, ignore_eos=not stop_at_eos)
-    if peers and stop_at_eos:
-        raise ValueError("--peers decode a fixed number of tokens (EOS ignored); drop "
-                         "--stop-at-eos")
-    # peers take the first engine's prompt token ids and are compared with its 'none'
-    ref = gens[engines[0]]
-    skipped: dict[str, str] = {}
-    peer_ctx = (peer_registry.peer_context(ref.manifest.data, threads,
-                                            k_max(ks[0]) if ks else 4,
-                                            ref.manifest.folder)
-                if peers else None)
-    active = load_peers(list(peers), peer_ctx, skipped, progress, ks,
-                        structured=any(schemas)) if peers else []
-    runner = PeerRunner(active, skipped, progress, ref.tokenizer.decode)
+    return ([("prompts", i, group) for i, group in enumerate(groups)]
+            + [(f"past={p}", p, None) for p in pasts])
 
-    def run(c: Config, name: str, prompts_ids: list[list[int]], sampling=None) -> None:
-        gen = gens[c.engine]
-        gen.use_suffix_cache(c.suffix_cache)
-        fast = c.method == NONE_FAST
-        rule = gen.engine.planner.draft_length
-        if fast:  # the fastest plain decoding: 1-token steps on one-row kernels; its steps
-            gen.target.exact_decode = False  # are not the engine's plain steps: not measured
-            gen.engine.planner.draft_length = DraftLength()
-        t0 = time.perf_counter()
-        try:
-            streams = generate_ids(gen, prompts_ids, sampling or params,
-                                       "none" if fast else c.method, c.k)
-        finally:
-            gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
-            gen.engine.planner.draft_length = rule
-        c.groups.setdefault(name, []).append((sum(len(s.output_ids) for s in streams),
-                                              time.perf_counter() - t0))
-        schema = (sampling or params).json_schema  # the schema's JSON text
-        schema = json.loads(schema) if schema is not None else None
-        for s in streams:
-            m = s.metrics()
-            c.runs.setdefault(name, []).append({
-                "tokens_per_s": m.decode_tokens_per_s, "completion_tokens": m.completion_tokens,
-                "target_forwards": m.target_forwards,
-                "proposed_pp": list(m.proposed_per_position),
-                "accepted_pp": list(m.accepted_per_position), "ttft_s": m.time_to_first_token_s,
-                "propose_s": m.propose_s, "score_s": m.score_s, "sample_s": m.sample_s,
-                "mask_s": m.mask_s, "masks": m.masks, "finish_reason": s.finish_reason,
-                "output_ids": s.output_ids,
-                "valid": valid_json(s.text, schema) if schema is not None else None})
 
-    # warm-up, not recorded: one-time work per batch size (the engine's cost probe,
-    # runtime/speculation/cost_probe.py) is done here, not in a run. Every size from 1 to `batch`: a group
-    # whose prompts are admitted over several steps decodes at the smaller sizes first
-    warm = replace(params, max_tokens=min(params.max_tokens, 6))
-    for c in configs:
+@dataclass
+class Session:
+    """One bench run while it runs: what the steps of run_bench share."""
+    config: BenchConfig
+    prompts: list
+    schemas: list[dict | None]
+    methods: list[str]
+    ks: list
+    gens: dict[str, Generator]  # engine folder -> its loaded generator
+    configs: list[Config]  # ours, in the interleaved order
+    workloads: list[tuple]  # make_workloads
+    params: SamplingParams
+    progress: object  # print-like
+    active: list = field(default_factory=list)  # the loaded peers
+    skipped: dict = field(default_factory=dict)  # peer name -> why it did not run
+    runner: PeerRunner | None = None
+
+    @property
+    def ref(self) -> Generator:
+        """Peers take the first engine's prompt token ids and are compared with its none."""
+        return self.gens[self.config.engines[0]]
+
+    @property
+    def workload_names(self) -> list[str]:
+        return list(dict.fromkeys(w[0] for w in self.workloads))
+
+
+def open_session(config: BenchConfig, progress) -> Session:
+    ks = list(config.ks) or [4]
+    prompts = load_prompts(config.prompts_file)[:config.num_prompts]
+    schemas = load_schemas(config.prompts_file)[:config.num_prompts]
+    check_settings(config, schemas)
+    methods = bench_methods(config)
+    gens, configs = load_engines(config, methods, ks)
+    params = SamplingParams(max_tokens=config.max_new_tokens, temperature=config.temperature,
+                            seed=config.seed, top_p=config.top_p,
+                            ignore_eos=not config.stop_at_eos)
+    return Session(config, prompts, schemas, methods, ks, gens, configs,
+                   make_workloads(prompts, config.batch, list(config.pasts)), params, progress)
+
+
+def load_peer_family(s: Session) -> None:
+    """The peers named by --peers, loaded against the first engine's source model."""
+    peers = list(s.config.peers)
+    if peers:
+        ctx = peer_registry.peer_context(s.ref.manifest.data, s.config.threads,
+                                         k_max(s.ks[0]) if s.ks else 4, s.ref.manifest.folder)
+        s.active = load_peers(peers, ctx, s.skipped, s.progress, s.ks,
+                              structured=any(s.schemas))
+    s.runner = PeerRunner(s.active, s.skipped, s.progress, s.ref.tokenizer.decode)
+
+
+def run_config(s: Session, c: Config, name: str, prompts_ids: list[list[int]],
+               sampling: SamplingParams | None = None) -> None:
+    """One of our configurations on one group of prompts, recorded under workload `name`."""
+    gen, exact_decode = s.gens[c.engine], s.config.exact_decode
+    gen.use_suffix_cache(c.suffix_cache)
+    fast = c.method == NONE_FAST
+    rule = gen.engine.planner.draft_length
+    if fast:  # the fastest plain decoding: 1-token steps on one-row kernels; its steps
+        gen.target.exact_decode = False  # are not the engine's plain steps: not measured
+        gen.engine.planner.draft_length = DraftLength()
+    sampling = sampling or s.params
+    t0 = time.perf_counter()
+    try:
+        streams = generate_ids(gen, prompts_ids, sampling, "none" if fast else c.method, c.k)
+    finally:
+        gen.target.exact_decode = exact_decode if fast else gen.target.exact_decode
+        gen.engine.planner.draft_length = rule
+    c.groups.setdefault(name, []).append((sum(len(x.output_ids) for x in streams),
+                                          time.perf_counter() - t0))
+    schema = json.loads(sampling.json_schema) if sampling.json_schema is not None else None
+    for stream in streams:
+        c.runs.setdefault(name, []).append(stream_record(stream, schema))
+
+
+def stream_record(stream, schema: dict | None) -> dict:
+    """What summarize() reads of one finished stream."""
+    m = stream.metrics()
+    return {
+        "tokens_per_s": m.decode_tokens_per_s, "completion_tokens": m.completion_tokens,
+        "target_forwards": m.target_forwards,
+        "proposed_pp": list(m.proposed_per_position),
+        "accepted_pp": list(m.accepted_per_position), "ttft_s": m.time_to_first_token_s,
+        "propose_s": m.propose_s, "score_s": m.score_s, "sample_s": m.sample_s,
+        "mask_s": m.mask_s, "masks": m.masks, "finish_reason": stream.finish_reason,
+        "output_ids": stream.output_ids,
+        "valid": valid_json(stream.text, schema) if schema is not None else None}
+
+
+def warm_up(s: Session) -> None:
+    """Not recorded: one-time work per batch size (the engine's cost probe,
+    runtime/speculation/cost_probe.py) is done here, not in a run. Every size from 1 to
+    `batch`: a group whose prompts are admitted over several steps decodes at the smaller
+    sizes first. Then each peer once."""
+    batch = s.config.batch
+    warm = replace(s.params, max_tokens=min(s.params.max_tokens, 6))
+    for c in s.configs:
         for size in range(1, batch + 1) if batch > 1 else [1]:
-            run(c, "_warmup", [gens[c.engine].encode(prompts[0])[:16]] * size,
-                warm if size < batch else None)
+            run_config(s, c, "_warmup", [s.gens[c.engine].encode(s.prompts[0])[:16]] * size,
+                       warm if size < batch else None)
         c.runs.pop("_warmup"), c.groups.pop("_warmup")
         c.suffix_cache = SuffixCache()  # what the warm-up wrote is not a request
-    peer_seed = seed if seed is not None else 0
-    for p in list(active):
-        runner.run(p, "_warmup", ref.encode(prompts[0])[:16], max_new_tokens, temperature,
-                   peer_seed)
+    for p in list(s.active):
+        s.runner.run(p, "_warmup", s.ref.encode(s.prompts[0])[:16], s.config.max_new_tokens,
+                     s.config.temperature, peer_seed(s.config))
         p.runs.pop("_warmup", None), p.groups.pop("_warmup", None)
+
+
+def peer_seed(config: BenchConfig) -> int:
+    return config.seed if config.seed is not None else 0
+
+
+def run_ours(s: Session, name: str, key: int, group: list | None) -> None:
+    """Every configuration of ours on one workload, interleaved."""
+    schema = s.schemas[key] if group is not None else None
+    for c in s.configs:
+        gen = s.gens[c.engine]
+        ids = ([gen.encode(p) for p in group] if group is not None
+               else [synthetic_prompt(gen, key)])
+        run_config(s, c, name, ids, replace(s.params, json_schema=schema)
+                   if schema is not None else None)
+
+
+def run_peers(s: Session, name: str, key: int, group: list | None) -> None:
+    """Then every peer, on the same ids (batch 1)."""
+    schema = s.schemas[key] if group is not None else None
+    ids = s.ref.encode(group[0]) if group is not None else synthetic_prompt(s.ref, key)
+    for p in list(s.active):
+        s.runner.run(p, name, ids, s.config.max_new_tokens, s.config.temperature,
+                     peer_seed(s.config), schema)
+
+
+def run_passes(s: Session) -> None:
     try:
-        for rep in range(repeats):
-            for c in configs:  # a prompt asked again would match its own earlier answer whole
+        for rep in range(s.config.repeats):
+            for c in s.configs:  # a prompt asked again would match its own earlier answer whole
                 c.suffix_cache = SuffixCache()
-            for name, key, group in workloads:
-                schema = schemas[key] if group is not None else None
-                for c in configs:  # interleaved
-                    gen = gens[c.engine]
-                    ids = ([gen.encode(p) for p in group] if group is not None
-                           else [synthetic_prompt(gen, key)])
-                    run(c, name, ids, replace(params, json_schema=schema)
-                        if schema is not None else None)
-                for p in list(active):  # then every peer, on the same ids (batch 1)
-                    runner.run(p, name, ref.encode(group[0]) if group is not None
-                               else synthetic_prompt(ref, key), max_new_tokens, temperature,
-                               peer_seed, schema)
-                progress(f"pass {rep + 1}/{repeats}: {name} #{key} done")
+            for name, key, group in s.workloads:
+                run_ours(s, name, key, group)
+                run_peers(s, name, key, group)
+                s.progress(f"pass {rep + 1}/{s.config.repeats}: {name} #{key} done")
     finally:
-        runner.close()
+        s.runner.close()
+
+
+def collect_results(s: Session) -> list[dict]:
+    """A summarize() row per configuration and workload, with its speed-ups over none and
+    none-fast (same engine and workload)."""
     results = []
-    for c in configs:
-        precision = gens[c.engine].manifest.graph("target")["precision"]
-        base = next((b for b in configs if b.engine == c.engine and b.method == "none"), None)
-        for name in dict.fromkeys(w[0] for w in workloads):
-            baseline = base.runs[name] if (base and comparable and c is not base) else None
+    for c in s.configs:
+        precision = s.gens[c.engine].manifest.graph("target")["precision"]
+        base = next((b for b in s.configs if b.engine == c.engine and b.method == "none"), None)
+        for name in s.workload_names:
+            baseline = (base.runs[name] if (base and comparable(s.config) and c is not base)
+                        else None)
             results.append(summarize(c, name, c.runs[name], baseline, precision))
     for r in results:
-        none = next((x for x in results if x["engine"] == r["engine"] and x["method"] == "none"
-                     and x["workload"] == r["workload"]), None)
-        r["speedup_vs_none"] = (r["tokens_per_s"]["median"] / none["tokens_per_s"]["median"]
-                                if none else None)
-        fast = next((x for x in results if x["engine"] == r["engine"]
-                     and x["method"] == NONE_FAST and x["workload"] == r["workload"]), None)
-        r["speedup_vs_none_fast"] = (r["tokens_per_s"]["median"] / fast["tokens_per_s"]["median"]
-                                     if fast else None)
-    costs = {}  # the speed-up each speculative config should reach, from c(T) measured here
-    if ks and any(c.k for c in configs) and batch == 1:
-        for e, gen in gens.items():
-            past = typical_past([len(gen.encode(p)) for p in prompts], max_new_tokens)
-            ms = measure_costs(gen, past, ks)
-            costs[e] = {"past": past, "ms": ms}
-            none = next((x for x in results if x["engine"] == e and x["method"] == "none"
-                         and x["workload"] == "prompts"), None)
-            for r in results:
-                if (r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts"
-                        and not r.get("peer")):
-                    predict(r, ms, none)
-    ref_none = next((c for c in configs if c.engine == engines[0] and c.method == "none"), None)
-    peer_results(active, configs, results, ref_none, list(dict.fromkeys(w[0] for w in workloads)),
-                 temperature)
-    report = {
-        "settings": {"engines": engines, "methods": methods, "num_draft_tokens": ks,
-                     "max_new_tokens": max_new_tokens, "temperature": temperature,
-                     "top_p": config.top_p,
-                     "prompts": str(config.prompts_file or default_prompts_path()),
-                     "backend": config.backend,
-                     "num_prompts": len(prompts), "stop_at_eos": stop_at_eos,
-                     "pasts": pasts, "repeats": repeats,
-                     "threads": threads, "batch": batch, "seed": seed,
-                     "exact_decode": exact_decode, "spec_fallback": config.fallback,
-                     "peers": list(peers),
-                     "ratio_pairwise": "peers: median over runs of (peer tok/s / our none tok/s) "
-                                       "on the same prompt and pass (first engine's none)",
-                     "vs_peers": "ours: median over runs of (our tok/s / peer tok/s) on the "
-                                 "same prompt and pass",
-                     "ratio_to_fastest_peer": "every row: median over runs of (its tok/s / "
-                                              "the fastest peer configuration's tok/s) on the "
-                                              "same prompt and pass",
-                     "valid": "prompts with a json_schema: the share of answers that parse "
-                              "as JSON the schema accepts (jsonschema)",
-                     "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
-                                     "its first token",
-                     "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "
-                                                "/ wall time, prefill included",
-                     "peak_rss_mb": "the whole process (all configurations loaded)"},
-        "machine": machine(),
-        "step_costs_ms": costs,
-        "results": results,
-    }
-    if peers:
-        report["skipped_peers"] = skipped
-    report["table"] = table(results, skipped if peers else None) + prediction_table(results, costs)
+        for method, key in (("none", "speedup_vs_none"), (NONE_FAST, "speedup_vs_none_fast")):
+            base = next((x for x in results if x["engine"] == r["engine"]
+                         and x["method"] == method and x["workload"] == r["workload"]), None)
+            r[key] = (r["tokens_per_s"]["median"] / base["tokens_per_s"]["median"]
+                      if base else None)
+    return results
+
+
+def add_predictions(s: Session, results: list[dict]) -> dict:
+    """The speed-up each speculative config should reach, from c(T) measured here (batch 1);
+    returns {engine: {"past", "ms"}}."""
+    costs = {}
+    if not (s.ks and any(c.k for c in s.configs) and s.config.batch == 1):
+        return costs
+    for e, gen in s.gens.items():
+        past = typical_past([len(gen.encode(p)) for p in s.prompts], s.config.max_new_tokens)
+        ms = measure_costs(gen, past, s.ks)
+        costs[e] = {"past": past, "ms": ms}
+        none = next((x for x in results if x["engine"] == e and x["method"] == "none"
+                     and x["workload"] == "prompts"), None)
+        for r in results:
+            if (r["engine"] == e and r["num_draft_tokens"] and r["workload"] == "prompts"
+                    and not r.get("peer")):
+                predict(r, ms, none)
+    return costs
+
+
+# what each reported field means, written into the report's settings
+FIELD_NOTES = {
+    "ratio_pairwise": "peers: median over runs of (peer tok/s / our none tok/s) "
+                      "on the same prompt and pass (first engine's none)",
+    "vs_peers": "ours: median over runs of (our tok/s / peer tok/s) on the "
+                "same prompt and pass",
+    "ratio_to_fastest_peer": "every row: median over runs of (its tok/s / "
+                             "the fastest peer configuration's tok/s) on the "
+                             "same prompt and pass",
+    "valid": "prompts with a json_schema: the share of answers that parse "
+             "as JSON the schema accepts (jsonschema)",
+    "tokens_per_s": "per stream, decode: (completion tokens - 1) / time after "
+                    "its first token",
+    "throughput_tokens_per_s": "per group of `batch` streams: all their tokens "
+                               "/ wall time, prefill included",
+    "peak_rss_mb": "the whole process (all configurations loaded)"}
+
+
+def settings_report(s: Session) -> dict:
+    config = s.config
+    return {"engines": list(config.engines), "methods": s.methods, "num_draft_tokens": s.ks,
+            "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+            "top_p": config.top_p,
+            "prompts": str(config.prompts_file or default_prompts_path()),
+            "backend": config.backend,
+            "num_prompts": len(s.prompts), "stop_at_eos": config.stop_at_eos,
+            "pasts": list(config.pasts), "repeats": config.repeats,
+            "threads": config.threads, "batch": config.batch, "seed": config.seed,
+            "exact_decode": config.exact_decode, "spec_fallback": config.fallback,
+            "peers": list(config.peers), **FIELD_NOTES}
+
+
+def run_bench(config: BenchConfig, progress=print) -> dict:
+    """Ours and the peers on every workload, interleaved; returns the report (settings,
+    machine, step costs, a result row per configuration and workload, the table)."""
+    s = open_session(config, progress)
+    load_peer_family(s)
+    warm_up(s)
+    run_passes(s)
+    results = collect_results(s)
+    costs = add_predictions(s, results)
+    ref_none = next((c for c in s.configs if c.engine == config.engines[0]
+                     and c.method == "none"), None)
+    peer_results(s.active, s.configs, results, ref_none, s.workload_names, config.temperature)
+    report = {"settings": settings_report(s), "machine": machine(), "step_costs_ms": costs,
+              "results": results}
+    if config.peers:
+        report["skipped_peers"] = s.skipped
+    report["table"] = (table(results, s.skipped if config.peers else None)
+                       + prediction_table(results, costs))
     return report
 
 

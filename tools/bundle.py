@@ -70,14 +70,11 @@ def _marker_holds(marker: str) -> bool:
     return Marker(marker).evaluate({"extra": ""})
 
 
-def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = None,
-           tar: bool = False, progress=lambda msg: None) -> Path:
-    """Writes the bundle folder `out` (atomically) and, with `tar`, `out`.tar.gz."""
-    from trt_spec.runtime.generator import Generator, available_methods
-    from trt_spec.runtime.scheduler import generate_ids
-    from trt_spec.runtime.sampling import SamplingParams
+def bundle_methods(manifest, methods: list[str] | None) -> list[str]:
+    """The methods to bundle (default: all the folder has), none first; ValueError naming
+    the ones the folder does not have."""
+    from trt_spec.runtime.generator import available_methods
 
-    manifest = load_manifest(engine_dir, verify="sha256")
     available = available_methods(manifest)
     methods = list(dict.fromkeys(methods or available))
     unknown = [m for m in methods if m not in available]
@@ -86,6 +83,31 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
                          f"{', '.join(available)}")
     if "none" not in methods:
         methods.insert(0, "none")
+    return methods
+
+
+def write_expected(tmp: Path, source: Path, methods: list[str]) -> None:
+    """Runs the bundle's greedy output and writes it into its manifest: the manifest just
+    written, files and checksums as they are, plus the bundle entry."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.scheduler import generate_ids
+    from trt_spec.runtime.sampling import SamplingParams
+
+    gen = Generator(tmp, verify="none", max_len=256)
+    ids = gen.encode(EXPECTED_PROMPT)
+    s = generate_ids(gen, [ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
+    written = gen.manifest.data
+    written["bundle"] = {"from": str(source), "methods": methods,
+                         "expected": {"prompt": EXPECTED_PROMPT, "prompt_ids": ids,
+                                      "max_tokens": EXPECTED_TOKENS, "token_ids": s.output_ids}}
+    (tmp / MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
+
+
+def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = None,
+           tar: bool = False, progress=lambda msg: None) -> Path:
+    """Writes the bundle folder `out` (atomically) and, with `tar`, `out`.tar.gz."""
+    manifest = load_manifest(engine_dir, verify="sha256")
+    methods = bundle_methods(manifest, methods)
     data = manifest.data
     graphs = {"target": data["graphs"]["target"]}
     drafters = {}
@@ -123,16 +145,7 @@ def bundle(engine_dir: str | Path, out: str | Path, methods: list[str] | None = 
             bundled["source"] = rebase_source(data["source"], manifest.folder, out)
         write_manifest(tmp, bundled)
         progress("running the expected greedy output")
-        gen = Generator(tmp, verify="none", max_len=256)
-        ids = gen.encode(EXPECTED_PROMPT)
-        s = generate_ids(gen, [ids], SamplingParams(max_tokens=EXPECTED_TOKENS, ignore_eos=True))[0]
-        # the manifest just written, files and checksums as they are, plus the bundle entry
-        written = gen.manifest.data
-        written["bundle"] = {"from": str(manifest.folder), "methods": methods,
-                             "expected": {"prompt": EXPECTED_PROMPT, "prompt_ids": ids,
-                                          "max_tokens": EXPECTED_TOKENS,
-                                          "token_ids": s.output_ids}}
-        (tmp / MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
+        write_expected(tmp, manifest.folder, methods)
         tmp.chmod(0o755)
         tmp.rename(out)
     finally:
