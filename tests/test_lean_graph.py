@@ -43,16 +43,18 @@ def fused_product(k: int, n: int, bits: int, sizes=None, seed: int = 0) -> onnx.
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
-def run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})
+def run(model: onnx.ModelProto, x: np.ndarray, folder) -> list[np.ndarray]:
+    """The runtime's own session (make_session: on the process's shared thread pool once
+    another test has made it, where a session with its own threads is refused)."""
+    from trt_spec.runtime.backends.ort import make_session
+
+    path = folder / f"m{len(list(folder.iterdir()))}.onnx"
+    onnx.save(model, path)
+    return make_session(path, threads=1).run(None, {"x": x})
 
 
 @pytest.mark.parametrize("bits,sizes", [(4, None), (8, None), (4, [80, 80, 32])])
-def test_unfused_products_are_bitwise_the_fused_columns(bits, sizes):
+def test_unfused_products_are_bitwise_the_fused_columns(bits, sizes, tmp_path):
     """Each piece of the Split becomes its own MatMulNBits over the same codes: bitwise the
     fused product's columns, at 1, 2 and 5 rows."""
     k, n = 128, 192
@@ -65,7 +67,7 @@ def test_unfused_products_are_bitwise_the_fused_columns(bits, sizes):
     assert {i.name for i in lean.graph.initializer}.isdisjoint({"w.q", "w.scales", "w.zp"})
     for t in (1, 2, 5):
         x = np.random.default_rng(t).standard_normal((2, t, k)).astype(np.float32)
-        for got, want in zip(run(lean, x), run(fused, x)):
+        for got, want in zip(run(lean, x, tmp_path), run(fused, x, tmp_path)):
             np.testing.assert_array_equal(got, want)
 
 
