@@ -1,15 +1,17 @@
-"""The device-resident speculative loop of the GPU backends (torch-cuda and trt): drafts,
-verification and sampling stay on the device; each step copies back only the emitted tokens
-and counts, with one synchronisation.
+"""The device executor of the torch backends (torch-cuda; trt once its backend declares a
+device runner): drafts, verification and sampling stay on the device; each step copies back
+only the emitted tokens and counts, with one synchronisation. The scheduler
+(runtime/scheduler.py) admits, steps and retires the streams; runtime/executors.py decides
+which of them this executor steps.
 
-    run(streams):
-        admit + prefill (one forward, eager)            # first token sampled on the device
-        while streams run:
-            propose  drafts [B, k] (+ q)                # runtime/device/drafters.py
+    DeviceExecutor.step(streams):                   # one scheduler step, per (method, k) loop
+        new streams: prefill (one forward, eager)   # first token sampled on the device
+        the others:
+            propose  drafts [B, k] (+ q)            # runtime/device/drafters.py
             score    target over [last, d1..dk] (W rows)
-            sample   verify + commit on the device       # runtime/device/verify.py
-            host <- tokens [B, k + 1], counts [B]       # the one sync of the step
-            append, stop checks; finished slots idle; waiting streams admitted
+            sample   verify + commit on the device  # runtime/device/verify.py
+            host <- tokens [B, k + 1], counts [B]   # the one sync of the step
+        append, stop checks; finished streams' slots idle here, freed on the host
 
 State on the device, per cache slot: the token history `seq` (prompt, output, then scratch
 drafts), `n` (tokens known: the target's cache holds n - 1 rows), `active`, the sampling
@@ -27,11 +29,8 @@ every decode / verify forward of a run has one shape, [nb, W] with W = max(EXACT
 plain decoding included: plain and speculative greedy output are then the same token for token
 for any k < EXACT_ROWS. Without it (`--fast-decode`) W = k + 1.
 
-What the loop does not do (Generator falls back to the host loop of runtime/engine.py, see
-`unsupported`): logprobs, the sampling controls beyond temperature / top-k / top-p
-(logit_bias, penalties, min_p: runtime/sampling_torch.py has them, the loop does not feed
-them yet), `auto` k, the suffix and hybrid lookups, the speculation policy's
-per-stream switches (min_acceptance, spec_max_batch), chunked prefill (prompts are read whole).
+What the executor does not do yet is listed once, in runtime/executors.py fallback_reason:
+such a request runs on the host executor (runtime/engine.py), its reason recorded.
 """
 
 from __future__ import annotations
@@ -46,43 +45,12 @@ from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
-from trt_spec.runtime.stream import StepMetrics, Stream, append
+from trt_spec.runtime.stream import StepMetrics, Stream, append, finish_unsampled
 from trt_spec.runtime.provenance import step_sources
-from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
-DEVICE_METHODS = tuple(n for n, m in METHODS.items() if m.device)  # what drafts on the device
-
-
-def unsupported(gen, streams: list[Stream]) -> str | None:
-    """Why these streams cannot run on the device loop of `gen`, or None when they can."""
-    graphs = gen.graphs
-    if not isinstance(gen.target, DeviceRunner) or not isinstance(graphs, DeviceGraphs):
-        return f"the {gen.backend} backend has no device runner"
-    methods = {s.method for s in streams}
-    if methods - set(DEVICE_METHODS):
-        return f"method {sorted(methods - set(DEVICE_METHODS))} drafts on the host"
-    if len(methods) > 1 or len({s.num_draft_tokens for s in streams}) > 1:
-        return "one method and one k per run"
-    if any(s.adaptive for s in streams):
-        return "auto k plans on the host"
-    if any(s.params.logprobs is not None or s.params.prompt_logprobs is not None
-           for s in streams):
-        return "logprobs need the target's logits on the host"
-    if any(s.params.max_tokens == 0 for s in streams):
-        return "max_tokens 0 reads the prompt only (the host loop's prefill)"
-    if any(s.guide is not None for s in streams):
-        return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
-    controls = sorted({c for s in streams for c in s.params.controls})
-    if controls:
-        return (f"the sampling controls {', '.join(controls)} are applied by the host loop; "
-                "the device loop does not apply them yet")
-    spec = gen.speculation
-    if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
-        return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
-    return None
 
 
 @dataclass
@@ -106,7 +74,7 @@ class DeviceLoop:
         self.gen = gen
         self.method, self.k = method, k
         self.target = gen.target
-        self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (see unsupported)
+        self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (runtime/executors.py backend_reason)
         self.dtype = gen.graphs.dtype
         self.config = gen.config
         self.vocab_size = gen.config.vocab_size
@@ -335,77 +303,102 @@ class DeviceLoop:
         self.stats["replayed"] += 1
         return host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
 
-    # --- streams -----------------------------------------------------------------------------------
 
-    def run(self, streams: list[Stream], on_step=None) -> list[Stream]:
-        """Runs every stream to completion, at most `slots` at a time (streams wait for a free
-        slot in order); on_step(StepMetrics) after each step."""
-        gen = self.gen
-        params = [s.params for s in streams]
-        self.any_sampled = any(not p.greedy for p in params)
-        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
-        if self.device.type == "cuda" and self.any_sampled:
-            seeds = {p.seed for p in params if not p.greedy}
-            if len(seeds) == 1 and None not in seeds:
-                torch.cuda.manual_seed(seeds.pop())
-        elif self.generator is not None:
-            seeds = {p.seed for p in params}
-            self.generator.manual_seed(seeds.pop() if len(seeds) == 1 and None not in seeds
-                                       else int(torch.seed() % (1 << 62)))
-        waiting, running = list(streams), []
+
+class DeviceExecutor:
+    """The device executor (runtime/executors.py): executes one scheduler step of the streams
+    the scheduler chose for it, each on the DeviceLoop of its (method, k), made on first use
+    (its state, caches and graphs). Admission, retirement and the queue are the scheduler's;
+    slots are the Generator's cache's (a slot is active in one loop at a time)."""
+
+    def __init__(self, gen):
+        self.gen = gen
+        self.loops: dict[tuple[str, int], DeviceLoop] = {}
+
+    def loop(self, s: Stream) -> DeviceLoop:
+        key = (s.method, s.num_draft_tokens)
+        if key not in self.loops:
+            self.loops[key] = DeviceLoop(self.gen, *key, exact=self.gen.settings.exact_decode)
+        return self.loops[key]
+
+    def groups(self, streams: list[Stream]) -> list[tuple[DeviceLoop, list[Stream]]]:
+        by = {}
+        for s in streams:
+            by.setdefault(id(self.loop(s)), (self.loop(s), []))[1].append(s)
+        return list(by.values())
+
+    def step(self, streams: list[Stream]) -> StepMetrics:
+        """Prefills the new streams (each prompt whole, one forward per loop), then one
+        propose -> score -> sample step of every other, per loop; finished streams are freed."""
+        t0 = time.perf_counter()
+        active = [s for s in streams if not s.finished]
+        new = [s for s in active if not s.prefilled]
+        old = [s for s in active if s.prefilled]
+        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old),
+                        device_streams=len(active))
         with torch.no_grad():
-            while waiting or running:
-                admitted = []
-                while waiting and gen.cache.free_slots:
-                    s = waiting.pop(0)
-                    gen.engine.admit(s, reuse=False)  # its own caches: no prefix reuse yet
-                    admitted.append(s)
-                    running.append(s)
-                if admitted:
-                    t0 = time.perf_counter()
-                    firsts = self.admit(admitted)
-                    m = StepMetrics(len(admitted), sum(len(s.prompt_ids) for s in admitted))
-                    m.target_forwards = 1
-                    for s, tok in zip(admitted, firsts):
-                        s.stats.record(0, 0)
-                        append(s, [tok], gen.stops, None, step_sources(0, None, 0, 0, 1))
-                    m.prefill_s = m.total_s = time.perf_counter() - t0
-                    running = self._retire(running)
-                    if on_step:
-                        on_step(m)
-                    continue
-                nb = max(s.slot for s in running) + 1
-                t0 = time.perf_counter()
-                host, seconds = self.step(nb)
-                m = StepMetrics(decode_streams=len(running), target_forwards=1)
-                m.propose_s, m.score_s, m.sample_s = seconds
-                for s in running:
-                    row = host[s.slot]
-                    accepted, proposed = int(row[-2]), int(row[-1])
-                    s.stats.record(proposed, accepted)
-                    m.speculating_streams += proposed > 0
-                    m.proposed_tokens += proposed
-                    m.accepted_tokens += accepted
-                    if accepted >= len(m.accepted_per_position):
-                        m.accepted_per_position += [0] * (accepted - len(m.accepted_per_position))
-                    for i in range(accepted):
-                        m.accepted_per_position[i] += 1
-                    m.emitted_tokens += append(
-                        s, row[:accepted + 1].tolist(), gen.stops, None,
-                        step_sources(s.stats.target_forwards - 1, self.method, proposed,
-                                     accepted, accepted + 1))
-                    for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
-                        setattr(s.stats, name, getattr(s.stats, name) + sec / len(running))
-                running = self._retire(running)
-                m.total_s = time.perf_counter() - t0
-                if on_step:
-                    on_step(m)
-        return streams
+            for loop, group in self.groups(new):
+                self.prefill(loop, group, m)
+            m.prefill_s = time.perf_counter() - t0
+            for loop, group in self.groups(old):
+                self.decode(loop, group, m)
+        m.total_s = time.perf_counter() - t0
+        return m
 
-    def _retire(self, running: list[Stream]) -> list[Stream]:
-        """Finished streams: their slots idle on the device, released on the host."""
-        done = [s for s in running if s.finished and s.slot is not None]
-        for s in done:
-            self.state.active[s.slot] = False
-            self.gen.engine.release(s, keep=False)
-        return [s for s in running if not s.finished]
+    def prefill(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
+        seed(loop, streams)
+        firsts = loop.admit(streams)
+        m.target_forwards += 1
+        for s, token in zip(streams, firsts):
+            s.stats.record(0, 0)
+            if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
+                finish_unsampled(s)
+            else:
+                append(s, [token], self.gen.stops, None, step_sources(0, None, 0, 0, 1))
+            if s.finished:
+                self.release(s)
+
+    def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
+        """One step of `streams`: every running stream of `loop` (its graphs' key: whether
+        any samples, any filters)."""
+        sampled = [s.params for s in streams if not s.params.greedy]
+        loop.any_sampled = bool(sampled)
+        loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        host, seconds = loop.step(max(s.slot for s in streams) + 1)
+        m.target_forwards += 1
+        m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
+            (m.propose_s, m.score_s, m.sample_s), seconds))
+        for s in streams:
+            row = host[s.slot]
+            accepted, proposed = int(row[-2]), int(row[-1])
+            s.stats.record(proposed, accepted)
+            m.verified(proposed, accepted)
+            m.emitted_tokens += append(
+                s, row[:accepted + 1].tolist(), self.gen.stops, None,
+                step_sources(s.stats.target_forwards - 1, loop.method, proposed, accepted,
+                             accepted + 1))
+            for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
+                setattr(s.stats, name, getattr(s.stats, name) + sec / len(streams))
+            if s.finished:
+                self.release(s)
+
+    def release(self, s: Stream) -> None:
+        """Frees s's slot: idle on the device, released on the host (its host cache rows were
+        never written: the prefix cache keeps none of them)."""
+        if s.slot is not None:
+            self.loop(s).state.active[s.slot] = False
+        self.gen.engine.release(s, keep=False)
+
+
+def seed(loop: DeviceLoop, streams: list[Stream]) -> None:
+    """The loop's noise from the first sampled stream's seed, at its admission: a run's
+    sampled output repeats for the same prompts and seeds. (The host draws per output position
+    from (seed, choice, position), runtime/race.py; the device's verification draws from one
+    generator per loop until it draws the same race.)"""
+    seeds = [s.params.seed for s in streams if not s.params.greedy]
+    if not seeds:
+        return
+    if loop.generator is not None:
+        loop.generator.manual_seed(seeds[0])
+    else:
+        torch.cuda.manual_seed(seeds[0])
