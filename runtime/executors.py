@@ -24,7 +24,7 @@ request's features, not from method names.
 from __future__ import annotations
 
 from trt_spec.runtime.methods import METHODS
-from trt_spec.runtime.stream import Stream
+from trt_spec.runtime.stream import StepMetrics, Stream
 
 HOST, DEVICE = "host", "device"
 
@@ -81,3 +81,40 @@ def choose(gen, s: Stream, prefill_budget: int | None = None) -> None:
         s.fallback = fallback_reason(gen, s, prefill_budget)
         if s.fallback is None:
             s.executor = DEVICE
+
+
+def admit(gen, s: Stream, source: Stream | None, prefill_budget: int | None) -> None:
+    """Chooses s's executor and gives s a KV slot. On the host, a choice i > 0 starts from
+    choice 0's prompt rows (source: Engine.fork) and a prompt may start from a kept slot's
+    rows (the prefix cache); the device executor reads each prompt whole, in caches of its
+    own."""
+    choose(gen, s, prefill_budget)
+    if s.executor == DEVICE:
+        gen.engine.admit(s, reuse=False)
+    else:
+        gen.engine.admit(s, source=source if source and source.executor == HOST else None)
+
+
+def execute(gen, streams: list[Stream], prefill_budget: int | None,
+            admitted: list[Stream] = ()) -> StepMetrics:
+    """One scheduler step of the running streams, each on its executor -> the metrics of
+    both, with the reasons of the admitted streams that fell back to the host."""
+    device = [s for s in streams if s.executor == DEVICE]
+    host = [s for s in streams if s.executor == HOST]
+    m = StepMetrics()
+    if device:
+        m.merge(gen.device_executor.step(device))
+    if host:
+        m.merge(gen.engine.step(host, prefill_budget))
+    for s in admitted:
+        if s.fallback is not None:
+            m.fallbacks[s.fallback] = m.fallbacks.get(s.fallback, 0) + 1
+    return m
+
+
+def release(gen, s: Stream, keep: bool = True) -> None:
+    """Frees s's slot on its executor (keep: the host's prefix cache may keep its rows)."""
+    if s.executor == DEVICE:
+        gen.device_executor.release(s)
+    else:
+        gen.engine.release(s, keep)

@@ -344,7 +344,8 @@ class Scheduler:
                     report.admitted.append(self._waiting.popleft())
         for r in report.admitted:
             try:
-                self._admit(r)
+                executors.admit(self.gen, r.stream, r.choices[0].stream if r.index else None,
+                                self.max_prefill_tokens)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 if self._raise:
@@ -355,11 +356,9 @@ class Scheduler:
                 self._end(r, "error", report)
         if self._running:
             try:
-                report.engine = self._execute([r.stream for r in self._running])
-                for r in report.admitted:  # requests the device does not cover yet: why
-                    why = r.stream.fallback
-                    if why is not None:
-                        report.engine.fallbacks[why] = report.engine.fallbacks.get(why, 0) + 1
+                report.engine = executors.execute(self.gen, [r.stream for r in self._running],
+                                                  self.max_prefill_tokens,
+                                                  [r.stream for r in report.admitted])
             except Exception as e:  # noqa: BLE001 - what the batch shares failed (a forward,
                 if self._raise:         # a proposer's call): fail these requests, keep serving
                     raise
@@ -375,36 +374,10 @@ class Scheduler:
             self.on_step(report)
         return report
 
-    def _admit(self, r: Request) -> None:
-        """Chooses r's executor (runtime/executors.py) and gives it a KV slot. On the host,
-        choice i > 0 starts from choice 0's prompt rows (Engine.fork) and a prompt may start
-        from a kept slot's rows (the prefix cache); the device reads each prompt whole."""
-        s, source = r.stream, r.choices[0].stream if r.index else None
-        executors.choose(self.gen, s, self.max_prefill_tokens)
-        if s.executor == executors.DEVICE:
-            self.gen.engine.admit(s, reuse=False)
-        else:
-            self.gen.engine.admit(s, source=source if source and source.executor ==
-                                  executors.HOST else None)
-
-    def _execute(self, streams: list[Stream]) -> StepMetrics:
-        """One step of the running streams, each on its executor; the metrics of both."""
-        device = [s for s in streams if s.executor == executors.DEVICE]
-        host = [s for s in streams if s.executor == executors.HOST]
-        m = StepMetrics()
-        if device:
-            m.merge(self.gen.device_executor.step(device))
-        if host:
-            m.merge(self.gen.engine.step(host, self.max_prefill_tokens))
-        return m
-
     def _release(self, r: Request, keep: bool = True) -> None:
         """Frees r's slot; keep=False after an error (its rows may be half written): the
         prefix cache keeps nothing of it."""
-        if r.stream.executor == executors.DEVICE:
-            self.gen.device_executor.release(r.stream)
-        else:
-            self.gen.engine.release(r.stream, keep)
+        executors.release(self.gen, r.stream, keep)
 
     def _emit(self, r: Request, report: StepReport) -> None:
         """Hands r what its stream added this step. A stream the engine failed alone

@@ -195,7 +195,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         # from another's rows
         gens[e] = Generator(e, max_batch=batch, max_len=max_len, threads=threads,
                             backend=config.backend, device=config.device,
-                            exact_decode=exact_decode, prefix_cache=False,
+                            executor=config.executor, exact_decode=exact_decode, prefix_cache=False,
                             fallback=config.fallback, forced_tokens=config.forced_tokens,
                             corpus=config.corpus)
         for m in methods:
