@@ -25,7 +25,10 @@ SAMPLED = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=7, ign
 
 @pytest.fixture(scope="module")
 def llms(tiny_vocab_engine):
-    return {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
+    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("method,k", [("none", None), ("ngram", 3), ("vanilla", 2),

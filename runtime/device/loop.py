@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trt_spec.runtime import sampling_torch
+from trt_spec.runtime import race_torch, sampling_torch
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
@@ -182,9 +182,7 @@ class DeviceLoop:
         s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
                            (q_d - 1).clamp(min=0)[:, None])
-        first, _ = sampling_torch.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
-                                         s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
-        first = first[:, 0]
+        first = self.first_tokens(streams, lo, out[0])
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
         s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
         s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
@@ -194,6 +192,21 @@ class DeviceLoop:
         tokens = first.cpu().numpy()
         s.active[lo:hi] |= new_d
         return [int(tokens[st.slot - lo]) for st in streams]
+
+    def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
+                     ) -> torch.Tensor:
+        """Each prefilled stream's first token from logits [B, 1, V] (slots lo..): the argmax,
+        or the host's race at output position 0 of its seed (runtime/race.py: the same token
+        as the host executor's). Eager, outside any graph: a read per sampled stream."""
+        s = self.state
+        first = logits[:, 0].argmax(-1)  # (B,)
+        for st in streams:
+            if not st.params.greedy:
+                i = st.slot - lo
+                p = sampling_torch.probs_from_logits(logits[i:i + 1], s.temperature[st.slot:][:1],
+                                                     s.top_k[st.slot:][:1], s.top_p[st.slot:][:1])
+                first[i] = race_torch.race(p[0, 0], st.params.seed, 0)
+        return first
 
     def target_outputs(self) -> list[str]:
         return list(self.target.outputs)
