@@ -63,8 +63,6 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
         return "logprobs need the target's logits on the host"
     if s.guide is not None:
         return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
-    if p.controls:
-        return f"the sampling controls {', '.join(sorted(p.controls))} apply on the host"
     spec = gen.speculation
     if s.num_draft_tokens and (spec.min_acceptance > 0 or spec.spec_max_batch is not None):
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"

@@ -44,6 +44,30 @@ def test_greedy_output_equals_the_host_executors(llms, method, k):
         assert sum(o.metrics.proposed_tokens for o in device) > 0
 
 
+@pytest.mark.parametrize("control", [{"logit_bias": {7: 4.0, 9: -50.0}},
+                                     {"repetition_penalty": 1.6}, {"presence_penalty": 1.5},
+                                     {"frequency_penalty": 0.8},
+                                     {"min_p": 0.2, "temperature": 0.8, "seed": 3}])
+def test_the_sampling_controls_on_the_device_equal_the_host_executors(llms, control):
+    """The controls apply on the device to every verified row (runtime/device/controls.py):
+    greedy output under them equals the host executor's, speculative (mtp, k 3) or not; the
+    output tokens count for the penalties. min_p with sampling: its first token (the race
+    at position 0, shared by both executors) shows the same filter."""
+    params = SamplingParams(**{"max_tokens": 12, "ignore_eos": True, **control})
+    for method, k in (("none", None), ("mtp", 3)):
+        host, device = (llms[e].generate(PROMPTS, params, method=method, num_draft_tokens=k,
+                                         chat=False) for e in ("host", "device"))
+        assert {o.metrics.executor for o in device} == {"device"}
+        if params.greedy:
+            assert [o.token_ids for o in device] == [o.token_ids for o in host], method
+        else:
+            assert [o.token_ids[0] for o in device] == [o.token_ids[0] for o in host]
+    plain = llms["host"].generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True),
+                                  chat=False)
+    if params.greedy:  # the control changed something
+        assert [o.token_ids for o in plain] != [o.token_ids for o in device]
+
+
 def run(llm, specs):
     """Every (prompt, params, method, k) queued at once and stepped to the end -> (the
     requests, the step reports)."""
@@ -60,8 +84,8 @@ MIXED = [  # (prompt, params, method, k) -> the executor, and why the host where
     (PROMPTS[0], GREEDY, "mtp", 3, "device", None),
     (PROMPTS[1], GREEDY, "ngram", 2, "device", None),
     (PROMPTS[2], SamplingParams(max_tokens=8, logprobs=2), "none", None, "host", "logprobs"),
-    (PROMPTS[0], SamplingParams(max_tokens=8, logit_bias={7: 3.0}), "eagle3", 2, "host",
-     "sampling controls logit_bias"),
+    (PROMPTS[0], SamplingParams(max_tokens=8, logit_bias={7: 3.0}), "eagle3", 2, "device",
+     None),
     (PROMPTS[1], SamplingParams(max_tokens=8, n=2, ignore_eos=True), "eagle3", 2, "device",
      None),
     (PROMPTS[2], SamplingParams(max_tokens=0), "mtp", 2, "device", None),

@@ -43,6 +43,7 @@ import torch
 
 from trt_spec.runtime import race_torch, sampling_torch
 from trt_spec.runtime.device import verify as device_verify
+from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
 from trt_spec.runtime.stream import StepMetrics, Stream, append, finish_unsampled
@@ -97,7 +98,8 @@ class DeviceLoop:
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
         self.generator = None if dev.type == "cuda" else torch.Generator(dev)
-        self.any_sampled, self.filtered = False, False
+        self.any_sampled, self.filtered, self.controlled = False, False, False
+        self.controls: DeviceControls | None = None  # made for the first request with one
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
         self.pool = None
         self.stats = {"steps": 0, "eager_steps": 0, "replayed": 0, "captured": 0}
@@ -176,6 +178,10 @@ class DeviceLoop:
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy
             s.end[st.slot] = n + p.max_tokens
+        if self.controls is None and any(st.params.controls for st in streams):
+            self.controls = DeviceControls(self.slots, self.vocab_size, self.device)
+        for st in streams if self.controls is not None else ():
+            self.controls.admit(st)
         ids_d = torch.from_numpy(ids).to(self.device)
         q_d = torch.from_numpy(q).to(self.device)
         new_d = torch.from_numpy(new).to(self.device)
@@ -183,6 +189,8 @@ class DeviceLoop:
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
                            (q_d - 1).clamp(min=0)[:, None])
         first = self.first_tokens(streams, lo, out[0])
+        if self.controls is not None:
+            self.controls.count(lo, hi, first[:, None], new_d[:, None])
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
         s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
         s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
@@ -199,6 +207,10 @@ class DeviceLoop:
         or the host's race at output position 0 of its seed (runtime/race.py: the same token
         as the host executor's). Eager, outside any graph: a read per sampled stream."""
         s = self.state
+        if any(st.params.controls for st in streams):
+            hi = lo + logits.shape[0]
+            logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
+                s.temperature[lo:hi], s.greedy[lo:hi]))
         first = logits[:, 0].argmax(-1)  # (B,)
         for st in streams:
             if not st.params.greedy:
@@ -243,8 +255,13 @@ class DeviceLoop:
     def _sample(self, nb: int, out: dict) -> None:
         s = self.state
         active = s.active[:nb]
+        logits = out["logits"]
+        if self.controlled:  # the request's controls on every verified row (controls.py)
+            logits = self.controls.apply(logits[:, :self.k + 1], 0, nb, out["drafts"],
+                                         sampling_torch.temperature_or_one(
+                                             s.temperature[:nb], s.greedy[:nb]))
         tokens, accepted = device_verify.verify(
-            out["drafts"], out["valid"], out["q"], out["logits"], s.temperature[:nb],
+            out["drafts"], out["valid"], out["q"], logits, s.temperature[:nb],
             s.top_k[:nb], s.top_p[:nb], s.greedy[:nb], self.any_sampled, self.filtered,
             self.generator)
         n_old = s.n[:nb].clone()
@@ -252,6 +269,8 @@ class DeviceLoop:
         keep = (cols[None] <= accepted[:, None]) & active[:, None]
         at = torch.where(keep, n_old[:, None] + cols, self.length - 1).clamp(max=self.length - 1)
         s.seq[:nb].scatter_(1, at, tokens)
+        if self.controlled:
+            self.controls.count(0, nb, tokens, keep)
         s.n[:nb] = torch.where(active, n_old + accepted + 1, n_old)
         if self.drafter is not None:
             self.drafter.commit(self, nb, n_old, accepted, out["rows"])
@@ -291,7 +310,7 @@ class DeviceLoop:
         """One propose -> score -> sample over slots [0, nb) -> (host array [nb, k + 3]:
         emitted tokens, accepted, proposed; seconds of each phase)."""
         self.stats["steps"] += 1
-        key = (nb, self.any_sampled, self.filtered)
+        key = (nb, self.any_sampled, self.filtered, self.controlled)
         entry = self.graphs.get(key) if self.use_graphs else None
         if entry is None:
             self.stats["eager_steps"] += 1
@@ -377,6 +396,7 @@ class DeviceExecutor:
         sampled = [s.params for s in streams if not s.params.greedy]
         loop.any_sampled = bool(sampled)
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        loop.controlled = any(s.params.controls for s in streams)
         host, seconds = loop.step(max(s.slot for s in streams) + 1)
         m.target_forwards += 1
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
