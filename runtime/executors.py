@@ -59,8 +59,8 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
     if s.adaptive:
         return "auto k plans on the host"
     p = s.params
-    if p.logprobs is not None or p.prompt_logprobs is not None:
-        return "logprobs need the target's logits on the host"
+    if p.prompt_logprobs is not None:
+        return "prompt logprobs need every prompt row's logits (the host's prefill)"
     if s.guide is not None:
         return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
     spec = gen.speculation

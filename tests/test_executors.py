@@ -68,6 +68,22 @@ def test_the_sampling_controls_on_the_device_equal_the_host_executors(llms, cont
         assert [o.token_ids for o in plain] != [o.token_ids for o in device]
 
 
+@pytest.mark.parametrize("method,k", [("none", None), ("eagle3", 3)])
+def test_logprobs_on_the_device_equal_the_host_executors(llms, method, k):
+    """The target's rows of the emitted tokens come back for a request that asks (the same
+    logits as the host's: its logprobs, top-n and ranks)."""
+    params = SamplingParams(max_tokens=10, logprobs=3, ignore_eos=True)
+    host, device = (llms[e].generate(PROMPTS, params, method=method, num_draft_tokens=k,
+                                     chat=False) for e in ("host", "device"))
+    for h, d in zip(host, device):
+        assert d.metrics.executor == "device" and d.token_ids == h.token_ids
+        assert len(d.logprobs) == len(d.token_ids) == 10
+        for a, b in zip(d.logprobs, h.logprobs):
+            assert (a.token_id, a.rank, [t for t, _ in a.top]) == \
+                (b.token_id, b.rank, [t for t, _ in b.top])
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
 def run(llm, specs):
     """Every (prompt, params, method, k) queued at once and stepped to the end -> (the
     requests, the step reports)."""
@@ -83,7 +99,9 @@ def run(llm, specs):
 MIXED = [  # (prompt, params, method, k) -> the executor, and why the host where it is
     (PROMPTS[0], GREEDY, "mtp", 3, "device", None),
     (PROMPTS[1], GREEDY, "ngram", 2, "device", None),
-    (PROMPTS[2], SamplingParams(max_tokens=8, logprobs=2), "none", None, "host", "logprobs"),
+    (PROMPTS[2], SamplingParams(max_tokens=8, logprobs=2), "mtp", 2, "device", None),
+    (PROMPTS[2], SamplingParams(max_tokens=8, prompt_logprobs=1), "none", None, "host",
+     "prompt logprobs"),
     (PROMPTS[0], SamplingParams(max_tokens=8, logit_bias={7: 3.0}), "eagle3", 2, "device",
      None),
     (PROMPTS[1], SamplingParams(max_tokens=8, n=2, ignore_eos=True), "eagle3", 2, "device",
@@ -107,7 +125,7 @@ def test_a_batch_mixing_features_keeps_each_requests_path(llms):
             assert why is None or why in s.fallback
             assert len(s.sources) == len(s.output_ids)
         assert len(r.choices) == r.stream.params.n
-    assert device[2].stream.logprobs and device[5].stream.output_ids == []
+    assert device[2].stream.logprobs and device[6].stream.output_ids == []
     fallbacks = {}
     for rep in reports:
         for why, n in (rep.engine.fallbacks.items() if rep.engine else ()):
@@ -149,10 +167,10 @@ def test_the_server_takes_the_executor_option(tiny_vocab_engine, llms):
         out = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
         assert out["choices"][0]["text"] == want.text
         assert out["metrics"]["executor"] == "device", out["metrics"]
-        body["logprobs"] = 1  # the host executor takes it, and says why
+        body["speculative"] = {"method": "suffix", "num_draft_tokens": 3}  # on the host
         out = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
         assert out["choices"][0]["text"] == want.text
-        assert "logprobs" in out["metrics"]["executor_fallback"], out["metrics"]
+        assert "drafts on the host" in out["metrics"]["executor_fallback"], out["metrics"]
     finally:
         server.stop()
 

@@ -158,7 +158,8 @@ class DeviceLoop:
 
     def admit(self, streams: list[Stream]) -> list[int]:
         """Prefills the streams (their slots allocated) in one forward and samples each one's
-        first token on the device; -> the first tokens."""
+        first token on the device; -> per stream (its first token, its logits row [1, V] on the
+        host where it asks for logprobs, else None)."""
         s = self.state
         slots = [st.slot for st in streams]
         lo, hi = min(slots), max(slots) + 1
@@ -199,7 +200,8 @@ class DeviceLoop:
             self.drafter.prefill(self, lo, hi, new_d, q_d, rows)
         tokens = first.cpu().numpy()
         s.active[lo:hi] |= new_d
-        return [int(tokens[st.slot - lo]) for st in streams]
+        return [(int(tokens[st.slot - lo]), host_rows(out[0], st.slot - lo, 1, st))
+                for st in streams]
 
     def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
                      ) -> torch.Tensor:
@@ -306,9 +308,10 @@ class DeviceLoop:
         self.graphs[key] = (graphs, out)
         self.stats["captured"] += 1
 
-    def step(self, nb: int) -> tuple[np.ndarray, list[float]]:
+    def step(self, nb: int) -> tuple[np.ndarray, list[float], torch.Tensor]:
         """One propose -> score -> sample over slots [0, nb) -> (host array [nb, k + 3]:
-        emitted tokens, accepted, proposed; seconds of each phase)."""
+        emitted tokens, accepted, proposed; seconds of each phase; the target's logits
+        [nb, W, V] on the device, before the controls: logprobs read them)."""
         self.stats["steps"] += 1
         key = (nb, self.any_sampled, self.filtered, self.controlled)
         entry = self.graphs.get(key) if self.use_graphs else None
@@ -321,10 +324,11 @@ class DeviceLoop:
                     out, seconds = self._phases(nb, timed=True)
                     host = out["host"].cpu().numpy()
                 torch.cuda.current_stream(self.device).wait_stream(side)
+                logits = out["logits"].clone()  # (the capture below writes new buffers)
                 self._capture(key, nb)
-                return host, seconds
+                return host, seconds, logits
             out, seconds = self._phases(nb, timed=True)
-            return out["host"].cpu().numpy(), seconds
+            return out["host"].cpu().numpy(), seconds, out["logits"]
         graphs, out = entry
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         events[0].record()
@@ -333,7 +337,8 @@ class DeviceLoop:
             e.record()
         host = out["host"].cpu()  # the one sync of the step (after every event above)
         self.stats["replayed"] += 1
-        return host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        return (host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])],
+                out["logits"])
 
 
 
@@ -381,12 +386,12 @@ class DeviceExecutor:
         seed(loop, streams)
         firsts = loop.admit(streams)
         m.target_forwards += 1
-        for s, token in zip(streams, firsts):
+        for s, (token, rows) in zip(streams, firsts):
             s.stats.record(0, 0)
             if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
                 finish_unsampled(s)
             else:
-                append(s, [token], self.gen.stops, None, step_sources(0, None, 0, 0, 1))
+                append(s, [token], self.gen.stops, rows, step_sources(0, None, 0, 0, 1))
             if s.finished:
                 self.release(s)
 
@@ -397,7 +402,7 @@ class DeviceExecutor:
         loop.any_sampled = bool(sampled)
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
         loop.controlled = any(s.params.controls for s in streams)
-        host, seconds = loop.step(max(s.slot for s in streams) + 1)
+        host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
         m.target_forwards += 1
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
             (m.propose_s, m.score_s, m.sample_s), seconds))
@@ -407,7 +412,8 @@ class DeviceExecutor:
             s.stats.record(proposed, accepted)
             m.verified(proposed, accepted)
             m.emitted_tokens += append(
-                s, row[:accepted + 1].tolist(), self.gen.stops, None,
+                s, row[:accepted + 1].tolist(), self.gen.stops,
+                host_rows(logits, s.slot, accepted + 1, s),
                 step_sources(s.stats.target_forwards - 1, loop.method, proposed, accepted,
                              accepted + 1))
             for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
@@ -421,6 +427,14 @@ class DeviceExecutor:
         if s.slot is not None:
             self.loop(s).state.active[s.slot] = False
         self.gen.engine.release(s, keep=False)
+
+
+def host_rows(logits: torch.Tensor, i: int, n: int, s: Stream) -> np.ndarray | None:
+    """Row i's first n target rows of logits [B, W, V], [n, V] on the host, where s asks for
+    logprobs (append computes them as the host executor does: its numbers); else None."""
+    if s.params.logprobs is None:
+        return None
+    return logits[i, :n].float().cpu().numpy()
 
 
 def seed(loop: DeviceLoop, streams: list[Stream]) -> None:
