@@ -69,6 +69,10 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
     if prefill_budget is not None and len(s.prompt_ids) > prefill_budget:
         return (f"chunked prefill: the prompt's {len(s.prompt_ids)} tokens pass "
                 f"max_prefill_tokens={prefill_budget}")
+    ex = gen.device_executor
+    if ex is not None and not ex.reserve(s):
+        return (f"the device executor's {len(ex.loops)} (method, k) loops, each with caches "
+                f"of its own, are all busy ({', '.join(f'{m}/{k}' for m, k in ex.loops)})")
     return None
 
 

@@ -136,6 +136,22 @@ def test_a_batch_mixing_features_keeps_each_requests_path(llms):
                for rep in reports)
 
 
+def test_the_device_loops_stay_bounded(llms):
+    """One loop (caches, graphs) per (method, k): past MAX_LOOPS busy ones a request runs on
+    the host, saying why; an idle loop makes room for a new one."""
+    from trt_spec.runtime.device.loop import MAX_LOOPS
+
+    keys = [("mtp", 1), ("mtp", 2), ("mtp", 3), ("eagle", 1), ("eagle", 2), ("eagle", 3)]
+    requests, _ = run(llms["device"], [(PROMPTS[0], GREEDY, m, k) for m, k in keys])
+    executors = [r.stream.executor for r in requests]
+    assert executors.count("device") == MAX_LOOPS and "host" in executors
+    assert all("all busy" in r.stream.fallback for r in requests if r.stream.executor == "host")
+    assert len({r.stream.output_ids == requests[0].stream.output_ids for r in requests}) == 1
+    s = llms["device"].generate(PROMPTS[:1], GREEDY, method="vanilla", num_draft_tokens=1,
+                                chat=False)[0]
+    assert s.metrics.executor == "device"
+
+
 def test_sampled_output_on_the_device_repeats_with_its_seed(llms):
     a, b = (llms["device"].generate(PROMPTS[:1], SAMPLED, method="eagle3",
                                     num_draft_tokens=3, chat=False)[0] for _ in range(2))

@@ -52,6 +52,9 @@ from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
+# (method, k) loops the device executor keeps at most: each holds a target KV cache of its
+# own (and its drafter's), so a server whose clients ask for many k values stays bounded
+MAX_LOOPS = 4
 
 
 @dataclass
@@ -357,6 +360,20 @@ class DeviceExecutor:
         if key not in self.loops:
             self.loops[key] = DeviceLoop(self.gen, *key, exact=self.gen.settings.exact_decode)
         return self.loops[key]
+
+    def reserve(self, s: Stream) -> bool:
+        """Makes s's loop, where it has none, dropping an idle one (its caches and graphs)
+        at the bound; False when every loop is busy (s then runs on the host)."""
+        key = (s.method, s.num_draft_tokens)
+        if key not in self.loops and len(self.loops) >= MAX_LOOPS:
+            busy = {(r.method, r.num_draft_tokens) for r in self.gen.engine.running.values()
+                    if r.executor == "device"}  # (admitted: prefilled or not yet)
+            idle = [k for k in self.loops if k not in busy]
+            if not idle:
+                return False
+            del self.loops[idle[0]]
+        self.loop(s)
+        return True
 
     def groups(self, streams: list[Stream]) -> list[tuple[DeviceLoop, list[Stream]]]:
         by = {}
