@@ -281,14 +281,15 @@ def device_loop(args, check: Check) -> dict:
                     runs[name] = {"error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc()[-2000:]}
                 log(f"  {name}: {json.dumps({k: v for k, v in runs[name].items() if k != 'traceback'})}")
+    gen.configure(executor="device")  # (the loops the runs used)
+    report["loops"] = {f"{method}/{k}": dict(loop.stats)
+                       for (method, k), loop in gen.device_executor.loops.items()}
     gen.configure(executor="auto")
     for name, r in runs.items():  # speed-up over plain decoding on the same loop and batch
         loop, method, batch = name.split("/")
         plain = runs.get(f"{loop}/none/{batch}", {}).get("tokens_per_s")
         if plain and r.get("tokens_per_s"):
             r["speedup"] = round(r["tokens_per_s"] / plain, 3)
-    report["loops"] = {f"{method}/{k}": dict(loop.stats)
-                       for (method, k), loop in gen.device_executor.loops.items()}
     (check.out / "device_loop.json").write_text(json.dumps(report, indent=1))
     report["plot"] = plot_device_loop(runs, check.out / "device_loop.png", args)
     return report
