@@ -135,7 +135,7 @@ class Generator:
         self._proposers: dict[str, Proposer | None] = {PLAIN: None}
         self._suffix_cache = None
         self._corpus = None
-        self._device_loops: dict = {}  # (method, k) -> DeviceLoop, made on first use
+        self._device_executor = None  # made on first use (device_executor)
         self._grammars = None
         self.engine = Engine(self.target, self.cache, self.stops, config.speculation,
                              self.proposer, self._prefix_cache(config),
@@ -315,22 +315,16 @@ class Generator:
             return method, self.speculation.num_draft_tokens, self.speculation.adaptive
         return (method, *parse_num_draft_tokens(num_draft_tokens))
 
-    def device_loop(self, streams: list[Stream]):
-        """The device loop (runtime/device/loop.py) these streams run on, or None for the host
-        loop: settings.device_loop None takes it where it covers the run, True requires it
-        (ValueError saying why not), False never; the ort backend has none."""
-        want = self.settings.device_loop
-        if want is False or not streams or (want is None and self.backend == "ort"):
-            return None
-        from trt_spec.runtime.device.loop import DeviceLoop, unsupported
+    @property
+    def device_executor(self):
+        """The device executor (runtime/device/loop.py), made on first use; None where the
+        settings or the backend keep every request on the host (runtime/executors.py)."""
+        from trt_spec.runtime import executors
 
-        why = "the ort backend runs on the host" if self.backend == "ort" else unsupported(
-            self, streams)
-        if why is not None:
-            if want:
-                raise ValueError(f"device_loop=True, but this run cannot use it: {why}")
+        if not executors.device_wanted(self) or executors.backend_reason(self) is not None:
             return None
-        key = (streams[0].method, streams[0].num_draft_tokens)
-        if key not in self._device_loops:
-            self._device_loops[key] = DeviceLoop(self, *key, exact=self.settings.exact_decode)
-        return self._device_loops[key]
+        if self._device_executor is None:
+            from trt_spec.runtime.device.loop import DeviceExecutor
+
+            self._device_executor = DeviceExecutor(self)
+        return self._device_executor

@@ -176,7 +176,9 @@ def cache_rows(manifest: "Manifest", config: "RuntimeConfig",
     for method, entry in drafters.items():
         rows += [kv_rows(g, entry.config, itemsize) for g in entry.graphs]
     loop = METHODS[config.method].device
-    if (config.backend == "torch-cuda" and config.device_loop is not False
+    device = config.executor == "device" or (config.executor == "auto"
+                                             and not str(config.device).startswith("cpu"))
+    if (config.backend == "torch-cuda" and device
             and loop is not None):
         k = config.speculation.num_draft_tokens if METHODS[config.method].speculative else 0
         width = max(EXACT_ROWS, k + 1) if config.exact_decode else k + 1

@@ -11,10 +11,14 @@
                                                                   choice i > 0 of a request
                                                                   starts from choice 0's
                                                                   prompt rows: Engine.fork)
-        engine.step(running streams, max_prefill_tokens)          (one engine, every method:
-            prefill, then one target forward for every decode/verify row; a long prompt is
-            read in chunks over several steps while the other streams keep decoding; a
-            stream whose own part of the step fails ends alone: Engine.isolated)
+        execute the running streams, each on the executor chosen at its admission
+        (runtime/executors.py: one place, from the methods' traits and the backend):
+          host    engine.step(its streams, max_prefill_tokens)    (one engine, every method:
+                  prefill, then one target forward for every decode/verify row; a long
+                  prompt is read in chunks over several steps while the other streams keep
+                  decoding; a stream whose own part of the step fails ends alone)
+          device  device_executor.step(its streams)               (runtime/device/loop.py:
+                  drafting, verification and sampling on the device, per (method, k))
         hand each request its delta: new token ids and text (the result when finished; a
                                      failed stream's error as Request.error)
 
@@ -22,9 +26,8 @@
 talks to it only through `prepare`, `enqueue` (`submit`: both) and `cancel` (thread-safe) and
 the `on_output` callbacks, which run on that thread (the server forwards them with
 `loop.call_soon_threadsafe`).
-`generate` / `generate_ids` (trt-spec generate, bench) run a batch to completion: on the
-device loop where it covers the run, else through `run`: the same admission and steps, on
-the caller's thread, errors raised.
+`generate` / `generate_ids` (trt-spec generate, bench) run a batch to completion through
+`run`: the same admission, executors and steps, on the caller's thread, errors raised.
 
 Requests with different methods and draft lengths run side by side in the Generator's one
 engine: each stream carries its method and k.
@@ -42,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from trt_spec.runtime import executors
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
 from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, Prompt
@@ -119,10 +123,6 @@ class Scheduler:
         """The generator's settings (gen.settings) give the default method and k, the prefill
         budget per step (max_prefill_tokens) and the waiting queue's bound (max_waiting).
         step_delay: seconds slept after each step (tests: a slower model)."""
-        if gen.settings.device_loop:
-            raise ValueError("device_loop=True: the scheduler (LLM, serve) steps streams on the "
-                             "host loop, joining and leaving at any step; the device loop runs "
-                             "whole batches (Generator.generate_ids, trt-spec generate / bench)")
         self.gen = gen
         self.max_prefill_tokens = gen.settings.max_prefill_tokens
         self.max_waiting = gen.settings.max_waiting
@@ -343,10 +343,10 @@ class Scheduler:
                 free = self.gen.cache.slots - len(self._running)
                 while self._waiting and len(report.admitted) < free:
                     report.admitted.append(self._waiting.popleft())
-        engine = self.gen.engine
         for r in report.admitted:
-            try:  # choice i > 0 starts from choice 0's prompt rows (Engine.fork)
-                engine.admit(r.stream, source=r.choices[0].stream if r.index else None)
+            try:
+                executors.admit(self.gen, r.stream, r.choices[0].stream if r.index else None,
+                                self.max_prefill_tokens)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 if self._raise:
@@ -357,8 +357,9 @@ class Scheduler:
                 self._end(r, "error", report)
         if self._running:
             try:
-                report.engine = engine.step([r.stream for r in self._running],
-                                            self.max_prefill_tokens)
+                report.engine = executors.execute(self.gen, [r.stream for r in self._running],
+                                                  self.max_prefill_tokens,
+                                                  [r.stream for r in report.admitted])
             except Exception as e:  # noqa: BLE001 - what the batch shares failed (a forward,
                 if self._raise:         # a proposer's call): fail these requests, keep serving
                     raise
@@ -377,7 +378,7 @@ class Scheduler:
     def _release(self, r: Request, keep: bool = True) -> None:
         """Frees r's slot; keep=False after an error (its rows may be half written): the
         prefix cache keeps nothing of it."""
-        self.gen.engine.release(r.stream, keep)
+        executors.release(self.gen, r.stream, keep)
 
     def _emit(self, r: Request, report: StepReport) -> None:
         """Hands r what its stream added this step. A stream the engine failed alone
@@ -477,16 +478,13 @@ class GenerationResult:
 def generate_ids(gen: Generator, prompts_ids: list[list[int]], params: SamplingParams,
                  method: str | None = None, num_draft_tokens: int | str | None = None
                  ) -> list[Stream]:
-    """Runs every prompt to completion, at most `cache.slots` at a time: on the device loop
-    where it covers the run, else through Scheduler.run (the admission and steps the server
-    and LLM run, on this thread). None takes the configured method and k."""
+    """Runs every prompt to completion, at most `cache.slots` at a time, through
+    Scheduler.run (the admission, executors and steps the server and LLM run, on this
+    thread). None takes the configured method and k."""
     if params.n != 1:
         raise ValueError(f"n={params.n}: generate / generate_ids answer each prompt once; "
                          "n choices per prompt come from LLM.generate or the server")
     streams = [gen.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
-    loop = gen.device_loop(streams)
-    if loop is not None:
-        return loop.run(streams)
     return Scheduler(gen).run(streams)
 
 

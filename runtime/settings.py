@@ -19,6 +19,7 @@ from trt_spec.runtime.methods import METHOD_NAMES, PLAIN
 
 VERIFY = ("sha256", "size", "none")
 DTYPES = ("float32", "float16", "bfloat16")
+EXECUTORS = ("auto", "host", "device")  # runtime/executors.py
 MAX_DRAFT_TOKENS = 64  # k is 1..MAX_DRAFT_TOKENS
 SERVE_MAX_BATCH = 8  # KV slots of `serve` and `LLM` (one-shot `generate`: 1)
 # Prompt tokens prefilled per scheduler step. Chosen by `scripts/load.py --long-prompt` on the
@@ -139,10 +140,11 @@ class RuntimeConfig:
     device: str | None = None  # torch-cuda / trt: the device (default: cuda when available)
     threads: int | None = None  # ort: intra-op threads (default: TRT_SPEC_THREADS or all cores)
     cuda_graphs: bool = True  # torch-cuda / trt: one CUDA graph per shape bucket
-    # torch-cuda / trt: drafts, verification and sampling on the device (runtime/device/loop.py)
-    # for the runs it covers; None: wherever it can, else the host loop; True: a run it cannot
-    # take raises, saying why; False: always the host loop
-    device_loop: bool | None = None
+    # which executor steps a request (runtime/executors.py): "device" (drafts, verification
+    # and sampling on the device, runtime/device/loop.py) for every request it covers, the
+    # others on the host with the reason recorded; "host" always the host (Engine); "auto":
+    # the device on torch-cuda over a CUDA device, else the host
+    executor: str = "auto"
     dtype: str = "float32"  # torch-cuda: the weights' and caches' dtype (float16, bfloat16)
     # ort: a token's logits do not depend on how many rows its step has, so speculative and
     # plain greedy decoding give the same tokens; False (`--fast-decode`) saves ~1-10% of a
@@ -205,8 +207,9 @@ class RuntimeConfig:
                 self.memory_utilization, (int, float)) or not self.memory_utilization > 0:
             raise ValueError(f"memory_utilization={self.memory_utilization!r}: must be a "
                              "number > 0 (0.9: 90% of the available memory)")
-        if self.device_loop is not None and not isinstance(self.device_loop, bool):
-            raise ValueError(f"device_loop={self.device_loop!r}: expected True, False or None")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor={self.executor!r}: expected one of "
+                             f"{', '.join(EXECUTORS)}")
         if not isinstance(self.speculation, SpeculationConfig):
             raise ValueError(f"speculation={self.speculation!r}: expected a SpeculationConfig")
 

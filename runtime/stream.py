@@ -54,6 +54,10 @@ class RequestMetrics:
     # structured outputs: seconds computing and applying the grammar's masks, and masks made
     mask_s: float = 0.0
     masks: int = 0
+    # which executor stepped it (runtime/executors.py): "host" or "device"; fallback: why
+    # the host, where the device executor was wanted and does not cover the request yet
+    executor: str = "host"
+    fallback: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -121,6 +125,10 @@ class Stream:
     # another choice of the same request (n > 1) whose prompt rows this one starts from, once
     # it has read them (Engine.fork); None: none, or forked already
     fork_of: "Stream | None" = None
+    # the executor that steps it (runtime/executors.py choose, at admission) and, when the
+    # device was wanted and the host steps it, why
+    executor: str = "host"
+    fallback: str | None = None
 
     def __post_init__(self):
         if not self.prompt_ids:
@@ -160,7 +168,8 @@ class Stream:
             propose_s=st.propose_s, score_s=st.score_s, sample_s=st.sample_s,
             drafted_by=dict(st.drafted_by),
             mask_s=self.guide.mask_s if self.guide is not None else 0.0,
-            masks=self.guide.masks_made if self.guide is not None else 0)
+            masks=self.guide.masks_made if self.guide is not None else 0,
+            executor=self.executor, fallback=self.fallback)
 
 
 def count_positions(counts: list[int], n: int) -> None:
@@ -192,6 +201,23 @@ class StepMetrics:
     sample_s: float = 0.0
     mask_s: float = 0.0  # structured outputs: the grammar's masks (inside sample_s)
     total_s: float = 0.0
+    device_streams: int = 0  # streams the device executor stepped (runtime/executors.py)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # admitted to the host: why
+
+    def merge(self, other: "StepMetrics") -> "StepMetrics":
+        """Adds another executor's part of the same scheduler step (counts and times)."""
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, list):
+                a += [0] * (len(b) - len(a))
+                for i, x in enumerate(b):
+                    a[i] += x
+            elif isinstance(a, dict):
+                for key, x in b.items():
+                    a[key] = a.get(key, 0) + x
+            else:
+                setattr(self, f.name, a + b)
+        return self
 
     def verified(self, proposed: int, accepted: int) -> None:
         """Counts one stream's verification: `proposed` drafts, `accepted` of them."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The device loop against the host loop on one torch device, side by side in one process:
 tokens/s, tau and the outputs' agreement, per method and batch (what `--backend torch-cuda`
-runs, with device_loop on and off).
+runs, with executor device and host).
 
     python scripts/device_loop_cpu.py --engine engines/smollm2-135m-fp32 [--device cpu]
         [--methods none,ngram,eagle3] [--batches 1,8] [--new-tokens 32] [--k 4] [--json OUT]
@@ -63,7 +63,7 @@ def main() -> None:
             times = {True: [], False: []}
             for _ in range(args.repeats):
                 for loop in (True, False):  # interleaved: device, then host, per method
-                    gen.configure(device_loop=loop)
+                    gen.configure(executor="device" if loop else "host")
                     generate_ids(gen, ids, SamplingParams(max_tokens=4, ignore_eos=True), method, k)
                     if args.device != "cpu":
                         torch.cuda.synchronize()

@@ -151,9 +151,9 @@ def load(args) -> dict:
     from trt_spec.runtime.generator import available_methods
 
     args.methods = available_methods(manifest)
-    from trt_spec.runtime.device.loop import DEVICE_METHODS
+    from trt_spec.runtime.methods import METHODS
 
-    args.methods_device = [m for m in args.methods if m in DEVICE_METHODS]
+    args.methods_device = [m for m in args.methods if METHODS[m].device]
     return {"methods": args.methods, "max_len": max_len, "cuda_graphs": graphs.cuda_graphs,
             "config": c.to_dict()}
 
@@ -266,7 +266,7 @@ def device_loop(args, check: Check) -> dict:
     for batch in (1, 8):
         batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
         for loop, methods in (("device", args.methods_device), ("host", ["none"])):
-            gen.configure(device_loop=loop == "device")
+            gen.configure(executor=loop)
             for method in methods:
                 name = f"{loop}/{method}/batch{batch}"
                 if check.left() < 15:
@@ -281,14 +281,15 @@ def device_loop(args, check: Check) -> dict:
                     runs[name] = {"error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc()[-2000:]}
                 log(f"  {name}: {json.dumps({k: v for k, v in runs[name].items() if k != 'traceback'})}")
-    gen.configure(device_loop=None)
+    gen.configure(executor="device")  # (the loops the runs used)
+    report["loops"] = {f"{method}/{k}": dict(loop.stats)
+                       for (method, k), loop in gen.device_executor.loops.items()}
+    gen.configure(executor="auto")
     for name, r in runs.items():  # speed-up over plain decoding on the same loop and batch
         loop, method, batch = name.split("/")
         plain = runs.get(f"{loop}/none/{batch}", {}).get("tokens_per_s")
         if plain and r.get("tokens_per_s"):
             r["speedup"] = round(r["tokens_per_s"] / plain, 3)
-    report["loops"] = {f"{method}/{k}": dict(loop.stats)
-                       for (method, k), loop in gen._device_loops.items()}
     (check.out / "device_loop.json").write_text(json.dumps(report, indent=1))
     report["plot"] = plot_device_loop(runs, check.out / "device_loop.png", args)
     return report
@@ -357,7 +358,7 @@ def set_graphs(graphs, on: bool) -> None:
 
 
 def speed(args, check: Check) -> dict:
-    args.gen.configure(device_loop=False)  # this section times the host loop's graphs
+    args.gen.configure(executor="host")  # this section times the host loop's graphs
     prompt = args.ref["items"][0]["prompt_ids"]
     drafters = [m for m in ("eagle3", "mtp", "eagle", "vanilla") if m in args.methods]
     report = {}
@@ -378,7 +379,7 @@ def speed(args, check: Check) -> dict:
                     report[name] = {"error": f"{type(e).__name__}: {e}"}
                 log(f"  {name}: {report[name]}")
     set_graphs(args.graphs, True)
-    args.gen.configure(device_loop=None)
+    args.gen.configure(executor="auto")
     for method in ["none"] + drafters[:1]:
         for batch in (1, 8):
             g, e = (report.get(f"{method}/batch{batch}/{m}", {}).get("tokens_per_s")

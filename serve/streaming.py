@@ -209,7 +209,8 @@ def response_metrics(m: RequestMetrics) -> dict:
             "proposed_tokens": m.proposed_tokens, "accepted_tokens": m.accepted_tokens,
             "acceptance_per_position": list(m.acceptance_per_position),
             "time_to_first_token_s": m.time_to_first_token_s,
-            "decode_tokens_per_s": m.decode_tokens_per_s, "drafted_by": dict(m.drafted_by)}
+            "decode_tokens_per_s": m.decode_tokens_per_s, "drafted_by": dict(m.drafted_by),
+            "executor": m.executor, "executor_fallback": m.fallback}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The device loop (runtime/device/loop.py) on the CPU with torch: the same code a GPU runs,
 minus the CUDA-graph capture. Greedy output of every method equals the ORT backend's (and
 plain greedy), at batch 1 and 3, with and without exact decoding; the sampled tokens follow
-the target's distribution; device verification agrees with runtime/verify.py; the runs it
-cannot take fall back to the host loop, or raise when it is required."""
+the target's distribution; device verification agrees with runtime/verify.py; the requests
+it does not cover run on the host executor, their reason recorded (runtime/executors.py)."""
 
 import numpy as np
 import pytest
@@ -45,7 +45,7 @@ def torch_gen(engine, **options):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_every_method_equals_ort(engine, ort_outputs, exact):
-    gen = torch_gen(engine, device_loop=True, exact_decode=exact)
+    gen = torch_gen(engine, executor="device", exact_decode=exact)
     for method in METHODS:
         for k in ((3,) if method == "none" else (1, 3)):
             streams = generate_ids(gen, PROMPTS, GREEDY, method, None if method == "none" else k)
@@ -53,8 +53,10 @@ def test_every_method_equals_ort(engine, ort_outputs, exact):
             if method != "none":
                 assert sum(s.stats.proposed for s in streams) > 0, method
                 assert all(s.stats.accepted <= s.stats.proposed for s in streams)
-    assert {m for m, _ in gen._device_loops} == set(METHODS)
-    loop = gen._device_loops[("eagle3", 3)]
+            assert {s.executor for s in streams} == {"device"}, (method, k)
+    # a loop per (method, k), at most MAX_LOOPS kept: idle ones make room
+    assert len(gen.device_executor.loops) == 4
+    loop = gen.device_executor.loops[("eagle3", 3)]
     assert loop.stats["steps"] > 0 and loop.width == (8 if exact else 4)
 
 
@@ -63,8 +65,8 @@ def test_same_acceptance_as_the_host_loop(engine):
     loop without its gain rules: the device loop drafts k on every step; and without its
     prefix cache, which the device loop does not keep: a head that starts from another
     method's kept rows re-primes on the rows its request reads)."""
-    host = torch_gen(engine, device_loop=False, fallback=False, prefix_cache=False)
-    device = torch_gen(engine, device_loop=True)
+    host = torch_gen(engine, executor="host", fallback=False, prefix_cache=False)
+    device = torch_gen(engine, executor="device")
     for method in ("ngram", "vanilla", "mtp", "eagle", "eagle3"):
         a = generate_ids(host, PROMPTS, GREEDY, method, 3)
         b = generate_ids(device, PROMPTS, GREEDY, method, 3)
@@ -80,7 +82,7 @@ def test_same_acceptance_as_the_host_loop(engine):
 def test_batch_1_streams_wait_and_stop(engine, ort_outputs):
     """One slot: the streams run one after another (admission mid-run); stop tokens and
     max_tokens end them where the host loop does."""
-    gen = torch_gen(engine, max_batch=1, device_loop=True)
+    gen = torch_gen(engine, max_batch=1, executor="device")
     streams = generate_ids(gen, PROMPTS, GREEDY, "mtp", 2)
     assert [s.output_ids for s in streams] == ort_outputs["none"]
     out = ort_outputs["none"][0]
@@ -91,37 +93,28 @@ def test_batch_1_streams_wait_and_stop(engine, ort_outputs):
     assert gen.cache.free_slots == 1
 
 
-def test_fallback_and_required(engine):
-    gen = torch_gen(engine)  # device_loop=None: where it can
-    generate_ids(gen, PROMPTS[:1], GREEDY, "ngram", 2)
-    assert ("ngram", 2) in gen._device_loops
-    generate_ids(gen, PROMPTS[:1], GREEDY, "suffix", 2)  # host lookup: the host loop
-    assert ("suffix", 2) not in gen._device_loops
-    logprobs = SamplingParams(max_tokens=4, logprobs=2)
-    assert generate_ids(gen, PROMPTS[:1], logprobs, "none")[0].logprobs
-    strict = torch_gen(engine, device_loop=True)
-    with pytest.raises(ValueError, match="logprobs"):
-        generate_ids(strict, PROMPTS[:1], logprobs, "none")
-    with pytest.raises(ValueError, match="auto k"):
-        generate_ids(strict, PROMPTS[:1], GREEDY, "mtp", "auto")
-    for control in ({"min_p": 0.1}, {"logit_bias": {5: 2.0}}, {"presence_penalty": 1.0},
-                    {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2}):
-        name = next(iter(control))
-        with pytest.raises(ValueError, match=f"sampling controls {name} are applied by the "
-                                             "host loop; the device loop does not apply them"):
-            generate_ids(strict, PROMPTS[:1], SamplingParams(max_tokens=4, **control), "none")
-    penalized = SamplingParams(max_tokens=4, presence_penalty=1.0)  # the host loop takes it
-    assert len(generate_ids(gen, PROMPTS[:1], penalized, "mtp", 2)[0].output_ids) == 4
-    with pytest.raises(ValueError, match="ort backend"):
-        generate_ids(Generator(engine, device_loop=True), PROMPTS[:1], GREEDY)
-    from trt_spec.runtime.scheduler import Scheduler
-
-    with pytest.raises(ValueError, match="the scheduler"):
-        Scheduler(strict)
+def test_requests_it_does_not_cover_fall_back_to_the_host_with_their_reason(engine):
+    gen = torch_gen(engine, executor="device")
+    s = generate_ids(gen, PROMPTS[:1], GREEDY, "ngram", 2)[0]
+    assert s.executor == "device" and s.fallback is None and ("ngram", 2) in gen.device_executor.loops
+    s = generate_ids(gen, PROMPTS[:1], GREEDY, "suffix", 2)[0]  # a host lookup
+    assert s.executor == "host" and "drafts on the host" in s.fallback
+    assert ("suffix", 2) not in gen.device_executor.loops
+    prompt_logprobs = SamplingParams(max_tokens=4, prompt_logprobs=2)
+    s = generate_ids(gen, PROMPTS[:1], prompt_logprobs, "none")[0]
+    assert s.prompt_logprobs and s.executor == "host" and "prompt logprobs" in s.fallback
+    s = generate_ids(gen, PROMPTS[:1], GREEDY, "mtp", "auto")[0]
+    assert s.executor == "host" and "auto k" in s.metrics().fallback
+    # ONNX Runtime: the host executor, whatever the setting asks
+    s = generate_ids(Generator(engine, executor="device"), PROMPTS[:1], GREEDY)[0]
+    assert s.executor == "host" and s.fallback is None
+    host = torch_gen(engine, executor="host")
+    s = generate_ids(host, PROMPTS[:1], GREEDY, "mtp", 2)[0]
+    assert s.executor == "host" and s.fallback is None and host.device_executor is None
 
 
 def test_metrics_are_reported(engine):
-    gen = torch_gen(engine, device_loop=True)
+    gen = torch_gen(engine, executor="device")
     s = generate_ids(gen, PROMPTS[:1], GREEDY, "eagle3", 3)[0]
     m = s.metrics()
     assert m.completion_tokens == 20 and m.tau and m.tau >= 1
@@ -185,9 +178,9 @@ def test_sampled_tokens_follow_the_target(with_q):
 def test_sampled_generation_runs_and_is_seeded(engine):
     """One seed draws for the whole batch: the same prompts on the same slots repeat."""
     params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True)
-    a, b = ([s.output_ids for s in generate_ids(torch_gen(engine, device_loop=True), 
+    a, b = ([s.output_ids for s in generate_ids(torch_gen(engine, executor="device"), 
         PROMPTS, params, "eagle3", 3)] for _ in range(2))
-    gen = torch_gen(engine, device_loop=True)
+    gen = torch_gen(engine, executor="device")
     assert a == b and all(len(x) == 12 for x in a)
     top_k = SamplingParams(max_tokens=12, temperature=1.0, top_k=1, seed=3, ignore_eos=True)
     greedy_like = [s.output_ids for s in generate_ids(gen, PROMPTS, top_k, "vanilla", 2)]
@@ -197,17 +190,20 @@ def test_sampled_generation_runs_and_is_seeded(engine):
 
 @pytest.mark.parametrize("method,params", [
     ("ngram", GREEDY), ("vanilla", GREEDY), ("mtp", GREEDY), ("eagle3", GREEDY),
-    ("eagle", SamplingParams(max_tokens=20, temperature=0.9, top_k=20, top_p=0.9, seed=1))])
+    ("eagle", SamplingParams(max_tokens=20, temperature=0.9, top_k=20, top_p=0.9, seed=1)),
+    ("mtp", SamplingParams(max_tokens=20, temperature=0.9, min_p=0.1, presence_penalty=1.0,
+                           logit_bias={5: 2.0}, seed=1))])
 def test_a_step_never_reads_the_device(engine, method, params, monkeypatch):
     """What CUDA-graph capture needs, checked on the CPU: the three phases of a step make no
     host round trip (no .item(), bool(), int(), tolist(), nonzero: each would sync a GPU)."""
-    gen = torch_gen(engine, device_loop=True)
+    gen = torch_gen(engine, executor="device")
     streams = [gen.stream(p, params, method, 3) for p in PROMPTS]
-    loop = gen.device_loop(streams)
+    loop = gen.device_executor.loop(streams[0])
     for s in streams:
-        gen.engine.admit(s)
+        gen.engine.admit(s, reuse=False)
     loop.any_sampled = not params.greedy
     loop.filtered = not params.greedy
+    loop.controlled = bool(params.controls)
     loop.admit(streams)
 
     def sync(*args, **kwargs):
@@ -231,28 +227,31 @@ def test_half_precision_weights(engine, ort_outputs):
     graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False,
                                        dtype="bfloat16")
     assert graphs.modules["target"].embed_tokens.weight.dtype == torch.bfloat16
-    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, device_loop=True)
+    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, executor="device")
     plain = [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, "none")]
     assert [s.output_ids for s in generate_ids(gen, PROMPTS, GREEDY, "eagle3", 3)] == plain
     agree = np.mean([a == b for x, y in zip(plain, ort_outputs["none"]) for a, b in zip(x, y)])
     assert agree > 0.3, agree  # a tiny random model in bf16: near-ties flip, not everything
 
 
-def test_the_device_loop_runs_where_the_backend_declares_a_device_runner(engine):
-    """The device loop's contract is declared (backends/base.py DeviceRunner, DeviceGraphs):
-    the torch-cuda backend's target and graphs declare it, ONNX Runtime's do not, and the
-    loop says so rather than probing attributes."""
+def test_the_device_executor_runs_where_the_backend_declares_a_device_runner(engine):
+    """The device executor's contract is declared (backends/base.py DeviceRunner,
+    DeviceGraphs): the torch-cuda backend's target and graphs declare it, ONNX Runtime's do
+    not, and runtime/executors.py says so rather than probing attributes."""
+    from trt_spec.runtime import executors
     from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
-    from trt_spec.runtime.device.loop import unsupported
     from trt_spec.runtime.stream import Stream
 
-    streams = [Stream(PROMPTS[0], GREEDY, "mtp", 3)]
-    torch_side = torch_gen(engine)
+    stream = Stream(PROMPTS[0], GREEDY, "mtp", 3)
+    torch_side = torch_gen(engine, executor="device")
     assert isinstance(torch_side.target, DeviceRunner)
     assert isinstance(torch_side.graphs, DeviceGraphs)
-    assert unsupported(torch_side, streams) is None
+    assert executors.fallback_reason(torch_side, stream) is None
     ort_side = Generator(engine, max_batch=3, max_len=64)
     assert not isinstance(ort_side.target, DeviceRunner)
-    assert unsupported(ort_side, streams) == "the ort backend has no device runner"
-    assert "drafts on the host" in unsupported(torch_side, [Stream(PROMPTS[0], GREEDY,
-                                                                   "suffix", 3)])
+    assert executors.fallback_reason(ort_side, stream) == "the ort backend has no device runner"
+    assert "drafts on the host" in executors.fallback_reason(
+        torch_side, Stream(PROMPTS[0], GREEDY, "suffix", 3))
+    # auto: the device executor on a CUDA device only; the CPU torch backend asks for it
+    assert not executors.device_wanted(torch_gen(engine))
+    assert executors.device_wanted(torch_side)

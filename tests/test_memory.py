@@ -64,10 +64,10 @@ def test_the_plan_is_what_torch_and_its_device_loop_allocate(tiny_vocab_engine, 
 
     assert memory.EXACT_ROWS == EXACT_ROWS  # (a copy: runtime/memory.py imports no torch)
     gen = Generator(tiny_vocab_engine, backend="torch-cuda", device="cpu", cuda_graphs=False,
-                    dtype=dtype, method=method, num_draft_tokens=3, max_batch=2, max_len=50)
+                    dtype=dtype, method=method, num_draft_tokens=3, max_batch=2, max_len=50,
+                    executor="device")
     load_every_drafter(gen)
-    loop = gen.device_loop([gen.stream([5, 6, 7], SamplingParams(max_tokens=4))])
-    assert loop is not None
+    loop = gen.device_executor.loop(gen.stream([5, 6, 7], SamplingParams(max_tokens=4)))
     drafter = loop.drafter
     drafter_caches = [drafter.cache] if hasattr(drafter, "cache") else drafter.caches
     on_loop = sum(t.nbytes for c in [loop.cache, *drafter_caches] for t in c) \

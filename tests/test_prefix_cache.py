@@ -225,8 +225,8 @@ def torch_gen(folder, **options):
 
 
 def test_the_torch_host_loop_reuses_slots_and_the_device_loop_keeps_none(tiny_heads_engine):
-    host = torch_gen(tiny_heads_engine, device_loop=False)
-    plain = torch_gen(tiny_heads_engine, device_loop=False, prefix_cache=False)
+    host = torch_gen(tiny_heads_engine, executor="host")
+    plain = torch_gen(tiny_heads_engine, executor="host", prefix_cache=False)
     for method in ("none", "eagle3"):
         host.cache.forget()
         a = conversation(Scheduler(host), method)
@@ -234,7 +234,7 @@ def test_the_torch_host_loop_reuses_slots_and_the_device_loop_keeps_none(tiny_he
         assert [r.stream.output_ids for r in a] == [r.stream.output_ids for r in b], method
         assert a[1].stream.stats.cached_tokens > len(TURN1)
     # the device loop prefills into caches of its own: it neither reads nor keeps slots
-    device = torch_gen(tiny_heads_engine, device_loop=True)
+    device = torch_gen(tiny_heads_engine, executor="device")
     for _ in range(2):
         streams = generate_ids(device, [TURN1], GREEDY, "eagle3", 3)
         assert streams[0].stats.cached_tokens == 0 and not device.cache.kept

@@ -108,12 +108,13 @@ def test_one_structure_per_request_and_a_size_bound():
         SamplingParams(regex="a" * 70_000)
 
 
-def test_the_device_loop_refuses_a_grammar_with_its_reason(tiny_engine):
+def test_the_device_executor_hands_a_grammar_to_the_host_with_its_reason(tiny_engine):
     pytest.importorskip("torch")
     gen = Generator(tiny_engine, backend="torch-cuda", device="cpu", cuda_graphs=False,
-                    device_loop=True)
-    with pytest.raises(ValueError, match="structured outputs .* mask on the host"):
-        generate_ids(gen, [[5, 6]], SamplingParams(max_tokens=4, regex="ab"))
+                    executor="device")
+    s = generate_ids(gen, [[5, 6]], SamplingParams(max_tokens=4, regex="ab"))[0]
+    assert s.executor == "host" and "structured outputs" in s.fallback
+    assert s.metrics().fallback == s.fallback
 
 
 def test_a_row_with_nothing_allowed_allows_eos_which_ends_the_stream_in_error(tiny_engine):

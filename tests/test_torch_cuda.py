@@ -84,7 +84,7 @@ def test_every_method_equals_ort(tiny_all_engine, ort_outputs, pad):
     manifest = load_manifest(tiny_all_engine)
     graphs = TorchGraphs.from_manifest(manifest, device="cpu", cuda_graphs=False, pad=pad)
     # the host loop's step() path (the device loop: tests/test_device_loop.py)
-    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, device_loop=False)
+    gen = Generator.from_graphs(manifest, graphs, max_batch=3, max_len=64, executor="host")
     assert isinstance(gen.cache, TorchKVCache)
     for method in METHODS:
         streams = run(gen, method)

@@ -166,7 +166,8 @@ def load_engines(config: BenchConfig, methods: list[str], ks: list) -> tuple[dic
         # from another's rows
         gens[e] = Generator(e, max_batch=config.batch, max_len=max_len, threads=config.threads,
                             backend=config.backend, device=config.device,
-                            exact_decode=config.exact_decode, prefix_cache=False,
+                            executor=config.executor, exact_decode=config.exact_decode,
+                            prefix_cache=False,
                             fallback=config.fallback, forced_tokens=config.forced_tokens,
                             corpus=config.corpus)
         for m in methods:

@@ -35,6 +35,7 @@ class BenchConfig:
     exact_decode: bool = True
     backend: str = "ort"
     device: str | None = None
+    executor: str = "auto"  # runtime/executors.py: auto | host | device
     # the policy's gain rules (False: every step drafts its k)
     fallback: bool = option(True, "spec_fallback")
     # suffix lookups also draft from the engine folder's corpus table (where it has one)

@@ -1,15 +1,17 @@
-"""The device-resident speculative loop of the GPU backends (torch-cuda and trt): drafts,
-verification and sampling stay on the device; each step copies back only the emitted tokens
-and counts, with one synchronisation.
+"""The device executor of the torch backends (torch-cuda; trt once its backend declares a
+device runner): drafts, verification and sampling stay on the device; each step copies back
+only the emitted tokens and counts, with one synchronisation. The scheduler
+(runtime/scheduler.py) admits, steps and retires the streams; runtime/executors.py decides
+which of them this executor steps.
 
-    run(streams):
-        admit + prefill (one forward, eager)            # first token sampled on the device
-        while streams run:
-            propose  drafts [B, k] (+ q)                # runtime/device/drafters.py
+    DeviceExecutor.step(streams):                   # one scheduler step, per (method, k) loop
+        new streams: prefill (one forward, eager)   # first token sampled on the device
+        the others:
+            propose  drafts [B, k] (+ q)            # runtime/device/drafters.py
             score    target over [last, d1..dk] (W rows)
-            sample   verify + commit on the device       # runtime/device/verify.py
-            host <- tokens [B, k + 1], counts [B]       # the one sync of the step
-            append, stop checks; finished slots idle; waiting streams admitted
+            sample   verify + commit on the device  # runtime/device/verify.py
+            host <- tokens [B, k + 1], counts [B]   # the one sync of the step
+        append, stop checks; finished streams' slots idle here, freed on the host
 
 State on the device, per cache slot: the token history `seq` (prompt, output, then scratch
 drafts), `n` (tokens known: the target's cache holds n - 1 rows), `active`, the sampling
@@ -27,11 +29,8 @@ every decode / verify forward of a run has one shape, [nb, W] with W = max(EXACT
 plain decoding included: plain and speculative greedy output are then the same token for token
 for any k < EXACT_ROWS. Without it (`--fast-decode`) W = k + 1.
 
-What the loop does not do (Generator falls back to the host loop of runtime/engine.py, see
-`unsupported`): logprobs, the sampling controls beyond temperature / top-k / top-p
-(logit_bias, penalties, min_p: runtime/sampling_torch.py has them, the loop does not feed
-them yet), `auto` k, the suffix and hybrid lookups, the speculation policy's
-per-stream switches (min_acceptance, spec_max_batch), chunked prefill (prompts are read whole).
+What the executor does not do yet is listed once, in runtime/executors.py fallback_reason:
+such a request runs on the host executor (runtime/engine.py), its reason recorded.
 """
 
 from __future__ import annotations
@@ -42,47 +41,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trt_spec.runtime import sampling_torch
+from trt_spec.runtime import race_torch, sampling_torch
 from trt_spec.runtime.device import verify as device_verify
+from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
-from trt_spec.runtime.stream import StepMetrics, Stream, append
+from trt_spec.runtime.stream import StepMetrics, Stream, append, finish_unsampled
 from trt_spec.runtime.provenance import step_sources
-from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
-DEVICE_METHODS = tuple(n for n, m in METHODS.items() if m.device)  # what drafts on the device
-
-
-def unsupported(gen, streams: list[Stream]) -> str | None:
-    """Why these streams cannot run on the device loop of `gen`, or None when they can."""
-    graphs = gen.graphs
-    if not isinstance(gen.target, DeviceRunner) or not isinstance(graphs, DeviceGraphs):
-        return f"the {gen.backend} backend has no device runner"
-    methods = {s.method for s in streams}
-    if methods - set(DEVICE_METHODS):
-        return f"method {sorted(methods - set(DEVICE_METHODS))} drafts on the host"
-    if len(methods) > 1 or len({s.num_draft_tokens for s in streams}) > 1:
-        return "one method and one k per run"
-    if any(s.adaptive for s in streams):
-        return "auto k plans on the host"
-    if any(s.params.logprobs is not None or s.params.prompt_logprobs is not None
-           for s in streams):
-        return "logprobs need the target's logits on the host"
-    if any(s.params.max_tokens == 0 for s in streams):
-        return "max_tokens 0 reads the prompt only (the host loop's prefill)"
-    if any(s.guide is not None for s in streams):
-        return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
-    controls = sorted({c for s in streams for c in s.params.controls})
-    if controls:
-        return (f"the sampling controls {', '.join(controls)} are applied by the host loop; "
-                "the device loop does not apply them yet")
-    spec = gen.speculation
-    if spec.min_acceptance > 0 or spec.spec_max_batch is not None:
-        return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
-    return None
+# (method, k) loops the device executor keeps at most: each holds a target KV cache of its
+# own (and its drafter's), so a server whose clients ask for many k values stays bounded
+MAX_LOOPS = 4
 
 
 @dataclass
@@ -106,7 +78,7 @@ class DeviceLoop:
         self.gen = gen
         self.method, self.k = method, k
         self.target = gen.target
-        self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (see unsupported)
+        self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (runtime/executors.py backend_reason)
         self.dtype = gen.graphs.dtype
         self.config = gen.config
         self.vocab_size = gen.config.vocab_size
@@ -129,7 +101,8 @@ class DeviceLoop:
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
         self.generator = None if dev.type == "cuda" else torch.Generator(dev)
-        self.any_sampled, self.filtered = False, False
+        self.any_sampled, self.filtered, self.controlled = False, False, False
+        self.controls: DeviceControls | None = None  # made for the first request with one
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
         self.pool = None
         self.stats = {"steps": 0, "eager_steps": 0, "replayed": 0, "captured": 0}
@@ -188,7 +161,8 @@ class DeviceLoop:
 
     def admit(self, streams: list[Stream]) -> list[int]:
         """Prefills the streams (their slots allocated) in one forward and samples each one's
-        first token on the device; -> the first tokens."""
+        first token on the device; -> per stream (its first token, its logits row [1, V] on the
+        host where it asks for logprobs, else None)."""
         s = self.state
         slots = [st.slot for st in streams]
         lo, hi = min(slots), max(slots) + 1
@@ -208,15 +182,19 @@ class DeviceLoop:
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy
             s.end[st.slot] = n + p.max_tokens
+        if self.controls is None and any(st.params.controls for st in streams):
+            self.controls = DeviceControls(self.slots, self.vocab_size, self.device)
+        for st in streams if self.controls is not None else ():
+            self.controls.admit(st)
         ids_d = torch.from_numpy(ids).to(self.device)
         q_d = torch.from_numpy(q).to(self.device)
         new_d = torch.from_numpy(new).to(self.device)
         s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
                            (q_d - 1).clamp(min=0)[:, None])
-        first, _ = sampling_torch.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
-                                         s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
-        first = first[:, 0]
+        first = self.first_tokens(streams, lo, out[0])
+        if self.controls is not None:
+            self.controls.count(lo, hi, first[:, None], new_d[:, None])
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
         s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
         s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
@@ -225,7 +203,27 @@ class DeviceLoop:
             self.drafter.prefill(self, lo, hi, new_d, q_d, rows)
         tokens = first.cpu().numpy()
         s.active[lo:hi] |= new_d
-        return [int(tokens[st.slot - lo]) for st in streams]
+        return [(int(tokens[st.slot - lo]), host_rows(out[0], st.slot - lo, 1, st))
+                for st in streams]
+
+    def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
+                     ) -> torch.Tensor:
+        """Each prefilled stream's first token from logits [B, 1, V] (slots lo..): the argmax,
+        or the host's race at output position 0 of its seed (runtime/race.py: the same token
+        as the host executor's). Eager, outside any graph: a read per sampled stream."""
+        s = self.state
+        if any(st.params.controls for st in streams):
+            hi = lo + logits.shape[0]
+            logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
+                s.temperature[lo:hi], s.greedy[lo:hi]))
+        first = logits[:, 0].argmax(-1)  # (B,)
+        for st in streams:
+            if not st.params.greedy:
+                i = st.slot - lo
+                p = sampling_torch.probs_from_logits(logits[i:i + 1], s.temperature[st.slot:][:1],
+                                                     s.top_k[st.slot:][:1], s.top_p[st.slot:][:1])
+                first[i] = race_torch.race(p[0, 0], st.params.seed, 0)
+        return first
 
     def target_outputs(self) -> list[str]:
         return list(self.target.outputs)
@@ -262,8 +260,13 @@ class DeviceLoop:
     def _sample(self, nb: int, out: dict) -> None:
         s = self.state
         active = s.active[:nb]
+        logits = out["logits"]
+        if self.controlled:  # the request's controls on every verified row (controls.py)
+            logits = self.controls.apply(logits[:, :self.k + 1], 0, nb, out["drafts"],
+                                         sampling_torch.temperature_or_one(
+                                             s.temperature[:nb], s.greedy[:nb]))
         tokens, accepted = device_verify.verify(
-            out["drafts"], out["valid"], out["q"], out["logits"], s.temperature[:nb],
+            out["drafts"], out["valid"], out["q"], logits, s.temperature[:nb],
             s.top_k[:nb], s.top_p[:nb], s.greedy[:nb], self.any_sampled, self.filtered,
             self.generator)
         n_old = s.n[:nb].clone()
@@ -271,6 +274,8 @@ class DeviceLoop:
         keep = (cols[None] <= accepted[:, None]) & active[:, None]
         at = torch.where(keep, n_old[:, None] + cols, self.length - 1).clamp(max=self.length - 1)
         s.seq[:nb].scatter_(1, at, tokens)
+        if self.controlled:
+            self.controls.count(0, nb, tokens, keep)
         s.n[:nb] = torch.where(active, n_old + accepted + 1, n_old)
         if self.drafter is not None:
             self.drafter.commit(self, nb, n_old, accepted, out["rows"])
@@ -306,11 +311,12 @@ class DeviceLoop:
         self.graphs[key] = (graphs, out)
         self.stats["captured"] += 1
 
-    def step(self, nb: int) -> tuple[np.ndarray, list[float]]:
+    def step(self, nb: int) -> tuple[np.ndarray, list[float], torch.Tensor]:
         """One propose -> score -> sample over slots [0, nb) -> (host array [nb, k + 3]:
-        emitted tokens, accepted, proposed; seconds of each phase)."""
+        emitted tokens, accepted, proposed; seconds of each phase; the target's logits
+        [nb, W, V] on the device, before the controls: logprobs read them)."""
         self.stats["steps"] += 1
-        key = (nb, self.any_sampled, self.filtered)
+        key = (nb, self.any_sampled, self.filtered, self.controlled)
         entry = self.graphs.get(key) if self.use_graphs else None
         if entry is None:
             self.stats["eager_steps"] += 1
@@ -321,10 +327,11 @@ class DeviceLoop:
                     out, seconds = self._phases(nb, timed=True)
                     host = out["host"].cpu().numpy()
                 torch.cuda.current_stream(self.device).wait_stream(side)
+                logits = out["logits"].clone()  # (the capture below writes new buffers)
                 self._capture(key, nb)
-                return host, seconds
+                return host, seconds, logits
             out, seconds = self._phases(nb, timed=True)
-            return out["host"].cpu().numpy(), seconds
+            return out["host"].cpu().numpy(), seconds, out["logits"]
         graphs, out = entry
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         events[0].record()
@@ -333,79 +340,129 @@ class DeviceLoop:
             e.record()
         host = out["host"].cpu()  # the one sync of the step (after every event above)
         self.stats["replayed"] += 1
-        return host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        return (host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])],
+                out["logits"])
 
-    # --- streams -----------------------------------------------------------------------------------
 
-    def run(self, streams: list[Stream], on_step=None) -> list[Stream]:
-        """Runs every stream to completion, at most `slots` at a time (streams wait for a free
-        slot in order); on_step(StepMetrics) after each step."""
-        gen = self.gen
-        params = [s.params for s in streams]
-        self.any_sampled = any(not p.greedy for p in params)
-        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
-        if self.device.type == "cuda" and self.any_sampled:
-            seeds = {p.seed for p in params if not p.greedy}
-            if len(seeds) == 1 and None not in seeds:
-                torch.cuda.manual_seed(seeds.pop())
-        elif self.generator is not None:
-            seeds = {p.seed for p in params}
-            self.generator.manual_seed(seeds.pop() if len(seeds) == 1 and None not in seeds
-                                       else int(torch.seed() % (1 << 62)))
-        waiting, running = list(streams), []
+
+class DeviceExecutor:
+    """The device executor (runtime/executors.py): executes one scheduler step of the streams
+    the scheduler chose for it, each on the DeviceLoop of its (method, k), made on first use
+    (its state, caches and graphs). Admission, retirement and the queue are the scheduler's;
+    slots are the Generator's cache's (a slot is active in one loop at a time)."""
+
+    def __init__(self, gen):
+        self.gen = gen
+        self.loops: dict[tuple[str, int], DeviceLoop] = {}
+
+    def loop(self, s: Stream) -> DeviceLoop:
+        key = (s.method, s.num_draft_tokens)
+        if key not in self.loops:
+            self.loops[key] = DeviceLoop(self.gen, *key, exact=self.gen.settings.exact_decode)
+        return self.loops[key]
+
+    def reserve(self, s: Stream) -> bool:
+        """Makes s's loop, where it has none, dropping an idle one (its caches and graphs)
+        at the bound; False when every loop is busy (s then runs on the host)."""
+        key = (s.method, s.num_draft_tokens)
+        if key not in self.loops and len(self.loops) >= MAX_LOOPS:
+            busy = {(r.method, r.num_draft_tokens) for r in self.gen.engine.running.values()
+                    if r.executor == "device"}  # (admitted: prefilled or not yet)
+            idle = [k for k in self.loops if k not in busy]
+            if not idle:
+                return False
+            del self.loops[idle[0]]
+        self.loop(s)
+        return True
+
+    def groups(self, streams: list[Stream]) -> list[tuple[DeviceLoop, list[Stream]]]:
+        by = {}
+        for s in streams:
+            by.setdefault(id(self.loop(s)), (self.loop(s), []))[1].append(s)
+        return list(by.values())
+
+    def step(self, streams: list[Stream]) -> StepMetrics:
+        """Prefills the new streams (each prompt whole, one forward per loop), then one
+        propose -> score -> sample step of every other, per loop; finished streams are freed."""
+        t0 = time.perf_counter()
+        active = [s for s in streams if not s.finished]
+        new = [s for s in active if not s.prefilled]
+        old = [s for s in active if s.prefilled]
+        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old),
+                        device_streams=len(active))
         with torch.no_grad():
-            while waiting or running:
-                admitted = []
-                while waiting and gen.cache.free_slots:
-                    s = waiting.pop(0)
-                    gen.engine.admit(s, reuse=False)  # its own caches: no prefix reuse yet
-                    admitted.append(s)
-                    running.append(s)
-                if admitted:
-                    t0 = time.perf_counter()
-                    firsts = self.admit(admitted)
-                    m = StepMetrics(len(admitted), sum(len(s.prompt_ids) for s in admitted))
-                    m.target_forwards = 1
-                    for s, tok in zip(admitted, firsts):
-                        s.stats.record(0, 0)
-                        append(s, [tok], gen.stops, None, step_sources(0, None, 0, 0, 1))
-                    m.prefill_s = m.total_s = time.perf_counter() - t0
-                    running = self._retire(running)
-                    if on_step:
-                        on_step(m)
-                    continue
-                nb = max(s.slot for s in running) + 1
-                t0 = time.perf_counter()
-                host, seconds = self.step(nb)
-                m = StepMetrics(decode_streams=len(running), target_forwards=1)
-                m.propose_s, m.score_s, m.sample_s = seconds
-                for s in running:
-                    row = host[s.slot]
-                    accepted, proposed = int(row[-2]), int(row[-1])
-                    s.stats.record(proposed, accepted)
-                    m.speculating_streams += proposed > 0
-                    m.proposed_tokens += proposed
-                    m.accepted_tokens += accepted
-                    if accepted >= len(m.accepted_per_position):
-                        m.accepted_per_position += [0] * (accepted - len(m.accepted_per_position))
-                    for i in range(accepted):
-                        m.accepted_per_position[i] += 1
-                    m.emitted_tokens += append(
-                        s, row[:accepted + 1].tolist(), gen.stops, None,
-                        step_sources(s.stats.target_forwards - 1, self.method, proposed,
-                                     accepted, accepted + 1))
-                    for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
-                        setattr(s.stats, name, getattr(s.stats, name) + sec / len(running))
-                running = self._retire(running)
-                m.total_s = time.perf_counter() - t0
-                if on_step:
-                    on_step(m)
-        return streams
+            for loop, group in self.groups(new):
+                self.prefill(loop, group, m)
+            m.prefill_s = time.perf_counter() - t0
+            for loop, group in self.groups(old):
+                self.decode(loop, group, m)
+        m.total_s = time.perf_counter() - t0
+        return m
 
-    def _retire(self, running: list[Stream]) -> list[Stream]:
-        """Finished streams: their slots idle on the device, released on the host."""
-        done = [s for s in running if s.finished and s.slot is not None]
-        for s in done:
-            self.state.active[s.slot] = False
-            self.gen.engine.release(s, keep=False)
-        return [s for s in running if not s.finished]
+    def prefill(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
+        seed(loop, streams)
+        firsts = loop.admit(streams)
+        m.target_forwards += 1
+        for s, (token, rows) in zip(streams, firsts):
+            s.stats.record(0, 0)
+            if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
+                finish_unsampled(s)
+            else:
+                append(s, [token], self.gen.stops, rows, step_sources(0, None, 0, 0, 1))
+            if s.finished:
+                self.release(s)
+
+    def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
+        """One step of `streams`: every running stream of `loop` (its graphs' key: whether
+        any samples, any filters)."""
+        sampled = [s.params for s in streams if not s.params.greedy]
+        loop.any_sampled = bool(sampled)
+        loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        loop.controlled = any(s.params.controls for s in streams)
+        host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
+        m.target_forwards += 1
+        m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
+            (m.propose_s, m.score_s, m.sample_s), seconds))
+        for s in streams:
+            row = host[s.slot]
+            accepted, proposed = int(row[-2]), int(row[-1])
+            s.stats.record(proposed, accepted)
+            m.verified(proposed, accepted)
+            m.emitted_tokens += append(
+                s, row[:accepted + 1].tolist(), self.gen.stops,
+                host_rows(logits, s.slot, accepted + 1, s),
+                step_sources(s.stats.target_forwards - 1, loop.method, proposed, accepted,
+                             accepted + 1))
+            for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
+                setattr(s.stats, name, getattr(s.stats, name) + sec / len(streams))
+            if s.finished:
+                self.release(s)
+
+    def release(self, s: Stream) -> None:
+        """Frees s's slot: idle on the device, released on the host (its host cache rows were
+        never written: the prefix cache keeps none of them)."""
+        if s.slot is not None:
+            self.loop(s).state.active[s.slot] = False
+        self.gen.engine.release(s, keep=False)
+
+
+def host_rows(logits: torch.Tensor, i: int, n: int, s: Stream) -> np.ndarray | None:
+    """Row i's first n target rows of logits [B, W, V], [n, V] on the host, where s asks for
+    logprobs (append computes them as the host executor does: its numbers); else None."""
+    if s.params.logprobs is None:
+        return None
+    return logits[i, :n].float().cpu().numpy()
+
+
+def seed(loop: DeviceLoop, streams: list[Stream]) -> None:
+    """The loop's noise from the first sampled stream's seed, at its admission: a run's
+    sampled output repeats for the same prompts and seeds. (The host draws per output position
+    from (seed, choice, position), runtime/race.py; the device's verification draws from one
+    generator per loop until it draws the same race.)"""
+    seeds = [s.params.seed for s in streams if not s.params.greedy]
+    if not seeds:
+        return
+    if loop.generator is not None:
+        loop.generator.manual_seed(seeds[0])
+    else:
+        torch.cuda.manual_seed(seeds[0])

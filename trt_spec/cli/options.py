@@ -9,8 +9,8 @@ DEFAULT_ENGINE = "engines/smollm2-135m"
 
 # generate / bench / serve: the runtime backend that runs an engine folder
 from trt_spec.runtime.sampling import SamplingParams
-from trt_spec.runtime.settings import (BACKENDS as RUNTIME_BACKENDS, MAX_DRAFT_TOKENS,
-                                       RuntimeConfig, SpeculationConfig)
+from trt_spec.runtime.settings import (BACKENDS as RUNTIME_BACKENDS, EXECUTORS,
+                                       MAX_DRAFT_TOKENS, RuntimeConfig, SpeculationConfig)
 
 RUNTIME = RuntimeConfig()  # the defaults every runtime option shows (runtime/settings.py)
 SPECULATION = SpeculationConfig()
@@ -223,7 +223,7 @@ def memory_option(f):
 
 
 def backend_options(f):
-    """--backend and --device: where the engine runs (generate, bench, serve)."""
+    """--backend, --device and --executor: where the engine runs (generate, bench, serve)."""
     for opt in reversed([
         click.option("--backend", type=click.Choice(RUNTIME_BACKENDS), default=RUNTIME.backend,
                      show_default=True,
@@ -234,6 +234,14 @@ def backend_options(f):
         click.option("--device", default=None,
                      help="torch-cuda / trt: the torch device [default: cuda when available, "
                           "else cpu]."),
+        click.option("--executor", type=click.Choice(EXECUTORS), default=RUNTIME.executor,
+                     show_default=True,
+                     help="What steps each request: device (drafting, verification and "
+                          "sampling on the device, CUDA graphs on a GPU; torch-cuda, the CPU "
+                          "included) for every request it covers, the others on the host, "
+                          "the reason in each request's metrics; host (the host loop, every "
+                          "backend); auto: device on torch-cuda over a CUDA device, else "
+                          "host."),
     ]):
         f = opt(f)
     return f
