@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
@@ -51,6 +50,7 @@ from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.backends.base import DeviceGraphs, DeviceRunner
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
+from trt_spec.runtime.race_torch import signed
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
 DEVICE_METHODS = tuple(n for n, m in METHODS.items() if m.device)  # what drafts on the device
@@ -97,6 +97,8 @@ class DeviceState:
     top_p: torch.Tensor  # [slots] f32 (1: off)
     greedy: torch.Tensor  # [slots] bool
     end: torch.Tensor  # [slots] int64 prompt + max_tokens: no draft past what may be emitted
+    seed: torch.Tensor  # [slots] int64 the stream's seed (uint64 bits): the race's noise
+    start: torch.Tensor  # [slots] int64 the prompt's length: output position = seq index - start
 
 
 class DeviceLoop:
@@ -125,10 +127,11 @@ class DeviceLoop:
             top_k=torch.zeros(self.slots, dtype=torch.long, device=dev),
             top_p=torch.ones(self.slots, dtype=torch.float32, device=dev),
             greedy=torch.ones(self.slots, dtype=torch.bool, device=dev),
-            end=torch.zeros(self.slots, dtype=torch.long, device=dev))
+            end=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            seed=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            start=torch.zeros(self.slots, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
-        self.generator = None if dev.type == "cuda" else torch.Generator(dev)
         self.any_sampled, self.filtered = False, False
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
         self.pool = None
@@ -208,15 +211,15 @@ class DeviceLoop:
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy
             s.end[st.slot] = n + p.max_tokens
+            s.seed[st.slot] = signed(p.seed)  # (every stream has one: runtime/stream.py)
+            s.start[st.slot] = n
         ids_d = torch.from_numpy(ids).to(self.device)
         q_d = torch.from_numpy(q).to(self.device)
         new_d = torch.from_numpy(new).to(self.device)
         s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
                            (q_d - 1).clamp(min=0)[:, None])
-        first, _ = sampling_torch.sample(out[0], s.temperature[lo:hi], s.top_k[lo:hi],
-                                         s.top_p[lo:hi], s.greedy[lo:hi], True, self.generator)
-        first = first[:, 0]
+        first = self.tokens(out[0], slice(lo, hi), torch.zeros_like(q_d)[:, None])[:, 0]
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
         s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
         s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
@@ -230,14 +233,25 @@ class DeviceLoop:
     def target_outputs(self) -> list[str]:
         return list(self.target.outputs)
 
+    def tokens(self, logits: torch.Tensor, slots: slice, position: torch.Tensor,
+               ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The token of each row of logits [B, R, V'] of `slots` at output positions
+        position [B, R]: argmax (greedy), else the race of the slot's seed there
+        (runtime/device/verify.py target_tokens; ids: a draft vocabulary's target ids)."""
+        s = self.state
+        return device_verify.target_tokens(
+            logits, s.temperature[slots], s.top_k[slots] if self.filtered else None,
+            s.top_p[slots] if self.filtered else None, s.greedy[slots], s.seed[slots], position,
+            self.any_sampled, ids, self.vocab_size)
+
     # --- one step --------------------------------------------------------------------------------
 
     def _propose(self, nb: int, out: dict) -> None:
         if self.drafter is None:
             z = torch.zeros(nb, self.k, dtype=torch.long, device=self.device)
-            out.update(drafts=z, valid=z.bool(), q=None)
+            out.update(drafts=z, valid=z.bool())
             return
-        drafts, valid, out["q"] = self.drafter.propose(self, nb)
+        drafts, valid = self.drafter.propose(self, nb)
         # policy.py's room: below the remaining max_tokens and the cache rows left
         n = self.state.n[:nb]
         room = torch.minimum(self.state.end[:nb] - n - 1, self.max_len - n)  # (nb,)
@@ -263,9 +277,9 @@ class DeviceLoop:
         s = self.state
         active = s.active[:nb]
         tokens, accepted = device_verify.verify(
-            out["drafts"], out["valid"], out["q"], out["logits"], s.temperature[:nb],
-            s.top_k[:nb], s.top_p[:nb], s.greedy[:nb], self.any_sampled, self.filtered,
-            self.generator)
+            out["drafts"], out["valid"], out["logits"], s.temperature[:nb],
+            s.top_k[:nb] if self.filtered else None, s.top_p[:nb] if self.filtered else None,
+            s.greedy[:nb], s.seed[:nb], s.n[:nb] - s.start[:nb], self.any_sampled)
         n_old = s.n[:nb].clone()
         cols = torch.arange(self.k + 1, device=self.device)
         keep = (cols[None] <= accepted[:, None]) & active[:, None]
@@ -344,14 +358,6 @@ class DeviceLoop:
         params = [s.params for s in streams]
         self.any_sampled = any(not p.greedy for p in params)
         self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy)
-        if self.device.type == "cuda" and self.any_sampled:
-            seeds = {p.seed for p in params if not p.greedy}
-            if len(seeds) == 1 and None not in seeds:
-                torch.cuda.manual_seed(seeds.pop())
-        elif self.generator is not None:
-            seeds = {p.seed for p in params}
-            self.generator.manual_seed(seeds.pop() if len(seeds) == 1 and None not in seeds
-                                       else int(torch.seed() % (1 << 62)))
         waiting, running = list(streams), []
         with torch.no_grad():
             while waiting or running:
