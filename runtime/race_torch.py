@@ -5,7 +5,7 @@ agree. The hashes are bit for bit NumPy's; E = -log u is too on the CPU, and on 
 an ulp of it (another libm: a tie that close decides nothing measurable).
 
 torch has no uint64: the hash runs on int64, whose multiplications wrap as uint64's do (two's
-complement), with the logical right shifts written without a signed shift (`srl`). On a
+complement), with the logical right shifts emulated by a mask (`srl`). On a
 device the whole field of a row is drawn (no blocks' bounds: a fixed shape, no host sync, so
 a CUDA graph captures it); the winner is the NumPy race's, which is the whole field's
 (tests/test_sampler.py, tests/test_race_torch.py).
@@ -23,9 +23,6 @@ import torch
 
 from trt_spec.runtime.race import BLOCK, GOLDEN, LEVELS, M1, M2, MASK, row_key
 
-SIGN = -(1 << 63)  # int64's sign bit (bit 63)
-
-
 def signed(x: int) -> int:
     """A uint64 constant as the int64 with its bits."""
     x &= MASK
@@ -33,11 +30,10 @@ def signed(x: int) -> int:
 
 
 def srl(z: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 z by n (1..63) bits (uint64's >>): bits 0..62 shifted as a
-    nonnegative number, bit 63 put back at 63 - n (no arithmetic shift of a negative number,
-    which ONNX has not: its BitShift is unsigned only)."""
-    low = (z & ~SIGN) >> n  # nonnegative: an exact floor division
-    return low | ((z < 0).to(torch.int64) << (63 - n))
+    """Logical right shift of int64 z by n bits (uint64's >>): an arithmetic shift copies the
+    sign bit, which the mask clears (the ONNX exporter writes the shift as BitShift on the
+    bits with the sign filled back: exact under ONNX Runtime, tests/test_plugins_spec_verify.py)."""
+    return (z >> n) & ((1 << (64 - n)) - 1)
 
 
 def mix(z: torch.Tensor) -> torch.Tensor:
