@@ -215,11 +215,9 @@ class TargetScorer(nn.Module):
 
     Row b holds [last token, d_1 .. d_n] with n = query_seqlens[b] - 1 drafts (rows may
     differ; right padding past them). Inputs as TargetModel without logits_index, plus
-        draft_probs  [batch, new_tokens, vocab] float32: q for the draft at input position
-                     i + 1 in row i (the last row is unused; one-hot rows for a
-                     deterministic drafter)
-        uniforms     [batch, new_tokens] float32, temperature / top_p [batch] float32,
-        top_k        [batch] int32
+        seed         [batch] int64 (uint64 bits), position [batch] int64: the output
+                     position of row 0 (the race's noise, runtime/race.py)
+        temperature / top_p [batch] float32, top_k [batch] int32
     Outputs: num_accepted [batch] int64, tokens [batch, new_tokens] int64, then the target's
     hidden_states, eagle3_features and presents.
     """
@@ -230,15 +228,15 @@ class TargetScorer(nn.Module):
         self.config = target.config
 
     def forward(self, input_ids, position_ids, seqlens_k, query_seqlens, total_sequence_length,
-                draft_probs, uniforms, temperature, top_k, top_p, *past):
+                seed, position, temperature, top_k, top_p, *past):
         batch, new_tokens = input_ids.shape
         logits_index = torch.arange(new_tokens, device=input_ids.device).expand(batch, new_tokens)
         logits, hidden, eagle3, *presents = self.target(
             input_ids, position_ids, seqlens_k, query_seqlens, total_sequence_length,
             logits_index, *past)
         draft_lens = (query_seqlens - 1).clamp_min(0)  # (B,) idle rows: 0
-        accepted, tokens = spec_verify(input_ids[:, 1:], draft_lens, logits,
-                                       draft_probs[:, :-1], uniforms, temperature, top_k, top_p)
+        accepted, tokens = spec_verify(input_ids[:, 1:], draft_lens, logits, seed, position,
+                                       temperature, top_k, top_p)
         return (accepted, tokens, hidden, eagle3, *presents)
 
 

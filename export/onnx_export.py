@@ -55,9 +55,8 @@ def score_io(config: ModelConfig, dtype: str = "float32") -> tuple[list[dict], l
     logits_index, plus the verifier's; SpecVerify's outputs instead of logits."""
     inputs, outputs = target_io(config, dtype)
     verify = [
-        {"name": "draft_probs", "dtype": "float32",
-         "shape": [BATCH, NEW_TOKENS, config.vocab_size]},
-        {"name": "uniforms", "dtype": "float32", "shape": [BATCH, NEW_TOKENS]},
+        {"name": "seed", "dtype": "int64", "shape": [BATCH]},
+        {"name": "position", "dtype": "int64", "shape": [BATCH]},
         {"name": "temperature", "dtype": "float32", "shape": [BATCH]},
         {"name": "top_k", "dtype": "int32", "shape": [BATCH]},
         {"name": "top_p", "dtype": "float32", "shape": [BATCH]},
@@ -122,13 +121,12 @@ def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProt
     dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
     ids, pos, seqlens, qlens, total, _ = step_args(batch, new_tokens, max_len)
-    verify = (torch.full((batch, new_tokens, config.vocab_size), 1.0 / config.vocab_size),
-              torch.full((batch, new_tokens), 0.5), torch.ones(batch),
-              torch.zeros(batch, dtype=torch.int32), torch.ones(batch))
+    verify = (torch.arange(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64),
+              torch.ones(batch), torch.zeros(batch, dtype=torch.int32), torch.ones(batch))
     args = (ids, pos, seqlens, qlens, total, *verify, *empty_cache(config, batch, max_len, dtype))
     ids_d, pos_d, seqlens_d, qlens_d, total_d, _, cache = step_dims(config)
-    per_token, per_row = ids_d, seqlens_d  # {0: batch, 1: new_tokens}, {0: batch}
-    dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_token, per_token, per_row,
+    per_row = seqlens_d  # {0: batch}
+    dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_row, per_row, per_row,
                per_row, per_row, (cache,) * (2 * config.num_layers))
     return export_module(TargetScorer(model), args, dynamic,
                          *score_io(config, dtype_name(dtype)), path)

@@ -1,14 +1,14 @@
 """GPU check of the plugins (called by scripts/gpu_check.py; under 30 s on an H200).
 
 `run(out)` checks the Triton SpecVerify kernel against the NumPy reference on random inputs
-(several batch / k / vocab shapes; greedy, stochastic, mixed rows; full and one-hot q;
-top-k / top-p; mixed draft lengths) and times it against `spec_verify_torch` on the same
-device. It returns data and prints nothing. Where CUDA or triton is missing it records why
-and returns.
+(several batch / k / vocab shapes; greedy, stochastic, mixed rows; top-k / top-p; mixed
+draft lengths) and times it against `spec_verify_torch` on the same device. It returns data
+and prints nothing. Where CUDA or triton is missing it records why and returns.
 
-Agreement: greedy rows must match exactly; stochastic rows may differ where float32 (kernel)
-and float64 (reference) put a uniform on different sides of a boundary, so a stochastic case
-passes with at most 1% of its rows different (the count is reported).
+Agreement: greedy rows must match exactly; stochastic rows race the same noise in float64
+everywhere, but the GPU's log is another libm's (within an ulp of NumPy's), which can flip a
+near-tie, so a stochastic case passes with at most 1% of its rows different (the count is
+reported; expected 0).
 """
 
 from __future__ import annotations
@@ -17,38 +17,34 @@ import time
 
 import numpy as np
 
-# (batch, k, vocab, mode, full_q, top_k, top_p, mixed_lens)
+# (batch, k, vocab, mode, top_k, top_p, mixed_lens)
 CASES = (
-    (1, 1, 49152, "greedy", True, 0, 1.0, False),
-    (64, 4, 49152, "greedy", True, 0, 1.0, True),
-    (64, 4, 49152, "stochastic", True, 0, 1.0, True),
-    (32, 8, 32000, "mixed", True, 0, 1.0, True),
-    (16, 4, 49152, "stochastic", False, 0, 1.0, False),
-    (16, 3, 49152, "stochastic", True, 50, 0.9, False),
-    (5, 2, 1000, "mixed", True, 0, 1.0, True),
+    (1, 1, 49152, "greedy", 0, 1.0, False),
+    (64, 4, 49152, "greedy", 0, 1.0, True),
+    (64, 4, 49152, "stochastic", 0, 1.0, True),
+    (32, 8, 32000, "mixed", 0, 1.0, True),
+    (16, 4, 49152, "stochastic", 0, 1.0, False),
+    (16, 3, 49152, "stochastic", 50, 0.9, False),
+    (5, 2, 1000, "mixed", 0, 1.0, True),
 )
 TIMED = ((64, 4, 49152), (256, 4, 49152), (8, 8, 151936))  # (batch, k, vocab), stochastic
 
 
 def random_case(rng: np.random.Generator, batch: int, k: int, vocab: int, mode: str,
-                full_q: bool, top_k: int, top_p: float, mixed_lens: bool) -> dict:
-    """NumPy inputs of SpecVerify. About 70% of drafts are the target's argmax, and q puts
-    extra mass on the draft, so acceptance lengths vary."""
+                top_k: int, top_p: float, mixed_lens: bool) -> dict:
+    """NumPy inputs of SpecVerify. About 70% of drafts are the target's argmax (which a
+    stochastic row at temperature 0.8 over logits of spread 3 often races to), so acceptance
+    lengths vary."""
     logits = rng.normal(0, 3, (batch, k + 1, vocab)).astype(np.float32)
     drafts = rng.integers(0, vocab, (batch, k))
     drafts = np.where(rng.random((batch, k)) < 0.7, logits[:, :k].argmax(-1), drafts)
-    if full_q:
-        q = rng.random((batch, k, vocab)).astype(np.float32)
-        np.put_along_axis(q, drafts[..., None], vocab * rng.random((batch, k, 1)) * 2, -1)
-        q /= q.sum(-1, keepdims=True)
-    else:
-        q = np.ones((batch, k, 1), np.float32)
     temps = {"greedy": np.zeros(batch), "stochastic": np.full(batch, 0.8),
              "mixed": np.where(np.arange(batch) % 2 == 0, 0.0, 0.8)}[mode]
     lens = rng.integers(0, k + 1, batch) if mixed_lens else np.full(batch, k)
     return dict(draft_tokens=drafts.astype(np.int64), draft_lens=lens.astype(np.int32),
-                target_logits=logits, draft_probs=q,
-                uniforms=rng.random((batch, k + 1)).astype(np.float32),
+                target_logits=logits,
+                seed=rng.integers(-2**63, 2**63 - 1, batch, dtype=np.int64),
+                position=rng.integers(0, 4096, batch).astype(np.int64),
                 temperature=temps.astype(np.float32),
                 top_k=np.full(batch, top_k, np.int32), top_p=np.full(batch, top_p, np.float32))
 
@@ -105,9 +101,9 @@ def run(out: dict | None = None, device: str = "cuda") -> dict:
     rng = np.random.default_rng(0)
     cases = []
     for spec in CASES:
-        batch, k, vocab, mode, full_q, top_k, top_p, mixed = spec
-        entry = {"batch": batch, "k": k, "vocab": vocab, "mode": mode, "full_q": full_q,
-                 "top_k": top_k, "top_p": top_p, "mixed_lens": mixed}
+        batch, k, vocab, mode, top_k, top_p, mixed = spec
+        entry = {"batch": batch, "k": k, "vocab": vocab, "mode": mode, "top_k": top_k,
+                 "top_p": top_p, "mixed_lens": mixed}
         try:
             entry.update(check_case(random_case(rng, *spec), device))
         except Exception as e:  # reported, not raised: the other checks still run
@@ -118,7 +114,7 @@ def run(out: dict | None = None, device: str = "cuda") -> dict:
     timing = []
     if device == "cuda":
         for batch, k, vocab in TIMED:
-            case = random_case(rng, batch, k, vocab, "stochastic", True, 0, 1.0, False)
+            case = random_case(rng, batch, k, vocab, "stochastic", 0, 1.0, False)
             ins = {n: torch.from_numpy(v).to(device) for n, v in case.items()}
             ins["top_k"] = ins["top_p"] = None
             greedy = {**ins, "temperature": torch.zeros_like(ins["temperature"])}

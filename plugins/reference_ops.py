@@ -84,10 +84,10 @@ class TRT_Attention(OpRun):  # noqa: N801
 class SpecVerify(OpRun):
     op_domain = "trt_spec"
 
-    def _run(self, draft_tokens, draft_lens, target_logits, draft_probs, uniforms, temperature,
-             top_k, top_p):
-        accepted, tokens = spec_verify_reference(draft_tokens, draft_lens, target_logits,
-                                                 draft_probs, uniforms, temperature, top_k, top_p)
+    def _run(self, draft_tokens, draft_lens, target_logits, seed, position, temperature, top_k,
+             top_p):
+        accepted, tokens = spec_verify_reference(draft_tokens, draft_lens, target_logits, seed,
+                                                 position, temperature, top_k, top_p)
         return accepted, tokens
 
 

@@ -2,109 +2,99 @@
 
 Kept in its own module because it imports triton at the top: plugins/spec_verify.py imports it
 only when `spec_verify_triton` is first called, so everything else imports without triton.
-One program per batch row; the vocabulary is walked in BLOCK_V chunks (online softmax for the
-row statistics, then a running CDF for the inverse-CDF draw).
+One program per batch row; for each of its k + 1 rows the vocabulary is walked in BLOCK_V
+chunks with a running argmax: of the logits on a greedy row, else of z / T - log E, the
+exponential race in the log domain (runtime/race_torch.py), with E the counter-based field of
+runtime/race.py computed here in uint64 (splitmix64's finalizer wraps as NumPy's does), so the
+kernel's tokens are runtime/device/verify.py's (tests/test_plugins_spec_verify.py, under
+TRITON_INTERPRET=1 on a CPU).
 """
 
 import triton
 import triton.language as tl
 
+# runtime/race.py's constants (BLOCK, LEVELS, GOLDEN, M1, M2)
+RACE_BLOCK: tl.constexpr = 256
+LEVELS: tl.constexpr = 3
+GOLDEN: tl.constexpr = 0x9E3779B97F4A7C15
+M1: tl.constexpr = 0xBF58476D1CE4E5B9
+M2: tl.constexpr = 0x94D049BB133111EB
+
 
 @triton.jit
-def _row_stats(row, inv_t, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Online max / sum(exp) of row * inv_t, and the argmax of row, over V."""
-    m = float("-inf")
-    s = 0.0
+def _mix(z):
+    """splitmix64's finalizer on uint64 (race.mix_array)."""
+    z = (z ^ (z >> 30)) * M1
+    z = (z ^ (z >> 27)) * M2
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _hash(key, ids, level: tl.constexpr):
+    """uint64 ids -> the hashes of (key, id, level) (race.hashes)."""
+    return _mix(key ^ _mix((ids * LEVELS + level) * GOLDEN))
+
+
+@triton.jit
+def _exponential(h):
+    """An Exp(1) draw in float64 from a hash: -log u, u = (top 53 bits + 1) / 2^53."""
+    u = ((h >> 11) + 1).to(tl.float64) * 1.1102230246251565e-16  # 2^-53
+    return -tl.log(u)
+
+
+@triton.jit
+def _clocks(key, offs, V: tl.constexpr):
+    """The field E [BLOCK_V] float64 at ids offs (race.clocks of race.block_minima)."""
+    v = offs.to(tl.uint64)
+    blk = v // RACE_BLOCK
+    size = tl.minimum(V - blk * RACE_BLOCK, RACE_BLOCK)  # ids in the block (the last: fewer)
+    m = _exponential(_hash(key, blk, 0)) / size.to(tl.float64)  # the block's minimum
+    j = ((_hash(key, blk, 1) >> 32) * size) >> 32  # where it lies in the block
+    return tl.where(v - blk * RACE_BLOCK == j, m, m + _exponential(_hash(key, v, 2)))
+
+
+@triton.jit
+def _target_token(row, key, temp, greedy, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The row's token: argmax of its logits (greedy), else argmax z / T - log E (first index
+    on ties, as torch's argmax; a row all at -inf gives 0)."""
     best = float("-inf")
     best_i = 0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         inb = offs < V
-        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        bmax = tl.max(z, 0)
-        bi = tl.argmax(z, 0) + start
+        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32).to(tl.float64)
+        noisy = tl.where(z > float("-inf"), z / temp - tl.log(_clocks(key, offs, V)),
+                         float("-inf"))
+        score = tl.where(greedy, z, noisy)
+        bmax = tl.max(score, 0)
+        bi = tl.argmax(score, 0) + start
         better = bmax > best
         best_i = tl.where(better, bi, best_i)
         best = tl.where(better, bmax, best)
-        zt = z * inv_t
-        m_new = tl.maximum(m, tl.max(zt, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.where(inb, tl.exp(zt - m_safe), 0.0), 0)
-        m = m_new
-    return m, s, best_i
+    return best_i
+
 
 # K and V are compile-time constants: one specialisation per (draft length, vocab), which
-# unrolls the draft loop (k is small) and fixes the vocab blocking.
+# unrolls the row loop (k is small) and fixes the vocab blocking.
 @triton.jit
-def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, q_ptr, u_ptr, temp_ptr,
-                       acc_ptr, tok_ptr, K: tl.constexpr, V: tl.constexpr, FULL_Q: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+def spec_verify_kernel(draft_ptr, lens_ptr, logits_ptr, seed_ptr, pos_ptr, temp_ptr,
+                       acc_ptr, tok_ptr, K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(lens_ptr + b).to(tl.int32)
     temp = tl.load(temp_ptr + b).to(tl.float32)
     greedy = temp == 0.0
-    inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
+    temp = tl.where(greedy, 1.0, temp).to(tl.float64)
+    seed = tl.load(seed_ptr + b).to(tl.uint64, bitcast=True)
+    pos = tl.load(pos_ptr + b)
     a = n * 0
-    still = n >= 0  # True
-    for i in range(0, K):
-        x = tl.load(draft_ptr + b * K + i)
+    still = n >= 0  # every draft before this row accepted: this row's token is emitted
+    for i in tl.static_range(K + 1):
         row = logits_ptr + (b * (K + 1) + i) * V
-        m, s, best_i = _row_stats(row, inv_t, V, BLOCK_V)
-        p_x = tl.exp(tl.load(row + x).to(tl.float32) * inv_t - m) / s
-        if FULL_Q:
-            q_x = tl.load(q_ptr + (b * K + i) * V + x).to(tl.float32)
-        else:
-            q_x = 1.0
-        q_x = tl.maximum(q_x, 1e-10)
-        u = tl.load(u_ptr + b * (K + 1) + i).to(tl.float32)
-        ok = tl.where(greedy, x == best_i, u < p_x / q_x) & (i < n)
-        still = still & ok
-        a = a + still.to(tl.int32)
-
-    # the recovered (a < n) or bonus (a == n) token, from row a
-    row = logits_ptr + (b * (K + 1) + a) * V
-    m, s, best_i = _row_stats(row, inv_t, V, BLOCK_V)
-    rejected = a < n
-    x_a = tl.load(draft_ptr + b * K + a, mask=rejected, other=-1)
-    q_row = q_ptr + (b * K + a) * V
-    # masks below are where(rejected, inb, False), not inb & rejected: the same on a GPU, and
-    # triton's CPU interpreter cannot load with a mask made by & of a vector and a scalar
-    total = 0.0
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        inb = offs < V
-        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        p = tl.exp(z * inv_t - m) / s
-        if FULL_Q:
-            q = tl.load(q_row + offs, mask=tl.where(rejected, inb, False),  # inb & rejected
-                        other=0.0).to(tl.float32)
-        else:
-            q = tl.where((offs == x_a) & rejected, 1.0, 0.0)
-        total += tl.sum(tl.where(inb, tl.maximum(p - q, 0.0), 0.0), 0)
-    use_residual = total > 1e-12
-    mass = tl.where(use_residual, total, 1.0)
-    u_a = tl.load(u_ptr + b * (K + 1) + tl.minimum(a + 1, n)).to(tl.float32)
-    target = u_a * mass
-    carry = 0.0
-    count = 0
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        inb = offs < V
-        z = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        p = tl.exp(z * inv_t - m) / s
-        if FULL_Q:
-            q = tl.load(q_row + offs, mask=tl.where(rejected, inb, False),  # inb & rejected
-                        other=0.0).to(tl.float32)
-        else:
-            q = tl.where((offs == x_a) & rejected, 1.0, 0.0)
-        w = tl.where(inb, tl.where(use_residual, tl.maximum(p - q, 0.0), p), 0.0)
-        cdf = carry + tl.cumsum(w, 0)
-        count += tl.sum(tl.where(inb & (cdf <= target), 1, 0), 0)
-        carry += tl.sum(w, 0)
-    sampled = tl.minimum(count, V - 1)
-    token = tl.where(greedy, best_i, sampled).to(tl.int64)
-
+        key = _mix(seed ^ _mix((pos + i + 1).to(tl.uint64, bitcast=True) * GOLDEN))  # row_key
+        t = _target_token(row, key, temp, greedy, V, BLOCK_V).to(tl.int64)
+        tl.store(tok_ptr + b * (K + 1) + i, tl.where(still, t, -1))
+        if i < K:
+            x = tl.load(draft_ptr + b * K + i)
+            still = still & (x == t) & (i < n)
+            a = a + still.to(tl.int32)
     tl.store(acc_ptr + b, a.to(tl.int64))
-    for j in tl.static_range(K + 1):  # the accepted drafts, then the token, then -1
-        x = tl.load(draft_ptr + b * K + j, mask=j < a, other=0)
-        tl.store(tok_ptr + b * (K + 1) + j, tl.where(j < a, x, tl.where(j == a, token, -1)))

@@ -26,11 +26,14 @@ p(x), as under Leviathan's rule; a model drafter draws its draft at i as the rac
 same noise over q (runtime/proposers/base.py pick_draft), which makes it agree with t_i with
 probability at least (1 - TV(p, q)) / (1 + TV(p, q)) (Leviathan's rule: 1 - TV(p, q)).
 
+The device loop and the SpecVerify op verify by the same rule, in torch
+(runtime/device/verify.py), token for token with `verify_batch` on the same logits.
+
 Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding",
 Algorithm 1: accept x with probability min(1, p(x) / q(x)), else draw the recovered token
-from norm(max(0, p - q))) is kept as `stochastic_verify`: the device loop's rule
-(plugins/spec_verify.py holds its kernel to it), which does not reproduce a seed across
-methods.
+from norm(max(0, p - q))) is kept as `stochastic_verify`: no loop runs it any more; it is the
+rule a model drafter's acceptance under the race is compared with (it does not reproduce a
+seed across methods).
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
 """The device loop (runtime/device/loop.py) on the CPU with torch: the same code a GPU runs,
 minus the CUDA-graph capture. Greedy output of every method equals the ORT backend's (and
-plain greedy), at batch 1 and 3, with and without exact decoding; the sampled tokens follow
-the target's distribution; device verification agrees with runtime/verify.py; the requests
-it does not cover run on the host executor, their reason recorded (runtime/executors.py)."""
+plain greedy), at batch 1 and 3, with and without exact decoding; seeded sampled output of
+every method equals the host executor's and plain sampling's token for token, with the host's
+drafts and acceptance; the sampled tokens follow the target's distribution; device
+verification agrees with runtime/verify.py; the requests it does not cover run on the host
+executor, their reason recorded (runtime/executors.py)."""
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec.runtime import sampling_torch  # noqa: E402
+from trt_spec.runtime import race_torch, sampling_torch  # noqa: E402
 from trt_spec.runtime.device import verify as device_verify  # noqa: E402
 from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
-from trt_spec.runtime.sampling import SamplingParams, probs_from_logits  # noqa: E402
-from trt_spec.runtime.scheduler import generate_ids
+from trt_spec.runtime.race import race  # noqa: E402
+from trt_spec.runtime.sampling import SamplingParams, next_token, probs_from_logits  # noqa: E402
+from trt_spec.runtime.scheduler import Scheduler, generate_ids
 
 PROMPTS = [[5, 17, 99, 3, 17, 99], [42, 8, 77, 61, 23, 11, 90, 8, 77], [4, 4]]
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -133,11 +136,10 @@ def test_greedy_verify_cases():
     drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
     valid = torch.tensor([[True] * 3, [True] * 3, [True, True, False]])
     ones, zeros = torch.ones(3), torch.zeros(3, dtype=torch.long)
-    tokens, accepted = device_verify.verify(drafts, valid, None, logits, ones, zeros, ones,
-                                            torch.ones(3, dtype=torch.bool), False, False)
+    tokens, accepted = device_verify.verify(drafts, valid, logits, ones, None, None,
+                                            torch.ones(3, dtype=torch.bool), zeros, zeros, False)
     assert accepted.tolist() == [3, 1, 0]
-    assert tokens[0].tolist() == [1, 2, 3, 4] and tokens[1, :2].tolist() == [1, 5]
-    assert tokens[2, 0].item() == 0
+    assert tokens.tolist() == [[1, 2, 3, 4], [1, 5, -1, -1], [0, -1, -1, -1]]
 
 
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.7), (4, 0.8)])
@@ -151,41 +153,123 @@ def test_probs_equal_the_host_rule(top_k, top_p):
         np.testing.assert_allclose(got[b].numpy(), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_target_tokens_are_the_hosts_race(top_k, top_p):
+    """Row by row, the device's token is runtime/sampling.py's next_token (the host loop's
+    and plain decoding's) at that seed and output position, on SmolLM2's vocabulary size; a
+    drafter's race through a draft vocabulary is the host's race over q placed at its ids."""
+    g = torch.Generator().manual_seed(2)
+    batch, rows, vocab = 3, 2, 49152
+    logits = torch.randn(batch, rows, vocab, generator=g) * 3
+    seed = torch.tensor([0, 12345, race_torch.signed(2**64 - 7)])
+    position = torch.tensor([[0, 1], [40, 41], [7, 8]])
+    temperature = torch.tensor([0.8, 1.0, 1.3])
+    greedy = torch.tensor([False, False, True])
+    filters = (torch.full((batch,), top_k), torch.full((batch,), top_p)) if top_k else (None,) * 2
+    got = device_verify.target_tokens(logits, temperature, *filters, greedy, seed, position)
+    for b in range(batch):
+        params = SamplingParams(temperature=0.0 if greedy[b] else float(temperature[b]),
+                                top_k=top_k, top_p=top_p, seed=int(seed[b]) % 2**64)
+        want = [next_token(logits[b, i].numpy(), params, int(position[b, i]))
+                for i in range(rows)]
+        assert got[b].tolist() == want, b
+    # a draft vocabulary: 300 of the target's ids, the race with the target's noise at them
+    d2t = torch.randperm(vocab, generator=g)[:300].sort().values
+    head = torch.randn(batch, 1, 300, generator=g)
+    col = device_verify.target_tokens(head, temperature, None, None, greedy * False, seed,
+                                      position[:, :1], ids=d2t, vocab=vocab)
+    for b in range(batch):
+        q = np.zeros(vocab)
+        q[d2t.numpy()] = probs_from_logits(head[b, 0].numpy(), float(temperature[b]))
+        assert int(d2t[col[b, 0]]) == race(q, int(seed[b]) % 2**64, int(position[b, 0])), b
+
+
 @pytest.mark.parametrize("with_q", [False, True])
 def test_sampled_tokens_follow_the_target(with_q):
-    """Rejection sampling keeps the target's distribution: the first emitted token's
-    frequencies over many rows converge to p (after temperature and top-p)."""
+    """The race keeps the target's distribution: the first emitted token's frequencies over
+    many rows (one seed each) converge to p (after temperature and top-p), a chi-square test
+    at 0.1%; drafts from a model drafter's q, raced with the same noise, are accepted at
+    least as often as the coupling's bound (1 - TV) / (1 + TV)."""
     g = torch.Generator().manual_seed(0)
     vocab, k, batch = 6, 2, 40000
     target = torch.randn(1, k + 1, vocab, generator=g).expand(batch, -1, -1)
     temperature, top_p = torch.full((batch,), 0.8), torch.full((batch,), 0.9)
-    p = sampling_torch.probs_from_logits(target[:1], temperature[:1], torch.zeros(1).long(),
-                                         top_p[:1])[0, 0]
-    if with_q:  # a drafter's own distribution, drafts drawn from it
-        q = torch.softmax(torch.randn(k, vocab, generator=g), -1).expand(batch, -1, -1)
-        drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).view(batch, k)
+    top_k, greedy = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.bool)
+    seed = torch.randint(-2**62, 2**62, (batch,), generator=g)
+    position = torch.randint(0, 1000, (batch,), generator=g)
+    p = sampling_torch.probs_from_logits(target[:1], temperature[:1], top_k[:1], top_p[:1])[0]
+    cols = torch.arange(k)
+    if with_q:  # a drafter's own logits, its drafts raced with the target's noise
+        head = (target[:1, :k] + torch.randn(1, k, vocab, generator=g)).expand(batch, -1, -1)
+        drafts = device_verify.target_tokens(head, temperature, top_k, top_p, greedy, seed,
+                                             position[:, None] + cols)
     else:  # a deterministic drafter proposing the target's likeliest tokens
-        q, drafts = None, target[:, :k].argmax(-1)
+        drafts = target[:, :k].argmax(-1)
     tokens, accepted = device_verify.verify(
-        drafts, torch.ones(batch, k, dtype=torch.bool), q, target, temperature,
-        torch.zeros(batch, dtype=torch.long), top_p, torch.zeros(batch, dtype=torch.bool),
-        True, True, g)
-    freq = torch.bincount(tokens[:, 0], minlength=vocab).double() / batch
-    assert (freq - p.double()).abs().max() < 0.01, (freq, p)
-    assert 0 < accepted.float().mean() < k
+        drafts, torch.ones(batch, k, dtype=torch.bool), target, temperature, top_k, top_p,
+        greedy, seed, position)
+    counts = torch.bincount(tokens[:, 0], minlength=vocab).double()
+    p0 = p[0].double()
+    live = p0 > 0
+    assert counts[~live].sum() == 0  # top-p's dropped tokens never come
+    chi2 = ((counts[live] - batch * p0[live]) ** 2 / (batch * p0[live])).sum()
+    assert chi2 < 20.5, (chi2, counts / batch, p0)  # chi-square(<= 5 dof), p = 0.001
+    rate = (drafts[:, 0] == tokens[:, 0]).double().mean()
+    if with_q:
+        q0 = sampling_torch.probs_from_logits(head[:1, :1], temperature[:1], top_k[:1],
+                                              top_p[:1])[0, 0].double()
+        tv = 0.5 * (p0 - q0).abs().sum()
+        assert rate >= (1 - tv) / (1 + tv) - 0.01, (rate, tv)
+    else:
+        assert abs(rate - p0.max()) < 0.01  # a lookup's draft x: accepted with p(x)
+    assert 0 < accepted.double().mean() < k
 
 
-def test_sampled_generation_runs_and_is_seeded(engine):
-    """One seed draws for the whole batch: the same prompts on the same slots repeat."""
-    params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True)
-    a, b = ([s.output_ids for s in generate_ids(torch_gen(engine, executor="device"), 
-        PROMPTS, params, "eagle3", 3)] for _ in range(2))
+# (params, the methods run, their k): every method under top-p, and an unfiltered run with a
+# seed past 2^63 (int64's sign bit on the device) at k = 1
+SAMPLED = [(SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True),
+            METHODS[1:], 3),
+           (SamplingParams(max_tokens=16, temperature=1.0, seed=2**64 - 5, ignore_eos=True),
+            ["ngram", "eagle3"], 1)]
+
+
+def test_seeded_sampling_equals_the_host_loop(engine):
+    """Seeded sampled output of every method the device loop runs equals the host loop's
+    (Engine) token for token and plain sampling's (the race: the same token at each output
+    position whatever was drafted); the model drafters draw with the target's noise, so their
+    drafts and acceptance are the host's too, and acceptance is real."""
+    host = torch_gen(engine, executor="host", fallback=False, prefix_cache=False)
+    device = torch_gen(engine, executor="device")
+    accepted = {}
+    for params, methods, k in SAMPLED:
+        plain = [s.output_ids for s in generate_ids(host, PROMPTS, params, "none")]
+        assert [s.output_ids for s in generate_ids(device, PROMPTS, params, "none")] == plain
+        for method in methods:
+            a = generate_ids(host, PROMPTS, params, method, k)
+            b = generate_ids(device, PROMPTS, params, method, k)
+            assert [s.output_ids for s in a] == plain, (method, k)
+            assert [s.output_ids for s in b] == plain, (method, k, params.temperature)
+            assert ([(s.stats.proposed, s.stats.accepted) for s in a]
+                    == [(s.stats.proposed, s.stats.accepted) for s in b]), (method, k)
+            assert {s.executor for s in b} == {"device"}, (method, k)
+            accepted[method] = accepted.get(method, 0) + sum(s.stats.accepted for s in b)
+    assert all(accepted[m] > 0 for m in ("vanilla", "mtp", "eagle", "eagle3")), accepted
+
+
+def test_seeded_sampling_per_stream_and_top_k_1(engine):
+    """Each stream races its own seed, whatever it is batched with: a stream's output alone
+    equals its output in a batch of three with other seeds; top_k 1 is greedy."""
     gen = torch_gen(engine, executor="device")
-    assert a == b and all(len(x) == 12 for x in a)
+    params = [SamplingParams(max_tokens=12, temperature=0.9, seed=s, ignore_eos=True)
+              for s in (11, 12, 13)]
+    streams = [gen.stream(p, q, "eagle3", 3) for p, q in zip(PROMPTS, params)]
+    batched = [s.output_ids for s in Scheduler(gen).run(streams)]
+    alone = [generate_ids(gen, [p], q, "eagle3", 3)[0].output_ids for p, q in zip(PROMPTS, params)]
+    assert batched == alone and len(set(map(tuple, alone))) == 3
     top_k = SamplingParams(max_tokens=12, temperature=1.0, top_k=1, seed=3, ignore_eos=True)
     greedy_like = [s.output_ids for s in generate_ids(gen, PROMPTS, top_k, "vanilla", 2)]
-    assert greedy_like == [s.output_ids for s in generate_ids(gen, 
-        PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True), "none")]
+    assert greedy_like == [s.output_ids for s in generate_ids(
+        gen, PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True), "none")]
 
 
 @pytest.mark.parametrize("method,params", [

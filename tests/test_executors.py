@@ -159,9 +159,6 @@ def test_sampled_output_on_the_device_repeats_with_its_seed(llms):
     assert a.metrics.executor == "device"
 
 
-@pytest.mark.xfail(strict=False, reason="the device verification (runtime/device/verify.py) "
-                   "draws Leviathan's uniforms from one generator, not the host's race of "
-                   "(seed, choice, position) (runtime/race.py): equal once it draws the race")
 @pytest.mark.parametrize("method,k", [("none", None), ("mtp", 3)])
 def test_seeded_sampled_output_equals_the_host_executors(llms, method, k):
     host, device = (llms[e].generate(PROMPTS, SAMPLED, method=method, num_draft_tokens=k,

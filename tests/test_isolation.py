@@ -335,8 +335,8 @@ def test_spec_verify_takes_a_temperature_below_the_epsilon_as_greedy(temperature
     drafts = logits[:, :k].argmax(-1)  # greedy: every draft accepted
     drafts[1, 2] = (drafts[1, 2] + 1) % vocab  # row 1: the third rejected
     case = dict(draft_tokens=drafts.astype(np.int64), draft_lens=np.full(batch, k, np.int32),
-                target_logits=logits, draft_probs=np.ones((batch, k, 1), np.float32),
-                uniforms=rng.random((batch, k + 1)).astype(np.float32),
+                target_logits=logits, seed=np.arange(batch, dtype=np.int64),
+                position=np.zeros(batch, np.int64),
                 temperature=np.full(batch, temperature, np.float32))
     want = np.array([k, 2, k])
     accepted, tokens = spec_verify_reference(**case)

@@ -191,16 +191,14 @@ def test_score_graph_returns_tokens(trt_engine, torch_target):
     probe["logits_index"] = np.zeros((2, 1), np.int64)
     rows[0][1] = int(target.run(None, probe)[0][0, 0].argmax())
     feeds = step_feeds(config, rows, [4, 3], caches)
-    rng = np.random.default_rng(0)
-    t, vocab = feeds["input_ids"].shape[1], config.vocab_size
-    q = rng.dirichlet(np.ones(vocab), (2, t)).astype(np.float32)
-    verify = {"draft_probs": q, "uniforms": rng.random((2, t)).astype(np.float32),
+    t = feeds["input_ids"].shape[1]
+    verify = {"seed": np.array([3, -5], np.int64), "position": np.array([1, 1], np.int64),
               "temperature": np.array([0.0, 0.8], np.float32),
               "top_k": np.zeros(2, np.int32), "top_p": np.ones(2, np.float32)}
     feeds.update(verify)
     got = score.run(None, feeds)
     want = run_torch(TargetScorer(model).eval(), feeds,
-                     ["draft_probs", "uniforms", "temperature", "top_k", "top_p"])
+                     ["seed", "position", "temperature", "top_k", "top_p"])
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     # and the NumPy reference, on the target graph's logits for the same step
@@ -209,8 +207,9 @@ def test_score_graph_returns_tokens(trt_engine, torch_target):
     target_logits = target.run(None, tfeeds)[0]
     lens = feeds["query_seqlens"] - 1
     accepted, tokens = spec_verify_reference(feeds["input_ids"][:, 1:], lens, target_logits,
-                                             q[:, :-1], verify["uniforms"], verify["temperature"],
-                                             verify["top_k"], verify["top_p"])
+                                             verify["seed"], verify["position"],
+                                             verify["temperature"], verify["top_k"],
+                                             verify["top_p"])
     np.testing.assert_array_equal(got[0], accepted)
     np.testing.assert_array_equal(got[1], tokens)
     assert accepted[0] >= 1  # the first draft was the target's greedy token

@@ -31,3 +31,24 @@ def test_the_race_is_numpys():
         p /= p.sum()
         assert race_torch.race(torch.from_numpy(p), trial, trial + 1) == \
             race.race(p, trial, trial + 1), trial
+
+
+def test_batched_keys_and_race_are_numpys():
+    """row_keys over a batch of seeds (past 2^63: int64's sign bit) and positions is row_key;
+    race_logits, the log-domain race over a row's logits, picks race.race's winner."""
+    seeds = [0, 5, 2**63, 2**64 - 1]
+    positions = np.array([[0, 1, 2], [7, 8, 9], [0, 100, 10**6], [3, 4, 5]])
+    got = race_torch.row_keys(torch.tensor([race_torch.signed(s) for s in seeds]),
+                              torch.from_numpy(positions))
+    want = [[race_torch.signed(race.row_key(s, int(i))) for i in row]
+            for s, row in zip(seeds, positions)]
+    assert got.tolist() == want
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((4, 3, 700)) * 2
+    z[0, 0, rng.random(700) < 0.7] = -np.inf  # a filtered row
+    won = race_torch.race_logits(torch.from_numpy(z), torch.tensor(
+        [race_torch.signed(s) for s in seeds]), torch.from_numpy(positions), 700)
+    for b, s in enumerate(seeds):
+        for r in range(3):
+            p = np.exp(z[b, r] - z[b, r].max())
+            assert won[b, r] == race.race(p / p.sum(), s, int(positions[b, r])), (b, r)

@@ -1,6 +1,6 @@
 """Speculative verification as data: forced argmaxes, edge cases, and distributions; the
 exponential race (runtime/race.py) and the drafter-invariant rule built on it; Leviathan's
-rule (stochastic_verify: the device loop's)."""
+rule (stochastic_verify: the reference a model drafter's acceptance is compared with)."""
 
 import dataclasses
 

@@ -15,13 +15,16 @@ with fixed shapes and no host round trip, from state kept on the device.
 Row p of a drafter cache sits at position p, as on the host. `propose` writes the drafts into
 `seq` at positions n .. n + k - 1 (scratch until verified), so a later module reads them as
 its input tokens. `commit(n_old, accepted)` moves the per-slot bookkeeping after verification.
+
+A model drafter draws its draft j of a sampled stream as the race of the stream's seed at
+that output position over its own q (`pick`): the target's noise there, so the draft equals
+the target's token as often as the coupling allows (runtime/verify.py), as the host's
+proposers draw (runtime/proposers/base.py pick_draft). Verification reads no q.
 """
 
 from __future__ import annotations
 
 import torch
-
-from trt_spec.runtime import sampling_torch
 
 
 class DeviceDrafter:
@@ -34,8 +37,8 @@ class DeviceDrafter:
         """After the target's prefill of slots [lo, hi): new [B] the slots prefilled now,
         prompt_len [B], rows: the target's per-token outputs [B, T, D]."""
 
-    def propose(self, loop, nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Slots [0, nb) -> (drafts [nb, k] int64, valid [nb, k] bool, q [nb, k, V] or None)."""
+    def propose(self, loop, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots [0, nb) -> (drafts [nb, k] int64, valid [nb, k] bool)."""
         raise NotImplementedError
 
     def commit(self, loop, nb: int, n_old: torch.Tensor, accepted: torch.Tensor,
@@ -44,23 +47,15 @@ class DeviceDrafter:
         the target's per-token outputs of the verify forward [nb, W, D]."""
 
 
-def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A draft per row from a drafter's logits [nb, head_vocab] -> (target ids [nb], q [nb, V]
-    over the target's vocabulary, or None when every row is greedy). runtime/proposers/base.py
-    pick_draft's rule: greedy rows take the argmax, others draw from q (the request's
-    temperature / top-k / top-p applied to the head)."""
+def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None, j: int) -> torch.Tensor:
+    """Draft j (0-based) per row from a drafter's logits [nb, head_vocab] -> target ids [nb].
+    runtime/proposers/base.py pick_draft's rule: greedy rows take the argmax, others the race
+    over q (the request's temperature / top-k / top-p applied to the head) with the target's
+    noise at the draft's output position, id for id through a draft vocabulary's d2t."""
     s = loop.state
-    if not loop.any_sampled:
-        d = logits.argmax(-1)
-        return (d if d2t is None else d2t[d]), None
-    d, q = sampling_torch.sample(logits[:, None], s.temperature[:nb], s.top_k[:nb],
-                                 s.top_p[:nb], s.greedy[:nb], loop.filtered, loop.generator)
-    d, q = d[:, 0], q[:, 0]
-    if d2t is None:
-        return d, q
-    full = torch.zeros(nb, loop.vocab_size, dtype=q.dtype, device=q.device)
-    return d2t[d], full.index_copy_(1, d2t, q)
+    position = (s.n[:nb] - s.start[:nb] + j)[:, None]  # (nb, 1)
+    d = loop.tokens(logits[:, None], slice(0, nb), position, d2t)[:, 0]
+    return d if d2t is None else d2t[d]
 
 
 class NgramDrafts(DeviceDrafter):
@@ -85,7 +80,7 @@ class NgramDrafts(DeviceDrafter):
         at = start[:, None] + cols  # (nb, k)
         valid = (start[:, None] >= 0) & (at < n[:, None]) & s.active[:nb, None]
         drafts = seq.gather(1, at.clamp(0, length - 1))
-        return torch.where(valid, drafts, 0), valid, None
+        return torch.where(valid, drafts, 0), valid
 
 
 class VanillaDrafts(DeviceDrafter):
@@ -115,19 +110,16 @@ class VanillaDrafts(DeviceDrafter):
         ids = s.seq[:nb].gather(1, (fed[:, None] + cols).clamp(max=s.seq.shape[1] - 1))
         logits, = loop.forward(self.graph, self.cache, 0, nb, ids, fed, q,
                                (q - 1).clamp(min=0)[:, None])[:1]
-        drafts, probs = [], []
+        drafts = []
         for j in range(self.k):
             if j:
                 pos = n - 1 + j  # d_j sits at position n - 1 + j
                 logits, = loop.forward(self.graph, self.cache, 0, nb, drafts[-1][:, None], pos,
                                        active.long(), torch.zeros_like(pos)[:, None])[:1]
-            d, qd = pick(loop, logits[:, 0], nb, self.d2t)
+            d = pick(loop, logits[:, 0], nb, self.d2t, j)
             loop.write_tokens(nb, n + j, d)
             drafts.append(d)
-            probs.append(qd)
-        q_all = None if probs[0] is None else torch.stack(probs, 1)
-        valid = active[:, None].expand(nb, self.k)
-        return torch.stack(drafts, 1), valid, q_all
+        return torch.stack(drafts, 1), active[:, None].expand(nb, self.k)
 
     def commit(self, loop, nb, n_old, accepted, rows):
         # the draft fed up to d_{k-1}; the accepted ones are kept
@@ -191,13 +183,12 @@ class HeadDrafts(DeviceDrafter):
         n, start, active = s.n[:nb], self.start[:nb], s.active[:nb]
         anchor = n - 2
         q = torch.where(active, (anchor - start + 1).clamp(0, self.width), 0)
-        drafts, probs = [], []
+        drafts = []
         last = None
         for i, out in self._catch_up(loop, 0, nb, start, q, self.width):
-            d, qd = pick(loop, out[0][:, 0], nb, self.d2t)
+            d = pick(loop, out[0][:, 0], nb, self.d2t, i)
             loop.write_tokens(nb, n + i, d)
             drafts.append(d)
-            probs.append(qd)
             last = out
         row = (q - 1).clamp(min=0)[:, None, None].expand(-1, 1, last[1].shape[-1])
         hidden = last[1].gather(1, row)  # (nb, 1, H) the last module's hidden at the anchor
@@ -205,13 +196,11 @@ class HeadDrafts(DeviceDrafter):
             pos = n - 1 + j - self.num_modules
             out = loop.forward(self.graphs[-1], self.caches[-1], 0, nb, drafts[-1][:, None],
                                pos, active.long(), torch.zeros_like(pos)[:, None], hidden)
-            d, qd = pick(loop, out[0][:, 0], nb, self.d2t)
+            d = pick(loop, out[0][:, 0], nb, self.d2t, j)
             loop.write_tokens(nb, n + j, d)
             drafts.append(d)
-            probs.append(qd)
             hidden = out[1]
-        q_all = None if probs[0] is None else torch.stack(probs, 1)
-        return torch.stack(drafts, 1), active[:, None].expand(nb, self.k), q_all
+        return torch.stack(drafts, 1), active[:, None].expand(nb, self.k)
 
     def commit(self, loop, nb, n_old, accepted, rows):
         active = loop.state.active[:nb]

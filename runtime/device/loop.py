@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trt_spec.runtime import race_torch, sampling_torch
+from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
@@ -50,6 +50,7 @@ from trt_spec.runtime.stream import StepMetrics, Stream, append, finish_unsample
 from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
+from trt_spec.runtime.race_torch import signed
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
 # (method, k) loops the device executor keeps at most: each holds a target KV cache of its
@@ -69,6 +70,8 @@ class DeviceState:
     top_p: torch.Tensor  # [slots] f32 (1: off)
     greedy: torch.Tensor  # [slots] bool
     end: torch.Tensor  # [slots] int64 prompt + max_tokens: no draft past what may be emitted
+    seed: torch.Tensor  # [slots] int64 the stream's seed (uint64 bits): the race's noise
+    start: torch.Tensor  # [slots] int64 the prompt's length: output position = seq index - start
 
 
 class DeviceLoop:
@@ -97,10 +100,11 @@ class DeviceLoop:
             top_k=torch.zeros(self.slots, dtype=torch.long, device=dev),
             top_p=torch.ones(self.slots, dtype=torch.float32, device=dev),
             greedy=torch.ones(self.slots, dtype=torch.bool, device=dev),
-            end=torch.zeros(self.slots, dtype=torch.long, device=dev))
+            end=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            seed=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            start=torch.zeros(self.slots, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
-        self.generator = None if dev.type == "cuda" else torch.Generator(dev)
         self.any_sampled, self.filtered, self.controlled = False, False, False
         self.controls: DeviceControls | None = None  # made for the first request with one
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
@@ -182,6 +186,8 @@ class DeviceLoop:
             s.top_p[st.slot] = p.top_p
             s.greedy[st.slot] = p.greedy
             s.end[st.slot] = n + p.max_tokens
+            s.seed[st.slot] = signed(p.seed)  # (every stream has one: runtime/stream.py)
+            s.start[st.slot] = n
         if self.controls is None and any(st.params.controls for st in streams):
             self.controls = DeviceControls(self.slots, self.vocab_size, self.device)
         for st in streams if self.controls is not None else ():
@@ -208,34 +214,42 @@ class DeviceLoop:
 
     def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
                      ) -> torch.Tensor:
-        """Each prefilled stream's first token from logits [B, 1, V] (slots lo..): the argmax,
-        or the host's race at output position 0 of its seed (runtime/race.py: the same token
-        as the host executor's). Eager, outside any graph: a read per sampled stream."""
+        """Each prefilled stream's first token from logits [B, 1, V] (slots lo..), after its
+        controls: the argmax, or the race of its seed at output position 0 (the host
+        executor's token, runtime/race.py)."""
         s = self.state
+        hi = lo + logits.shape[0]
         if any(st.params.controls for st in streams):
-            hi = lo + logits.shape[0]
             logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
                 s.temperature[lo:hi], s.greedy[lo:hi]))
-        first = logits[:, 0].argmax(-1)  # (B,)
-        for st in streams:
-            if not st.params.greedy:
-                i = st.slot - lo
-                p = sampling_torch.probs_from_logits(logits[i:i + 1], s.temperature[st.slot:][:1],
-                                                     s.top_k[st.slot:][:1], s.top_p[st.slot:][:1])
-                first[i] = race_torch.race(p[0, 0], st.params.seed, 0)
-        return first
+        sampled = [st.params for st in streams if not st.params.greedy]
+        self.any_sampled = bool(sampled)
+        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        position = torch.zeros(hi - lo, 1, dtype=torch.long, device=self.device)
+        return self.tokens(logits, slice(lo, hi), position)[:, 0]
 
     def target_outputs(self) -> list[str]:
         return list(self.target.outputs)
+
+    def tokens(self, logits: torch.Tensor, slots: slice, position: torch.Tensor,
+               ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The token of each row of logits [B, R, V'] of `slots` at output positions
+        position [B, R]: argmax (greedy), else the race of the slot's seed there
+        (runtime/device/verify.py target_tokens; ids: a draft vocabulary's target ids)."""
+        s = self.state
+        return device_verify.target_tokens(
+            logits, s.temperature[slots], s.top_k[slots] if self.filtered else None,
+            s.top_p[slots] if self.filtered else None, s.greedy[slots], s.seed[slots], position,
+            self.any_sampled, ids, self.vocab_size)
 
     # --- one step --------------------------------------------------------------------------------
 
     def _propose(self, nb: int, out: dict) -> None:
         if self.drafter is None:
             z = torch.zeros(nb, self.k, dtype=torch.long, device=self.device)
-            out.update(drafts=z, valid=z.bool(), q=None)
+            out.update(drafts=z, valid=z.bool())
             return
-        drafts, valid, out["q"] = self.drafter.propose(self, nb)
+        drafts, valid = self.drafter.propose(self, nb)
         # policy.py's room: below the remaining max_tokens and the cache rows left
         n = self.state.n[:nb]
         room = torch.minimum(self.state.end[:nb] - n - 1, self.max_len - n)  # (nb,)
@@ -266,9 +280,9 @@ class DeviceLoop:
                                          sampling_torch.temperature_or_one(
                                              s.temperature[:nb], s.greedy[:nb]))
         tokens, accepted = device_verify.verify(
-            out["drafts"], out["valid"], out["q"], logits, s.temperature[:nb],
-            s.top_k[:nb], s.top_p[:nb], s.greedy[:nb], self.any_sampled, self.filtered,
-            self.generator)
+            out["drafts"], out["valid"], logits, s.temperature[:nb],
+            s.top_k[:nb] if self.filtered else None, s.top_p[:nb] if self.filtered else None,
+            s.greedy[:nb], s.seed[:nb], s.n[:nb] - s.start[:nb], self.any_sampled)
         n_old = s.n[:nb].clone()
         cols = torch.arange(self.k + 1, device=self.device)
         keep = (cols[None] <= accepted[:, None]) & active[:, None]
@@ -400,7 +414,6 @@ class DeviceExecutor:
         return m
 
     def prefill(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
-        seed(loop, streams)
         firsts = loop.admit(streams)
         m.target_forwards += 1
         for s, (token, rows) in zip(streams, firsts):
@@ -452,17 +465,3 @@ def host_rows(logits: torch.Tensor, i: int, n: int, s: Stream) -> np.ndarray | N
     if s.params.logprobs is None:
         return None
     return logits[i, :n].float().cpu().numpy()
-
-
-def seed(loop: DeviceLoop, streams: list[Stream]) -> None:
-    """The loop's noise from the first sampled stream's seed, at its admission: a run's
-    sampled output repeats for the same prompts and seeds. (The host draws per output position
-    from (seed, choice, position), runtime/race.py; the device's verification draws from one
-    generator per loop until it draws the same race.)"""
-    seeds = [s.params.seed for s in streams if not s.params.greedy]
-    if not seeds:
-        return
-    if loop.generator is not None:
-        loop.generator.manual_seed(seeds[0])
-    else:
-        torch.cuda.manual_seed(seeds[0])
