@@ -8,17 +8,15 @@ runtime/reasoning.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 
 from fastapi import APIRouter, Request
 
 from trt_spec.runtime import reasoning, tool_calls
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime.chat import Chat
+from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.tool_formats import format_of
 from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.endpoint import (Prompted, Served, answer, check_model, check_size,
                                      read_request, served)
@@ -37,80 +35,41 @@ async def chat_completions(request: Request):
 
 async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
     """The chat's one prompt: its messages templated and tokenized, its sampling params (held
-    to the tool-call grammar, after the thinking section), how its answer reads (a Shape).
-    POST /v1/responses (serve/responses.py) answers through it too."""
-    scheduler = ctx.scheduler
+    to the tool-call grammar, after the thinking section: runtime/chat.py), how its answer
+    reads (a Shape). POST /v1/responses (serve/responses.py) answers through it too."""
+    scheduler, tokenizer = ctx.scheduler, ctx.scheduler.tokenizer
     check_model(req.model, ctx.model_name)
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")
-    tools, choice = tool_request(req)
-    variables = template_kwargs(req)
-    rendering = prompt_options(req)
+    chat = named_field(Chat.of, tokenizer, req.tools, req.tool_choice,
+                       req.parallel_tool_calls is not False, req.chat_template_kwargs,
+                       reasoning_effort=req.reasoning_effort,
+                       add_generation_prompt=req.add_generation_prompt,
+                       continue_final_message=req.continue_final_message,
+                       documents=req.documents)
     try:  # the template and the tokenizer, off the event loop
-        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools,
-                                      {**variables, **rendering})
+        ids = await asyncio.to_thread(chat.encode, messages)
     except ValueError as e:  # no chat template, or the template refused the messages
         raise RequestError(str(e), "messages") from None
     ids = truncated(ids, req, scheduler.max_len)
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
-    tokenizer = scheduler.tokenizer
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1), tokenizer)
-    fmt = format_of(tokenizer.template_text(tools))
-    think = reasoning.thinking_of(tokenizer, variables, ids)
-    if choice.forced:
-        params = held_to_calls(req, params, fmt.grammar(
-            tools, choice, req.parallel_tool_calls is not False,
-            tokenizer.marker_ids(fmt.markers)))
-    if think is not None:  # a structure holds the output after the thinking section
-        params = after_thinking(req, params, think)
+    params, reading = named_field(chat.hold, ids, params, structure_param(req))
     logprobs = params.logprobs is not None
-    shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
-             if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
-    shape.think = None if ctx.reasoning_in_content else think
+    shape = (ToolChatShape(tokenizer, logprobs, reading.fmt, reading.tools, reading.held)
+             if reading.tools else ChatShape(tokenizer, logprobs))
+    shape.think = None if ctx.reasoning_in_content else reading.think
     shape.with_reasoning = req.include_reasoning is not False
     shape.echo = echoed(req, messages)
     return Prompted(ids, params, shape)
 
 
-def template_kwargs(req: ChatRequest) -> dict:
-    """chat_template_kwargs, checked (a 400 naming it), and reasoning_effort's: the template
-    reads it by that name, and "none" turns thinking off (enable_thinking false, unless the
-    kwargs set it), any other effort on."""
+def named_field(run, *args, **kwargs):
+    """run(*args, **kwargs), its FieldError a 400 naming the request's field."""
     try:
-        variables = reasoning.template_kwargs(req.chat_template_kwargs)
+        return run(*args, **kwargs)
     except FieldError as e:
         raise RequestError(str(e), e.field) from None
-    effort = req.reasoning_effort
-    if effort is None:
-        return variables
-    if effort not in EFFORTS:
-        raise RequestError(f"reasoning_effort={effort!r}: must be one of {', '.join(EFFORTS)}",
-                           "reasoning_effort")
-    return {"enable_thinking": effort != "none", "reasoning_effort": effort, **variables}
-
-
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's
-
-
-def prompt_options(req: ChatRequest) -> dict:
-    """How the chat is rendered (vLLM's fields): add_generation_prompt (default true),
-    continue_final_message (the last message left open for the model to go on with; not with
-    add_generation_prompt), documents (the template's)."""
-    if req.continue_final_message and req.add_generation_prompt:
-        raise RequestError("continue_final_message and add_generation_prompt are both true: "
-                           "a chat either opens a new assistant turn or continues its last "
-                           "message; set add_generation_prompt false", "continue_final_message")
-    options = {"add_generation_prompt": not req.continue_final_message
-               and req.add_generation_prompt is not False}
-    if req.continue_final_message:
-        options["continue_final_message"] = True
-    if req.documents is not None:
-        if not isinstance(req.documents, list) or \
-                not all(isinstance(d, dict) for d in req.documents):
-            raise RequestError(f"documents={json.dumps(req.documents)[:80]}: expected a list of "
-                               "objects (e.g. {\"title\", \"text\"})", "documents")
-        options["documents"] = req.documents
-    return options
 
 
 def echoed(req: ChatRequest, messages: list[dict]) -> str:
@@ -118,38 +77,6 @@ def echoed(req: ChatRequest, messages: list[dict]) -> str:
     answer has), goes in front of the answer's content."""
     last = messages[-1]
     return last["content"] if req.echo and last["role"] == "assistant" else ""
-
-
-def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
-    """The request's tools and tool_choice, checked (a 400 naming the field)."""
-    try:
-        tools = [] if req.tools is None else tool_calls.tools(req.tools)
-        return tools, tool_calls.tool_choice(req.tool_choice, tools)
-    except FieldError as e:
-        raise RequestError(str(e), e.field) from None
-
-
-def held_to_calls(req: ChatRequest, params: SamplingParams, grammar: str) -> SamplingParams:
-    """tool_choice required or a named function: the output held to the call grammar (the
-    request may not hold it to another structure too)."""
-    if params.structure is not None:
-        param = structure_param(req)
-        raise RequestError(f"tool_choice={req.tool_choice!r} holds the output to tool calls; "
-                           f"it cannot also be held to {param}", "tool_choice")
-    try:
-        return dataclasses.replace(params, grammar=grammar)
-    except FieldError as e:
-        raise RequestError(f"the tools' schemas: {e}", "tools") from None
-
-
-def after_thinking(req: ChatRequest, params: SamplingParams, opened: bool) -> SamplingParams:
-    """The request's structure held after the thinking section (a 400 naming the field that
-    asked for it where the nested grammar is refused)."""
-    try:
-        return reasoning.after_thinking(params, opened)
-    except FieldError as e:
-        field = structure_param(req)
-        raise RequestError(f"{field} after the thinking section: {e}", field) from None
 
 
 class ChatShape(Shape):
