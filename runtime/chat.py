@@ -22,7 +22,7 @@ from trt_spec.runtime import reasoning, tool_calls
 from trt_spec.runtime.generator import encode_prompt
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.tool_calls import Format, Tool, ToolCall, ToolChoice
+from trt_spec.runtime.tool_calls import FORMATS, Format, Tool, ToolCall, ToolChoice
 from trt_spec.runtime.tool_formats import format_of
 from trt_spec.runtime.validation import FieldError
 
@@ -42,11 +42,16 @@ class Reading:
 
     def read(self, text: str) -> tuple[str | None, str, list[ToolCall] | None]:
         """A finished answer's (reasoning, content, calls): reasoning None where it did not
-        think; calls None where it made none (or may make none)."""
+        think; calls None where it made none, else content is the text before them."""
         thought, content = ((None, text) if self.think is None
                             else reasoning.split(text, self.think))
-        calls = self.fmt.parse(content, self.tools, self.held)[1] if self.tools else None
-        return thought, content, calls or None
+        if not self.tools:
+            return thought, content, None
+        before, calls = self.fmt.parse(content, self.tools, self.held)
+        return (thought, before, calls) if calls else (thought, content, None)
+
+
+PLAIN = Reading(FORMATS["block"], [], False, None)  # an answer as it is: no calls, no thinking
 
 
 @dataclass(frozen=True)
@@ -76,19 +81,15 @@ class Chat:
                    format_of(tokenizer.template_text(given)))
 
     def encode(self, messages: list[dict]) -> list[int]:
-        """The chat's prompt ids: the template renders the messages, the tools shown in its
-        format (runtime/generator.py encode_prompt). ValueError where there is no template
-        or it refuses the messages."""
+        """The prompt ids (generator.encode_prompt). ValueError: no template, or it refused."""
         return encode_prompt(self.tokenizer, messages, True, self.tools,
                              {**self.variables, **self.rendering})
 
     def hold(self, prompt_ids: list[int], params: SamplingParams,
              structure_field: str | None = None) -> tuple[SamplingParams, Reading]:
-        """(the params the prompt's answer is sampled with, how it reads). tool_choice
-        required or named holds the output to the call grammar (a FieldError if params hold
-        it to another structure); where the answer thinks, a structure holds it only after
-        the thinking section, also where the prompt opened it. structure_field: what the
-        caller calls params' structure (errors name it; default sampling_params.<field>)."""
+        """(the params the answer is sampled with, how it reads): held to the call grammar
+        (tool_choice required or named), a structure only after the thinking section.
+        structure_field: the caller's name for params' structure, which errors name."""
         if structure_field is None and params.structure is not None:
             structure_field = f"sampling_params.{params.structure[0]}"
         if self.choice.forced:

@@ -8,11 +8,12 @@ runtime/reasoning.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from fastapi import APIRouter, Request
 
-from trt_spec.runtime import reasoning, tool_calls
-from trt_spec.runtime.chat import Chat
+from trt_spec.runtime import reasoning
+from trt_spec.runtime.chat import PLAIN, Chat, Reading
 from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
@@ -55,10 +56,10 @@ async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1), tokenizer)
     params, reading = named_field(chat.hold, ids, params, structure_param(req))
-    logprobs = params.logprobs is not None
-    shape = (ToolChatShape(tokenizer, logprobs, reading.fmt, reading.tools, reading.held)
-             if reading.tools else ChatShape(tokenizer, logprobs))
-    shape.think = None if ctx.reasoning_in_content else reading.think
+    if ctx.reasoning_in_content:  # the thinking section stays in the content
+        reading = dataclasses.replace(reading, think=None)
+    shape = (ToolChatShape if reading.tools else ChatShape)(
+        tokenizer, params.logprobs is not None, reading)
     shape.with_reasoning = req.include_reasoning is not False
     shape.echo = echoed(req, messages)
     return Prompted(ids, params, shape)
@@ -84,12 +85,16 @@ class ChatShape(Shape):
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl"
     prompt_param = "messages"
-    # the answer thinks first (runtime/reasoning.py): None, not split (no thinking section,
-    # or --reasoning-in-content); else whether the prompt opened the think block
-    think: bool | None = None
     splitter: reasoning.Splitter | None = None  # this choice's, made on its first delta
     with_reasoning: bool = True  # include_reasoning: false leaves the reasoning out
     echo: str = ""  # vLLM's echo: the last (assistant) message, in front of the content
+
+    def __init__(self, tokenizer: Tokenizer, logprobs: bool, reading: Reading = PLAIN,
+                 index: int = 0):
+        """reading: how the answer reads (runtime/chat.py): the calls it may make, where its
+        thinking section starts (think None: not split, also under --reasoning-in-content)."""
+        super().__init__(tokenizer, logprobs, index)
+        self.reading = reading
 
     def opening(self) -> dict:
         return {"index": self.index, "delta": {"role": "assistant", "content": self.echo},
@@ -98,18 +103,12 @@ class ChatShape(Shape):
     def pieces(self, out: Output) -> tuple[str, str]:
         """(new reasoning, new content) of a delta: the thinking section apart, its tags
         held back until they are whole."""
-        if self.think is None:
+        if self.reading.think is None:
             return "", out.text
         if self.splitter is None:
-            self.splitter = reasoning.Splitter(self.think)
+            self.splitter = reasoning.Splitter(self.reading.think)
         thought, text = self.splitter.feed(out.text, out.finish_reason is not None)
         return (thought if self.with_reasoning else ""), text
-
-    def parts(self, text: str) -> tuple[str | None, str]:
-        """(reasoning, content) of a finished answer."""
-        thought, content = (None, text) if self.think is None else \
-            reasoning.split(text, self.think)
-        return (thought if self.with_reasoning else None), content
 
     def delta(self, job: Job, out: Output) -> dict:
         thought, text = self.pieces(out)
@@ -118,14 +117,19 @@ class ChatShape(Shape):
                 "logprobs": lp, "finish_reason": out.finish_reason}
 
     def whole(self, job: Job) -> dict:
+        """The finished answer's message: its reasoning, content and calls (Reading.read)."""
         s = job.stream
-        thought, content = self.parts(s.text)
-        return {"index": self.index, "message": self.message(thought, self.echo + content),
-                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
+        thought, content, calls = self.reading.read(s.text)
+        thought = thought if self.with_reasoning else None
+        content = self.echo + (content or "") if self.echo else content
+        more = {"tool_calls": [c.to_dict() for c in calls]} if calls else {}
+        finish = calls_finish(s.finish_reason) if calls else s.finish_reason
+        return {"index": self.index, "message": self.message(thought, content, **more),
+                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": finish}
 
     def message(self, thought: str | None, content: str | None, **more) -> dict:
         """The answer's message; reasoning_content where the template thinks (vLLM's)."""
-        thinking = {} if self.think is None else {"reasoning_content": thought}
+        thinking = {} if self.reading.think is None else {"reasoning_content": thought}
         return {"role": "assistant", "content": content, **thinking, **more}
 
     def response_fields(self, job: Job) -> dict:
@@ -143,23 +147,19 @@ class ToolChatShape(ChatShape):
     there it is held, and parsed when the answer ends into `tool_calls` (finish_reason
     "tool_calls"), or handed back as content where it does not parse."""
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: bool, fmt: tool_calls.Format,
-                 tools: list[tool_calls.Tool], held: bool, index: int = 0):
-        """held: the output is held to the call grammar (tool_choice required or named)."""
-        super().__init__(tokenizer, logprobs, index)
-        self.fmt, self.tools, self.held = fmt, tools, held
-        self.text, self.sent = "", 0  # the answer so far; how much of it went out as content
+    text, sent = "", 0  # the answer so far; how much of it went out as content
 
     def delta(self, job: Job, out: Output) -> dict:
         thought, text = self.pieces(out)
         self.text += text
         lp = self.content_logprobs(out.logprobs)
         if out.finish_reason is None:
-            end = self.fmt.held_from(self.text, self.sent)
+            end = self.reading.fmt.held_from(self.text, self.sent)
             text, self.sent = self.text[self.sent:end], max(self.sent, end)
             return {"index": self.index, "delta": delta_of(thought, text, out.logprobs),
                     "logprobs": lp, "finish_reason": None}
-        content, calls = self.fmt.parse(self.text, self.tools, self.held)
+        r = self.reading
+        content, calls = r.fmt.parse(self.text, r.tools, r.held)
         if not calls:  # no call, or one that does not parse: the rest is content
             rest, self.sent = self.text[self.sent:], len(self.text)
             return {"index": self.index, "delta": delta_of(thought, rest, out.logprobs),
@@ -168,18 +168,6 @@ class ToolChatShape(ChatShape):
                  "tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
         return {"index": self.index, "delta": delta, "logprobs": lp,
                 "finish_reason": calls_finish(out.finish_reason)}
-
-    def whole(self, job: Job) -> dict:
-        s = job.stream
-        thought, text = self.parts(s.text)
-        content, calls = self.fmt.parse(text, self.tools, self.held)
-        if not calls:
-            return super().whole(job)
-        content = self.echo + (content or "") if self.echo else content
-        message = self.message(thought, content, tool_calls=[c.to_dict() for c in calls])
-        return {"index": self.index, "message": message,
-                "logprobs": self.content_logprobs(s.logprobs),
-                "finish_reason": calls_finish(s.finish_reason)}
 
 
 def delta_of(thought: str, text: str, logprobs: list) -> dict:
@@ -194,12 +182,6 @@ def delta_of(thought: str, text: str, logprobs: list) -> dict:
 def calls_finish(finish_reason: str) -> str:
     """An answer of calls finishes with "tool_calls", or "length" where max_tokens cut it."""
     return "length" if finish_reason == "length" else "tool_calls"
-
-
-def held_from(text: str, sent: int) -> int:
-    """Where the content that may go out ends: at a call's opening tag, or before a tail that
-    may yet become one (the tag formats': Format.held_from)."""
-    return tool_calls.held_from(text, sent, tool_calls.OPEN)
 
 
 def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict:
