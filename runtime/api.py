@@ -12,11 +12,11 @@ batched continuously up to `max_num_seqs` KV slots.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from trt_spec.runtime import reasoning, tool_calls
+from trt_spec.runtime.chat import Chat
 from trt_spec.runtime.generator import Generator, Prompt
 from trt_spec.runtime.methods import PLAIN
 from trt_spec.runtime.provenance import TokenSource
@@ -25,7 +25,6 @@ from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
 from trt_spec.runtime.stream import RequestMetrics
 from trt_spec.runtime.tool_calls import Tool, ToolCall
-from trt_spec.runtime.tool_formats import format_of
 
 
 @dataclass
@@ -219,31 +218,16 @@ class LLM:
         if not chats:
             raise ValueError("messages is empty: expected a chat (a list of messages) or a "
                              "list of chats")
-        given = tool_calls.tools(tools) if tools is not None else []
-        choice = tool_calls.tool_choice(tool_choice, given)
-        variables = reasoning.template_kwargs(chat_template_kwargs)
-        fmt = format_of(self.tokenizer.template_text(given))
+        chat = Chat.of(self.tokenizer, tools, tool_choice, parallel_tool_calls,
+                       chat_template_kwargs)
         params = check_params(sampling_params or SamplingParams())
-        if choice.forced:
-            if params.structure is not None:
-                raise ValueError(f"tool_choice={tool_choice!r} holds the output to tool "
-                                 f"calls; sampling_params.{params.structure[0]} cannot hold "
-                                 "it too")
-            params = replace(params, grammar=fmt.grammar(
-                given, choice, parallel_tool_calls, self.tokenizer.marker_ids(fmt.markers)))
-        ids = [self.scheduler.encode(c, True, given, variables) for c in chats]
-        # per chat: None where its answer does not think, else whether its prompt opened the
-        # think block; a structure then holds the output after the thinking section
-        thinking = [reasoning.thinking_of(self.tokenizer, variables, i) for i in ids]
-        requests = self._enqueue(ids, [params if t is None else reasoning.after_thinking(
-            params, t) for t in thinking], method, num_draft_tokens)
+        ids = [chat.encode(c) for c in chats]
+        held = [chat.hold(i, params) for i in ids]  # per chat: (its params, its Reading)
+        requests = self._enqueue(ids, [p for p, _ in held], method, num_draft_tokens)
         outputs = self._run(requests, chats)
-        for out, think in zip(outputs, thinking):
+        for out, (_, reading) in zip(outputs, held):
             for c in out.outputs:
-                c.reasoning_content, content = ((None, c.text) if think is None
-                                                else reasoning.split(c.text, think))
-                if given and choice.mode != "none":
-                    c.tool_calls = fmt.parse(content, given, choice.forced)[1] or None
+                c.reasoning_content, _, c.tool_calls = reading.read(c.text)
         return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None, *,

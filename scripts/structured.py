@@ -134,9 +134,8 @@ def task(gen, case: dict, max_tokens: int):
     tools shown in the template's format, the output held to the call grammar)."""
     import jsonschema
 
-    from trt_spec.runtime import tool_calls
+    from trt_spec.runtime.chat import Chat
     from trt_spec.runtime.sampling import SamplingParams
-    from trt_spec.runtime.tool_formats import format_of
 
     def validates(value, schema) -> bool:
         try:
@@ -154,19 +153,17 @@ def task(gen, case: dict, max_tokens: int):
 
         return (SamplingParams(max_tokens=max_tokens, json_schema=case["json_schema"]),
                 gen.encode(case["messages"]), valid)
-    tools = tool_calls.tools(case["tools"])
-    choice = tool_calls.tool_choice(case["tool_choice"], tools)
-    fmt = format_of(gen.tokenizer.template_text(True))
-    schemas = {t.name: t.parameters for t in tools}
+    chat = Chat.of(gen.tokenizer, case["tools"], case["tool_choice"], False)  # as LLM.chat
+    ids = chat.encode(case["messages"])
+    params, reading = chat.hold(ids, SamplingParams(max_tokens=max_tokens))
+    schemas = {t.name: t.parameters for t in chat.tools}
 
     def valid(text: str) -> bool:
-        calls = fmt.parse(text, tools, held=True)[1]
+        calls = reading.read(text)[2]
         return bool(calls) and all(validates(json.loads(c.arguments), schemas[c.name])
                                    for c in calls)
 
-    params = SamplingParams(max_tokens=max_tokens, grammar=fmt.grammar(
-        tools, choice, False, gen.tokenizer.marker_ids(fmt.markers)))
-    return params, gen.encode(case["messages"], tools=tools), valid
+    return params, ids, valid
 
 
 if __name__ == "__main__":

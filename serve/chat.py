@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 
 from fastapi import APIRouter, Request
 
-from trt_spec.runtime import reasoning, tool_calls
-from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
+from trt_spec.runtime import reasoning
+from trt_spec.runtime.chat import PLAIN, Chat, Reading
+from trt_spec.runtime.sampling import TokenLogprob
 from trt_spec.runtime.scheduler import Output
 from trt_spec.runtime.scheduler import Request as Job
 from trt_spec.runtime.tokenizer import Tokenizer
-from trt_spec.runtime.tool_formats import format_of
 from trt_spec.runtime.validation import FieldError
 from trt_spec.serve.endpoint import (Prompted, Served, answer, check_model, check_size,
                                      read_request, served)
@@ -37,80 +36,41 @@ async def chat_completions(request: Request):
 
 async def chat_prompt(ctx: Served, req: ChatRequest) -> Prompted:
     """The chat's one prompt: its messages templated and tokenized, its sampling params (held
-    to the tool-call grammar, after the thinking section), how its answer reads (a Shape).
-    POST /v1/responses (serve/responses.py) answers through it too."""
-    scheduler = ctx.scheduler
+    to the tool-call grammar, after the thinking section: runtime/chat.py), how its answer
+    reads (a Shape). POST /v1/responses (serve/responses.py) answers through it too."""
+    scheduler, tokenizer = ctx.scheduler, ctx.scheduler.tokenizer
     check_model(req.model, ctx.model_name)
     messages = chat_messages(req)
     check_size(scheduler, [m["content"] for m in messages], "messages")
-    tools, choice = tool_request(req)
-    variables = template_kwargs(req)
-    rendering = prompt_options(req)
+    chat = named_field(Chat.of, tokenizer, req.tools, req.tool_choice,
+                       req.parallel_tool_calls is not False, req.chat_template_kwargs,
+                       reasoning_effort=req.reasoning_effort,
+                       add_generation_prompt=req.add_generation_prompt,
+                       continue_final_message=req.continue_final_message,
+                       documents=req.documents)
     try:  # the template and the tokenizer, off the event loop
-        ids = await asyncio.to_thread(scheduler.encode, messages, None, tools,
-                                      {**variables, **rendering})
+        ids = await asyncio.to_thread(chat.encode, messages)
     except ValueError as e:  # no chat template, or the template refused the messages
         raise RequestError(str(e), "messages") from None
     ids = truncated(ids, req, scheduler.max_len)
     max_tokens = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
-    tokenizer = scheduler.tokenizer
     params = sampling_params(req, max_tokens, max(scheduler.max_len - len(ids), 1), tokenizer)
-    fmt = format_of(tokenizer.template_text(tools))
-    think = reasoning.thinking_of(tokenizer, variables, ids)
-    if choice.forced:
-        params = held_to_calls(req, params, fmt.grammar(
-            tools, choice, req.parallel_tool_calls is not False,
-            tokenizer.marker_ids(fmt.markers)))
-    if think is not None:  # a structure holds the output after the thinking section
-        params = after_thinking(req, params, think)
-    logprobs = params.logprobs is not None
-    shape = (ToolChatShape(tokenizer, logprobs, fmt, tools, choice.forced)
-             if tools and choice.mode != "none" else ChatShape(tokenizer, logprobs))
-    shape.think = None if ctx.reasoning_in_content else think
+    params, reading = named_field(chat.hold, ids, params, structure_param(req))
+    if ctx.reasoning_in_content:  # the thinking section stays in the content
+        reading = dataclasses.replace(reading, think=None)
+    shape = (ToolChatShape if reading.tools else ChatShape)(
+        tokenizer, params.logprobs is not None, reading)
     shape.with_reasoning = req.include_reasoning is not False
     shape.echo = echoed(req, messages)
     return Prompted(ids, params, shape)
 
 
-def template_kwargs(req: ChatRequest) -> dict:
-    """chat_template_kwargs, checked (a 400 naming it), and reasoning_effort's: the template
-    reads it by that name, and "none" turns thinking off (enable_thinking false, unless the
-    kwargs set it), any other effort on."""
+def named_field(run, *args, **kwargs):
+    """run(*args, **kwargs), its FieldError a 400 naming the request's field."""
     try:
-        variables = reasoning.template_kwargs(req.chat_template_kwargs)
+        return run(*args, **kwargs)
     except FieldError as e:
         raise RequestError(str(e), e.field) from None
-    effort = req.reasoning_effort
-    if effort is None:
-        return variables
-    if effort not in EFFORTS:
-        raise RequestError(f"reasoning_effort={effort!r}: must be one of {', '.join(EFFORTS)}",
-                           "reasoning_effort")
-    return {"enable_thinking": effort != "none", "reasoning_effort": effort, **variables}
-
-
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's
-
-
-def prompt_options(req: ChatRequest) -> dict:
-    """How the chat is rendered (vLLM's fields): add_generation_prompt (default true),
-    continue_final_message (the last message left open for the model to go on with; not with
-    add_generation_prompt), documents (the template's)."""
-    if req.continue_final_message and req.add_generation_prompt:
-        raise RequestError("continue_final_message and add_generation_prompt are both true: "
-                           "a chat either opens a new assistant turn or continues its last "
-                           "message; set add_generation_prompt false", "continue_final_message")
-    options = {"add_generation_prompt": not req.continue_final_message
-               and req.add_generation_prompt is not False}
-    if req.continue_final_message:
-        options["continue_final_message"] = True
-    if req.documents is not None:
-        if not isinstance(req.documents, list) or \
-                not all(isinstance(d, dict) for d in req.documents):
-            raise RequestError(f"documents={json.dumps(req.documents)[:80]}: expected a list of "
-                               "objects (e.g. {\"title\", \"text\"})", "documents")
-        options["documents"] = req.documents
-    return options
 
 
 def echoed(req: ChatRequest, messages: list[dict]) -> str:
@@ -120,49 +80,21 @@ def echoed(req: ChatRequest, messages: list[dict]) -> str:
     return last["content"] if req.echo and last["role"] == "assistant" else ""
 
 
-def tool_request(req: ChatRequest) -> tuple[list[tool_calls.Tool], tool_calls.ToolChoice]:
-    """The request's tools and tool_choice, checked (a 400 naming the field)."""
-    try:
-        tools = [] if req.tools is None else tool_calls.tools(req.tools)
-        return tools, tool_calls.tool_choice(req.tool_choice, tools)
-    except FieldError as e:
-        raise RequestError(str(e), e.field) from None
-
-
-def held_to_calls(req: ChatRequest, params: SamplingParams, grammar: str) -> SamplingParams:
-    """tool_choice required or a named function: the output held to the call grammar (the
-    request may not hold it to another structure too)."""
-    if params.structure is not None:
-        param = structure_param(req)
-        raise RequestError(f"tool_choice={req.tool_choice!r} holds the output to tool calls; "
-                           f"it cannot also be held to {param}", "tool_choice")
-    try:
-        return dataclasses.replace(params, grammar=grammar)
-    except FieldError as e:
-        raise RequestError(f"the tools' schemas: {e}", "tools") from None
-
-
-def after_thinking(req: ChatRequest, params: SamplingParams, opened: bool) -> SamplingParams:
-    """The request's structure held after the thinking section (a 400 naming the field that
-    asked for it where the nested grammar is refused)."""
-    try:
-        return reasoning.after_thinking(params, opened)
-    except FieldError as e:
-        field = structure_param(req)
-        raise RequestError(f"{field} after the thinking section: {e}", field) from None
-
-
 class ChatShape(Shape):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl"
     prompt_param = "messages"
-    # the answer thinks first (runtime/reasoning.py): None, not split (no thinking section,
-    # or --reasoning-in-content); else whether the prompt opened the think block
-    think: bool | None = None
     splitter: reasoning.Splitter | None = None  # this choice's, made on its first delta
     with_reasoning: bool = True  # include_reasoning: false leaves the reasoning out
     echo: str = ""  # vLLM's echo: the last (assistant) message, in front of the content
+
+    def __init__(self, tokenizer: Tokenizer, logprobs: bool, reading: Reading = PLAIN,
+                 index: int = 0):
+        """reading: how the answer reads (runtime/chat.py): the calls it may make, where its
+        thinking section starts (think None: not split, also under --reasoning-in-content)."""
+        super().__init__(tokenizer, logprobs, index)
+        self.reading = reading
 
     def opening(self) -> dict:
         return {"index": self.index, "delta": {"role": "assistant", "content": self.echo},
@@ -171,18 +103,12 @@ class ChatShape(Shape):
     def pieces(self, out: Output) -> tuple[str, str]:
         """(new reasoning, new content) of a delta: the thinking section apart, its tags
         held back until they are whole."""
-        if self.think is None:
+        if self.reading.think is None:
             return "", out.text
         if self.splitter is None:
-            self.splitter = reasoning.Splitter(self.think)
+            self.splitter = reasoning.Splitter(self.reading.think)
         thought, text = self.splitter.feed(out.text, out.finish_reason is not None)
         return (thought if self.with_reasoning else ""), text
-
-    def parts(self, text: str) -> tuple[str | None, str]:
-        """(reasoning, content) of a finished answer."""
-        thought, content = (None, text) if self.think is None else \
-            reasoning.split(text, self.think)
-        return (thought if self.with_reasoning else None), content
 
     def delta(self, job: Job, out: Output) -> dict:
         thought, text = self.pieces(out)
@@ -191,14 +117,19 @@ class ChatShape(Shape):
                 "logprobs": lp, "finish_reason": out.finish_reason}
 
     def whole(self, job: Job) -> dict:
+        """The finished answer's message: its reasoning, content and calls (Reading.read)."""
         s = job.stream
-        thought, content = self.parts(s.text)
-        return {"index": self.index, "message": self.message(thought, self.echo + content),
-                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": s.finish_reason}
+        thought, content, calls = self.reading.read(s.text)
+        thought = thought if self.with_reasoning else None
+        content = self.echo + (content or "") if self.echo else content
+        more = {"tool_calls": [c.to_dict() for c in calls]} if calls else {}
+        finish = calls_finish(s.finish_reason) if calls else s.finish_reason
+        return {"index": self.index, "message": self.message(thought, content, **more),
+                "logprobs": self.content_logprobs(s.logprobs), "finish_reason": finish}
 
     def message(self, thought: str | None, content: str | None, **more) -> dict:
         """The answer's message; reasoning_content where the template thinks (vLLM's)."""
-        thinking = {} if self.think is None else {"reasoning_content": thought}
+        thinking = {} if self.reading.think is None else {"reasoning_content": thought}
         return {"role": "assistant", "content": content, **thinking, **more}
 
     def response_fields(self, job: Job) -> dict:
@@ -216,23 +147,19 @@ class ToolChatShape(ChatShape):
     there it is held, and parsed when the answer ends into `tool_calls` (finish_reason
     "tool_calls"), or handed back as content where it does not parse."""
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: bool, fmt: tool_calls.Format,
-                 tools: list[tool_calls.Tool], held: bool, index: int = 0):
-        """held: the output is held to the call grammar (tool_choice required or named)."""
-        super().__init__(tokenizer, logprobs, index)
-        self.fmt, self.tools, self.held = fmt, tools, held
-        self.text, self.sent = "", 0  # the answer so far; how much of it went out as content
+    text, sent = "", 0  # the answer so far; how much of it went out as content
 
     def delta(self, job: Job, out: Output) -> dict:
         thought, text = self.pieces(out)
         self.text += text
         lp = self.content_logprobs(out.logprobs)
         if out.finish_reason is None:
-            end = self.fmt.held_from(self.text, self.sent)
+            end = self.reading.fmt.held_from(self.text, self.sent)
             text, self.sent = self.text[self.sent:end], max(self.sent, end)
             return {"index": self.index, "delta": delta_of(thought, text, out.logprobs),
                     "logprobs": lp, "finish_reason": None}
-        content, calls = self.fmt.parse(self.text, self.tools, self.held)
+        r = self.reading
+        content, calls = r.fmt.parse(self.text, r.tools, r.held)
         if not calls:  # no call, or one that does not parse: the rest is content
             rest, self.sent = self.text[self.sent:], len(self.text)
             return {"index": self.index, "delta": delta_of(thought, rest, out.logprobs),
@@ -241,18 +168,6 @@ class ToolChatShape(ChatShape):
                  "tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]}
         return {"index": self.index, "delta": delta, "logprobs": lp,
                 "finish_reason": calls_finish(out.finish_reason)}
-
-    def whole(self, job: Job) -> dict:
-        s = job.stream
-        thought, text = self.parts(s.text)
-        content, calls = self.fmt.parse(text, self.tools, self.held)
-        if not calls:
-            return super().whole(job)
-        content = self.echo + (content or "") if self.echo else content
-        message = self.message(thought, content, tool_calls=[c.to_dict() for c in calls])
-        return {"index": self.index, "message": message,
-                "logprobs": self.content_logprobs(s.logprobs),
-                "finish_reason": calls_finish(s.finish_reason)}
 
 
 def delta_of(thought: str, text: str, logprobs: list) -> dict:
@@ -267,12 +182,6 @@ def delta_of(thought: str, text: str, logprobs: list) -> dict:
 def calls_finish(finish_reason: str) -> str:
     """An answer of calls finishes with "tool_calls", or "length" where max_tokens cut it."""
     return "length" if finish_reason == "length" else "tool_calls"
-
-
-def held_from(text: str, sent: int) -> int:
-    """Where the content that may go out ends: at a call's opening tag, or before a tail that
-    may yet become one (the tag formats': Format.held_from)."""
-    return tool_calls.held_from(text, sent, tool_calls.OPEN)
 
 
 def chat_logprobs(tokenizer: Tokenizer, logprobs: list[TokenLogprob]) -> dict:

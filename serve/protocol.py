@@ -214,7 +214,7 @@ class ChatRequest(_Request):
     # more of the chat template's variables, e.g. {"enable_thinking": false} (vLLM's name;
     # runtime/reasoning.py's template_kwargs checks it)
     chat_template_kwargs: Any = None
-    # vLLM's: how the chat is rendered (serve/chat.py prompt_options)
+    # vLLM's: how the chat is rendered (runtime/chat.py rendering)
     add_generation_prompt: bool | None = None  # default true
     continue_final_message: bool | None = None  # default false: the last message left open
     echo: bool | None = None  # the last message, when the assistant's, in front of the answer

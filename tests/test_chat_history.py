@@ -15,6 +15,7 @@ import pytest
 from tests.server_util import start_server
 from trt_spec.runtime import validation
 from trt_spec.runtime.tool_calls import FORMATS, OPEN, CLOSE, tools
+from trt_spec.runtime.chat import PLAIN, Reading
 from trt_spec.serve.chat import ChatShape, ToolChatShape
 
 WEATHER = {"type": "function", "function": {
@@ -59,14 +60,11 @@ def server_shapes() -> dict[str, dict]:
     """Each answer's message as the server returns it (serve/chat.py's shapes, thinking on:
     the template has a think section), whole and streamed-assembled."""
     def plain():
-        s = ChatShape(None, False)
-        s.think = False
-        return s
+        return ChatShape(None, False, Reading(FORMATS["block"], [], False, False))
 
     def with_tools():
-        s = ToolChatShape(None, False, FORMATS["block"], tools([WEATHER]), held=False)
-        s.think = False
-        return s
+        return ToolChatShape(None, False, Reading(FORMATS["block"], tools([WEATHER]), False,
+                                                  False))
 
     cut = [ANSWER[:9], ANSWER[9:15], ANSWER[15:]]
     called = "<think> x y </think> c d " + CALL
@@ -75,7 +73,7 @@ def server_shapes() -> dict[str, dict]:
         "streamed": assembled(plain(), cut),
         "whole, calls": with_tools().whole(job(called))["message"],
         "streamed, calls": assembled(with_tools(), [called[:20], called[20:]]),
-        "whole, no thinking": ChatShape(None, False).whole(job("c d"))["message"],
+        "whole, no thinking": ChatShape(None, False, PLAIN).whole(job("c d"))["message"],
     }
 
 

@@ -139,13 +139,15 @@ def test_structures_start_after_the_thinking_section(smollm2_hf_dir):
 # --- the chat endpoint -------------------------------------------------------------------
 
 def test_shapes_split_reasoning_streamed_and_whole():
+    from dataclasses import replace
+
+    from trt_spec.runtime.chat import PLAIN
     from trt_spec.serve.chat import ChatShape
 
     def out(text, finish=None):
         return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
 
-    shape = ChatShape(None, False)
-    shape.think = False
+    shape = ChatShape(None, False, replace(PLAIN, think=False))
     second = shape.for_index(1)
     deltas = [shape.delta(None, out(t))["delta"] for t in ["<think>", " a </thi", "nk> b"]]
     assert deltas == [{}, {"reasoning_content": " a "}, {"content": "b"}]

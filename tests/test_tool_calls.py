@@ -10,7 +10,8 @@ from trt_spec.runtime import tool_calls, validation
 from trt_spec.runtime.tool_calls import FORMATS, OPEN, CLOSE, ToolChoice, tools
 from trt_spec.runtime.tool_formats import for_template, format_of
 from trt_spec.runtime.validation import FieldError
-from trt_spec.serve.chat import ToolChatShape, held_from
+from trt_spec.runtime.chat import Reading
+from trt_spec.serve.chat import ToolChatShape
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -144,6 +145,7 @@ def test_the_call_grammar_compiles_and_holds_each_call_to_its_schema():
 
 
 def test_held_from_keeps_back_what_may_open_a_call():
+    held_from = FORMATS["block"].held_from
     assert held_from("Hello", 0) == 5
     assert held_from("Hello <tool", 0) == len("Hello ")
     assert held_from("Hello <tool_call>{", 0) == len("Hello ")
@@ -152,6 +154,9 @@ def test_held_from_keeps_back_what_may_open_a_call():
 
 class Tok:
     pass
+
+
+BLOCK_WEATHER = Reading(FORMATS["block"], tools([WEATHER]), False, None)  # not held, no thinking
 
 
 def out(text: str, finish: str | None = None):
@@ -167,7 +172,7 @@ def finished(text: str, finish: str = "stop"):
 
 
 def test_a_streamed_call_is_held_then_sent_as_tool_calls():
-    shape = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False)
+    shape = ToolChatShape(Tok(), False, BLOCK_WEATHER)
     pieces = ["Sure. <to", "ol_call>{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": "
               "\"Oslo\"}}</tool_call>"]
     deltas = [shape.delta(None, out(p))["delta"] for p in pieces]
@@ -178,11 +183,11 @@ def test_a_streamed_call_is_held_then_sent_as_tool_calls():
     assert c["index"] == 0 and c["function"] == {"name": "get_weather",
                                                  "arguments": '{"city": "Oslo"}'}
     # text that only looked like a call comes out as content, whole
-    shape = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False)
+    shape = ToolChatShape(Tok(), False, BLOCK_WEATHER)
     sent = [shape.delta(None, out(p))["delta"].get("content", "") for p in ["a <to", "y> b"]]
     sent.append(shape.delta(None, out("", "stop"))["delta"].get("content", ""))
     assert "".join(sent) == "a <toy> b"
-    whole = ToolChatShape(Tok(), False, FORMATS["block"], tools([WEATHER]), held=False).whole(
+    whole = ToolChatShape(Tok(), False, BLOCK_WEATHER).whole(
         finished("x " + call("get_weather", city="Oslo")))
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "x"
 
@@ -243,7 +248,7 @@ def test_each_choice_holds_back_its_own_call():
     def out(text, finish=None):
         return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
 
-    first = ToolChatShape(None, False, FORMATS["block"], tools([WEATHER]), held=False)
+    first = ToolChatShape(None, False, BLOCK_WEATHER)
     second = first.for_index(1)
     assert (first.index, second.index) == (0, 1)
     assert first.delta(None, out("a <to"))["delta"] == {"content": "a "}

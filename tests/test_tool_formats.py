@@ -228,6 +228,7 @@ def test_llm_chat_calls_tools_in_the_template_s_format(byte_engine, template, tm
 def test_a_streamed_native_call_is_held_then_sent_as_tool_calls():
     from types import SimpleNamespace
 
+    from trt_spec.runtime.chat import Reading
     from trt_spec.serve.chat import ToolChatShape
 
     def out(text, finish=None):
@@ -238,13 +239,13 @@ def test_a_streamed_native_call_is_held_then_sent_as_tool_calls():
              (FORMAT["llama3"], ['{"name": ', '"get_time", "parameters": {}}'], ""),
              (FORMAT["mistral-args"], ["[TOOL_CALLS]get_time", "[ARGS]{}"], "")]
     for fmt, pieces, content in cases:
-        shape = ToolChatShape(None, False, fmt, GIVEN, held=False)
+        shape = ToolChatShape(None, False, Reading(fmt, GIVEN, False, None))
         sent = "".join(shape.delta(None, out(p))["delta"].get("content", "") for p in pieces)
         assert sent == content, fmt.name
         last = shape.delta(None, out("", "stop"))
         assert last["finish_reason"] == "tool_calls", fmt.name
         assert [c["function"]["name"] for c in last["delta"]["tool_calls"]] == ["get_time"]
-    shape = ToolChatShape(None, False, FORMAT["llama3"], GIVEN, held=False)
+    shape = ToolChatShape(None, False, Reading(FORMAT["llama3"], GIVEN, False, None))
     assert shape.delta(None, out("It is "))["delta"] == {"content": "It is "}  # text: sent
 
 

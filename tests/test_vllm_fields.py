@@ -260,13 +260,16 @@ def test_top_k_and_structured_outputs_on_chat(server):
 def test_include_reasoning_false_leaves_the_reasoning_out():
     from types import SimpleNamespace
 
+    from dataclasses import replace
+
+    from trt_spec.runtime.chat import PLAIN
     from trt_spec.serve.chat import ChatShape
 
     def out(text, finish=None):
         return SimpleNamespace(text=text, logprobs=[], finish_reason=finish)
 
-    shape = ChatShape(None, False)
-    shape.think, shape.with_reasoning = False, False
+    shape = ChatShape(None, False, replace(PLAIN, think=False))
+    shape.with_reasoning = False
     deltas = [shape.delta(None, out(t))["delta"] for t in ["<think> a </th", "ink> b", ""]]
     assert deltas == [{}, {"content": "b"}, {}]
     whole = shape.whole(SimpleNamespace(stream=SimpleNamespace(
