@@ -66,5 +66,6 @@ class DeviceControls:
         return torch.where(torch.isinf(kept) & ~torch.isinf(z), float("-inf"), z)
 
     def count(self, lo: int, hi: int, tokens: torch.Tensor, keep: torch.Tensor) -> None:
-        """The emitted tokens [B, T] of slots [lo, hi) where keep [B, T] added to the counts."""
-        self.counts[lo:hi].scatter_add_(1, tokens, keep.to(self.counts.dtype))
+        """The emitted tokens [B, T] of slots [lo, hi) where keep [B, T] added to the counts
+        (a row past what it emitted holds PLACEHOLDER, -1: counted nowhere, read as id 0)."""
+        self.counts[lo:hi].scatter_add_(1, tokens.clamp(min=0), keep.to(self.counts.dtype))
