@@ -3,7 +3,7 @@ seeded sampled output equals plain seeded output token for token, on every metho
 engine folder, at k = 1, 2, 4 and auto, alone and in a batch of 4, with the policy's gain
 rules on (seeded requests are not exempt from them), after a prefix-cache hit, in chunked
 prefill, under a structure and the sampling controls, for each of n = 2 choices, and through
-the server's defaults."""
+the server (every method and k, and its defaults)."""
 
 import dataclasses
 import json
@@ -85,6 +85,7 @@ def test_a_prefix_cache_hit_and_chunked_prefill_equal_plain(tiny_vocab_engine, w
     dict(top_p=0.9, top_k=20, temperature=0.7),
     dict(presence_penalty=1.2, frequency_penalty=0.8, repetition_penalty=1.3, min_p=0.05),
 ], ids=["regex", "top-p top-k temperature", "penalties min-p"])
+# (a JSON schema: the tiny tokenizer cannot spell JSON; tests/test_seeded_methods_smollm2.py)
 def test_a_structure_and_the_sampling_controls_equal_plain(gen, controls):
     params = dataclasses.replace(SAMPLED, **controls)
     w = plain(gen, params)
@@ -117,6 +118,26 @@ def test_n_choices_equal_plain_and_the_seed_is_returned(tiny_vocab_engine):
                              chat=False)[0]
         assert again.token_ids == unseeded.token_ids, method
     assert want[0] != want[1]
+
+
+def test_the_server_gives_plain_text_under_every_method_and_k(tiny_vocab_engine):
+    """Through `trt-spec serve`, each method at each k, n = 2: plain's two answers."""
+    server = start_server(tiny_vocab_engine, "--max-num-seqs", "4")
+    try:
+        def ask(speculative):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "a b c a b c"}],
+                    "max_tokens": 12, "temperature": 0.9, "ignore_eos": True, "seed": 3,
+                    "n": 2, "speculative": speculative}
+            r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return [c["message"]["content"] for c in r.json()["choices"]]
+
+        plain = ask({"method": "none"})
+        for method in METHODS:
+            for k in KS:
+                assert ask({"method": method, "num_draft_tokens": k}) == plain, (method, k)
+    finally:
+        assert server.stop() == 0
 
 
 def test_the_server_answers_a_seeded_request_alike_every_time(tiny_vocab_engine):
