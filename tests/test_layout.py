@@ -217,6 +217,20 @@ def test_no_import_cycle_spans_two_parts():
     assert cycles(probe) == [{"trt_spec.a.x", "trt_spec.b.y"}]
 
 
+def test_proposers_only_draft():
+    """The speculation rules belong to the planner (runtime/speculation/): proposers apply
+    them through the gate it hands them, so no proposer imports the policy, and no import
+    cycle runs through a proposer or the policy (settings -> methods -> proposers -> policy
+    -> settings tied seven modules into one)."""
+    graph = import_graph()
+    policy = "trt_spec.runtime.speculation.policy"
+    proposers = [m for m in graph if m.startswith("trt_spec.runtime.proposers.")]
+    assert "trt_spec.runtime.proposers.suffix" in proposers  # the walk sees them
+    assert not [m for m in proposers if policy in graph[m]]
+    tied = [sorted(c) for c in cycles(graph) if c & {policy, *proposers}]
+    assert not tied, tied
+
+
 def test_no_function_takes_more_than_12_parameters():
     """Outside the command line (which maps options onto config objects) settings travel as
     typed configs, not long keyword chains: no function takes more than 12 parameters."""

@@ -27,7 +27,6 @@ from typing import Callable
 
 import numpy as np
 
-from trt_spec.runtime.speculation.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.hybrid import MIN_RUN
 from trt_spec.runtime.proposers.suffix import SuffixProposer
@@ -81,9 +80,8 @@ class AutoProposer(Proposer):
             return None, 0
         gain, source, j = max(options)
         if gain < 1:
-            n = self.skipped[s.id] = self.skipped.get(s.id, 0) + 1
-            if not probes(n, gain):  # the first such step of a request probes too, at
-                return None, 0  # the best length (policy.py: probes)
+            if gate.skips(self.skipped, s.id, gain):  # the first such step of a request
+                return None, 0  # probes too, at the best length (policy.py: probes)
         elif j < (len(found) if source == self.lookup.name else k):
             n = self.shortened[s.id] = self.shortened.get(s.id, 0) + 1
             if n % PROBE_EVERY == 0:  # ... and one position more, so that it stays measured

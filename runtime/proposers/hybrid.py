@@ -19,7 +19,6 @@ from typing import Callable
 
 import numpy as np
 
-from trt_spec.runtime.speculation.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, Proposer, source_key
 from trt_spec.runtime.proposers.suffix import SuffixProposer
 
@@ -58,9 +57,7 @@ class HybridProposer(Proposer):
         # policy's rule for a single method, with its probes so the measurements go on.
         # (Pooled over match lengths a lookup's acceptance undersells its long matches, which
         # auto tells apart: it is not judged so.)
-        key = (s.id, source)
-        self.skipped[key] = self.skipped.get(key, 0) + 1
-        return best if probes(self.skipped[key], gain) else 0
+        return 0 if gate.skips(self.skipped, (s.id, source), gain) else best
 
     def propose(self, streams, ks, gate=None):
         looked = self.lookup.propose(streams, ks)

@@ -26,7 +26,6 @@ from typing import Callable
 import numpy as np
 
 from trt_spec.runtime.corpus import CorpusTable
-from trt_spec.runtime.speculation.policy import probes
 from trt_spec.runtime.proposers.base import Drafts, source_key
 from trt_spec.runtime.proposers.ngram import NgramProposer, tail
 from trt_spec.runtime.proposers.ngram_index import NgramIndex
@@ -136,8 +135,7 @@ class SuffixProposer(NgramProposer):
         best, gain = acc.best(rule.costs, None, n, gate.batch, drafting)
         if gain >= 1:
             return best
-        self.skipped[s.id] = self.skipped.get(s.id, 0) + 1
-        return best if probes(self.skipped[s.id], gain) else 0
+        return 0 if gate.skips(self.skipped, s.id, gain) else best
 
     def propose(self, streams, ks, gate=None):
         found = [self.draft_n(s, k) if k > 0 else (np.zeros(0, dtype=np.int64), 0)

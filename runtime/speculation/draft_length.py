@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trt_spec.runtime.speculation.policy import probes
+
 BINS = 10
 PRIOR_WEIGHT = 4.0  # pseudo-observations at a(conf) = conf per bin
 # c(T) / c(1) until measured: exact decoding on the int4 CPU engine (past 64), then +0.23 a row
@@ -237,6 +239,14 @@ class DraftGate:
         self.gain[i] *= rate
         drafted = len(self.confidences[i])
         return self.gain[i] * rate >= self.rule.costs.marginal(self.drafter, drafted, self.batch)
+
+    def skips(self, skipped: dict, key, gain: float) -> bool:
+        """The policy's gain rule for a proposer that picks its own length (suffix, hybrid,
+        auto): a step where no length pays (gain < 1) is counted in skipped[key] (the
+        proposer's, cleared at its release), and drafts nothing but for the policy's probes
+        (policy.py: probes), so the measurements follow the workload."""
+        skipped[key] = skipped.get(key, 0) + 1
+        return not probes(skipped[key], gain)
 
 
 class PositionAcceptance:
