@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import warnings
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 import torch
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
@@ -100,10 +102,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
 
 
-def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
+def export_target(model: TargetModel, path: Path | None = None,
+                  release: bool = False) -> onnx.ModelProto:
     """The traced target graph (also written to `path` + `path`.data when given). Sample
     sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing. Float tensors
-    take the model's dtype; logits the head's width (a vanilla draft's may be restricted)."""
+    take the model's dtype; logits the head's width (a vanilla draft's may be restricted).
+    release: the model's weights are let go while the graph is written (export_module)."""
     config = model.config
     dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
@@ -111,11 +115,13 @@ def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelPro
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
     return export_module(model, args, dynamic,
-                         *target_io(config, dtype_name(dtype), head_vocab(model)), path)
+                         *target_io(config, dtype_name(dtype), head_vocab(model)), path, release)
 
 
-def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
-    """The target's score graph (TargetScorer: target + SpecVerify), traced."""
+def export_score(model: TargetModel, path: Path | None = None,
+                 release: bool = False) -> onnx.ModelProto:
+    """The target's score graph (TargetScorer: target + SpecVerify), traced (release: as
+    export_target's)."""
     from trt_spec.export.model import TargetScorer
 
     config = model.config
@@ -131,7 +137,7 @@ def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProt
     dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_token, per_token, per_row,
                per_row, per_row, (cache,) * (2 * config.num_layers))
     return export_module(TargetScorer(model), args, dynamic,
-                         *score_io(config, dtype_name(dtype)), path)
+                         *score_io(config, dtype_name(dtype)), path, release)
 
 
 def export_drafter(model: torch.nn.Module, head_vocab: int,
@@ -183,9 +189,13 @@ def step_dims(config: ModelConfig) -> tuple:
 
 
 def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: list[dict],
-                  outputs: list[dict], path: Path | None = None) -> onnx.ModelProto:
+                  outputs: list[dict], path: Path | None = None,
+                  release: bool = False) -> onnx.ModelProto:
     """Traces `model` with the dynamo exporter and checks its I/O against the contract;
-    writes it to `path` when given."""
+    writes it to `path` when given. release: `model`'s weights are let go once traced
+    (release_weights) and each is freed as soon as the graph holds its bytes
+    (serialized_once): the caller has no further use for them, and the graph and the module
+    never hold the weights twice over (what ran out of memory on 1B-8B models)."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -193,12 +203,51 @@ def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: l
             input_names=[i["name"] for i in inputs], output_names=[o["name"] for o in outputs],
             verbose=False,
         )
-    proto = program.model_proto
+    if release:
+        program.exported_program = None  # it refers to the weights too
+        release_weights(model)
+        proto = serialized_once(program.model)
+    else:
+        proto = program.model_proto
+    del program
     check_io(proto, inputs, outputs)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_with_external_data(proto, path)
     return proto
+
+
+def release_weights(module: torch.nn.Module) -> None:
+    """Every parameter and buffer of `module` replaced by an empty one on the meta device (the
+    module keeps its config and shapes): the tensors themselves are not touched, so whatever
+    still refers to them (a traced graph) keeps them, and the rest is freed."""
+    for sub in module.modules():
+        for name, p in sub._parameters.items():
+            if p is not None:
+                sub._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                                           requires_grad=p.requires_grad)
+        for name, b in sub._buffers.items():
+            if b is not None:
+                sub._buffers[name] = torch.empty_like(b, device="meta")
+    gc.collect()  # the tracer's objects refer to the weights through cycles
+
+
+def serialized_once(model: ir.Model) -> onnx.ModelProto:
+    """ir.serde.serialize_model(model), each initializer's tensor dropped as soon as its bytes
+    are in the proto (a one-shot lazy tensor in its place): with the module's weights let go
+    (release_weights), the graph's fp32 weights are in memory once, not twice. Leaves `model`
+    without its initializers' data."""
+    for value in model.graph.initializers.values():
+        if value.const_value is not None:
+            value.const_value = one_shot(value.const_value)
+    return ir.serde.serialize_model(model)
+
+
+def one_shot(tensor) -> ir.LazyTensor:
+    """A lazy tensor that hands out `tensor` once (a second read raises IndexError), keeping
+    no reference to it after."""
+    box = [tensor]
+    return ir.LazyTensor(box.pop, dtype=tensor.dtype, shape=tensor.shape, name=tensor.name)
 
 
 def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) -> None:

@@ -350,12 +350,18 @@ def export_graphs(models: Models, folder: Path, precision: str, backend: str,
     target, draft, config = models.target, models.draft, models.target.config
     shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     dtype = FLOAT.get(precision, "float32")
-    graphs = {"target": export_graph(lambda: export_target(target), folder, "target",
-                                     precision, backend, target_io(config, dtype), shared,
-                                     models.codes)}
-    if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
-        graphs["score"] = export_graph(lambda: export_score(target), folder, "score", precision,
-                                       backend, score_io(config, dtype), shared)
+    # The target's weights are let go while its last graph is traced, when no later graph
+    # reads the target (a drafter may share its embedding): a 1B-8B model's fp32 weights,
+    # held twice (module and graph), are what ran out of memory (export_module's release).
+    last = draft is None and not models.drafters
+    score = backend == "trt"  # the score step returns tokens: SpecVerify inside the graph
+    graphs = {"target": export_graph(
+        lambda: export_target(target, release=last and not score), folder, "target",
+        precision, backend, target_io(config, dtype), shared, models.codes)}
+    if score:
+        graphs["score"] = export_graph(lambda: export_score(target, release=last), folder,
+                                       "score", precision, backend, score_io(config, dtype),
+                                       shared)
     drafters = {}
     if draft is not None:
         name = METHODS["vanilla"].graphs()[0]

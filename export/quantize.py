@@ -46,11 +46,16 @@ def quantize_int8(w: np.ndarray, block: int = BLOCK):
     from a Q8_0 GGUF tensor (w = d*q, |q| <= 127, d = amax / 127)."""
     k, n = w.shape
     assert k % block == 0, (k, block)
-    wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block)
-    scale = np.abs(wt).max(-1) / 127.0
+    wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block), a copy
+    scale = np.maximum(wt.max(-1), -wt.min(-1)) / 127.0  # max |w|, without an |w| copy
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = (np.clip(np.round(wt / scale[..., None]), -127, 127) + 128).astype(np.uint8)
-    return q, scale.reshape(-1), np.full(scale.size, 128, np.uint8)
+    # in place, in wt: the same float32 steps as round(w / scale) clipped, + 128, with no
+    # temporary the size of the matrix (an embedding table's is 0.5 GB at 150k x 896)
+    np.divide(wt, scale[..., None], out=wt)
+    np.round(wt, out=wt)
+    np.clip(wt, -127, 127, out=wt)
+    wt += 128
+    return wt.astype(np.uint8), scale.reshape(-1), np.full(scale.size, 128, np.uint8)
 
 
 def dequantize_int8(q, scales, zero_points, k: int, n: int, block: int = BLOCK) -> np.ndarray:
@@ -67,8 +72,12 @@ def _int4_blocks(wt: np.ndarray):
     scale = (hi - lo) / 15.0
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
     zp = np.clip(np.round(-lo / scale), 0, 15).astype(np.uint8)
-    q = np.clip(np.round(wt / scale[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
-    return q, scale, zp
+    # round(wt / scale) + zp clipped to 0..15, in one temporary (wt is the caller's)
+    q = wt / scale[..., None]
+    np.round(q, out=q)
+    q += zp[..., None]
+    np.clip(q, 0, 15, out=q)
+    return q.astype(np.uint8), scale, zp
 
 
 def _pack_int4(q: np.ndarray, scale: np.ndarray, zp: np.ndarray):
@@ -197,6 +206,15 @@ def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> 
 DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
                 "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
                 "int8-rows2": dequantize_int8_columns}
+def release(init: onnx.TensorProto, uses: dict[str, int], name: str) -> None:
+    """One reader of the initializer `name` is gone; its bytes are dropped with the last (the
+    initializer itself is removed at the end of the pass): a graph's fp32 weights are not all
+    held beside their quantized copies."""
+    uses[name] -= 1
+    if uses[name] == 0:
+        init.ClearField("raw_data")
+
+
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                      min_elements: int = 4096, errors: dict | None = None,
                      given: dict | None = None) -> int:
@@ -244,7 +262,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             found.add(key)
             checkpoint_matmul(graph, new_nodes, ordered, node, given[key], (k, n),
                               accuracy_level, errors)
-            uses[w_name] -= 1
+            release(init, uses, w_name)
             replaced += 1
             continue
         form = form_for(node.output[0], (k, n))
@@ -269,7 +287,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                 passes.append(rows_int8(graph, new_nodes, rows,
                                          rows_int8_error(new_nodes, x, passes[0], k), k))
             int8_rows_matmul(new_nodes, passes, prefix, node.output[0], node.name or w_name)
-            uses[w_name] -= 1
+            release(init, uses, w_name)
             replaced += 1
             continue
         if form == "int4+residual":
@@ -285,7 +303,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             list(node.output), name=(node.name or w_name) + "/MatMulNBits", domain="com.microsoft",
             K=k, N=n, bits=8 if form == "int8" else 4, block_size=BLOCK,
             accuracy_level=accuracy_level))
-        uses[w_name] -= 1
+        release(init, uses, w_name)
         replaced += 1
     if given and len(found) != len(given):
         raise ValueError(f"{len(given) - len(found)} of the checkpoint's {len(given)} quantized "
@@ -333,6 +351,7 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4,
     if len(gathers) != 1 or table not in inits:
         return None
     e = numpy_helper.to_array(inits[table])  # (vocab, H)
+    inits[table].ClearField("raw_data")  # e is a copy; the table is removed below
     vocab, hidden = e.shape
     q, scales, zps = quantize_int8(e.T)  # q: (vocab, H/32, 32)
     p = f"{table}.int8"

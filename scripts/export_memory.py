@@ -29,12 +29,14 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.period_s = period_s
         self.process = psutil.Process()
-        self.stages: list[list] = [["start", 0, time.time()]]  # [name, peak bytes, t0]
+        # [name, peak bytes, t0, RSS at the start]
+        self.stages: list[list] = [["start", 0, time.time(), 0]]
         self.done = False
 
     def enter(self, name: str) -> None:
         self.sample()
-        self.stages.append([name, self.process.memory_info().rss, time.time()])
+        rss = self.process.memory_info().rss
+        self.stages.append([name, rss, time.time(), rss])
 
     def sample(self) -> None:
         stage = self.stages[-1]
@@ -93,13 +95,13 @@ def main() -> None:
     sampler.done = True
     sampler.enter("end")
     n = parameters(Path(args.model))
-    rows = [{"stage": name, "peak_mib": round(peak / 2**20), "bytes_per_param":
-             round(peak / n, 2), "s": round(t1 - t0, 1)}
-            for (name, peak, t0), (_, _, t1) in zip(sampler.stages, sampler.stages[1:])]
-    print(f"{n / 1e6:.0f}M parameters; peak RSS per stage:")
+    rows = [{"stage": name, "start_mib": round(rss / 2**20), "peak_mib": round(peak / 2**20),
+             "bytes_per_param": round(peak / n, 2), "s": round(t1 - t0, 1)}
+            for (name, peak, t0, rss), (_, _, t1, _) in zip(sampler.stages, sampler.stages[1:])]
+    print(f"{n / 1e6:.0f}M parameters; RSS at the start of each stage, its peak:")
     for r in rows:
-        print(f"  {r['peak_mib']:7d} MiB  {r['bytes_per_param']:5.2f} B/param  {r['s']:6.1f} s  "
-              f"{r['stage']}")
+        print(f"  {r['start_mib']:7d} -> {r['peak_mib']:7d} MiB  {r['bytes_per_param']:5.2f} "
+              f"B/param  {r['s']:6.1f} s  {r['stage']}")
     if args.json:
         args.json.write_text(json.dumps({"parameters": n, "stages": rows}, indent=2) + "\n")
 
