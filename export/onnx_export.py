@@ -9,13 +9,12 @@ import warnings
 from pathlib import Path
 
 import onnx
-import onnx_ir as ir
 import torch
 from onnx import numpy_helper
-from onnx.external_data_helper import set_external_data
 
 from trt_spec.export.drafters import head_vocab
 from trt_spec.export.model import TargetModel, empty_cache
+from trt_spec.export.spill import SPILL_BYTES, is_spilled, spill_model, tensor_bytes
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.graph_io import kv_names as layer_kv_names
 
@@ -103,11 +102,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def export_target(model: TargetModel, path: Path | None = None,
-                  release: bool = False) -> onnx.ModelProto:
+                  spill: Path | None = None) -> onnx.ModelProto:
     """The traced target graph (also written to `path` + `path`.data when given). Sample
     sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing. Float tensors
     take the model's dtype; logits the head's width (a vanilla draft's may be restricted).
-    release: the model's weights are let go while the graph is written (export_module)."""
+    spill: the model's weights are let go and the graph's spilled there (export_module)."""
     config = model.config
     dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
@@ -115,12 +114,12 @@ def export_target(model: TargetModel, path: Path | None = None,
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
     return export_module(model, args, dynamic,
-                         *target_io(config, dtype_name(dtype), head_vocab(model)), path, release)
+                         *target_io(config, dtype_name(dtype), head_vocab(model)), path, spill)
 
 
 def export_score(model: TargetModel, path: Path | None = None,
-                 release: bool = False) -> onnx.ModelProto:
-    """The target's score graph (TargetScorer: target + SpecVerify), traced (release: as
+                 spill: Path | None = None) -> onnx.ModelProto:
+    """The target's score graph (TargetScorer: target + SpecVerify), traced (spill: as
     export_target's)."""
     from trt_spec.export.model import TargetScorer
 
@@ -137,7 +136,7 @@ def export_score(model: TargetModel, path: Path | None = None,
     dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_token, per_token, per_row,
                per_row, per_row, (cache,) * (2 * config.num_layers))
     return export_module(TargetScorer(model), args, dynamic,
-                         *score_io(config, dtype_name(dtype)), path, release)
+                         *score_io(config, dtype_name(dtype)), path, spill)
 
 
 def export_drafter(model: torch.nn.Module, head_vocab: int,
@@ -190,12 +189,13 @@ def step_dims(config: ModelConfig) -> tuple:
 
 def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: list[dict],
                   outputs: list[dict], path: Path | None = None,
-                  release: bool = False) -> onnx.ModelProto:
+                  spill: Path | None = None) -> onnx.ModelProto:
     """Traces `model` with the dynamo exporter and checks its I/O against the contract;
-    writes it to `path` when given. release: `model`'s weights are let go once traced
-    (release_weights) and each is freed as soon as the graph holds its bytes
-    (serialized_once): the caller has no further use for them, and the graph and the module
-    never hold the weights twice over (what ran out of memory on 1B-8B models)."""
+    writes it to `path` when given. spill: the caller has no further use for `model`'s
+    weights; they are let go once traced (release_weights), and the graph's large
+    initializers are written to this scratch file one at a time instead of into the proto
+    (export/spill.py), so that neither the module and the graph, nor the proto's arena, hold
+    a 1B-8B model's fp32 weights (what ran out of memory)."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -203,10 +203,10 @@ def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: l
             input_names=[i["name"] for i in inputs], output_names=[o["name"] for o in outputs],
             verbose=False,
         )
-    if release:
+    if spill is not None:
         program.exported_program = None  # it refers to the weights too
         release_weights(model)
-        proto = serialized_once(program.model)
+        proto = spill_model(program.model, spill)
     else:
         proto = program.model_proto
     del program
@@ -232,24 +232,6 @@ def release_weights(module: torch.nn.Module) -> None:
     gc.collect()  # the tracer's objects refer to the weights through cycles
 
 
-def serialized_once(model: ir.Model) -> onnx.ModelProto:
-    """ir.serde.serialize_model(model), each initializer's tensor dropped as soon as its bytes
-    are in the proto (a one-shot lazy tensor in its place): with the module's weights let go
-    (release_weights), the graph's fp32 weights are in memory once, not twice. Leaves `model`
-    without its initializers' data."""
-    for value in model.graph.initializers.values():
-        if value.const_value is not None:
-            value.const_value = one_shot(value.const_value)
-    return ir.serde.serialize_model(model)
-
-
-def one_shot(tensor) -> ir.LazyTensor:
-    """A lazy tensor that hands out `tensor` once (a second read raises IndexError), keeping
-    no reference to it after."""
-    box = [tensor]
-    return ir.LazyTensor(box.pop, dtype=tensor.dtype, shape=tensor.shape, name=tensor.name)
-
-
 def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) -> None:
     got_in = [i.name for i in proto.graph.input]
     got_out = [o.name for o in proto.graph.output]
@@ -257,6 +239,17 @@ def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) ->
     if got_in != want_in or got_out != want_out:
         raise RuntimeError(f"exported graph I/O differs from the contract:\n"
                            f"inputs {got_in}\n!= {want_in}\noutputs {got_out}\n!= {want_out}")
+
+
+def external_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """onnx's set_external_data (the same entries, in its order), also for a tensor whose
+    bytes are not in the proto (spilled), then the proto's bytes cleared."""
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+    tensor.ClearField("raw_data")
 
 
 def save_with_external_data(proto: onnx.ModelProto, path: Path,
@@ -275,26 +268,26 @@ def save_with_external_data(proto: onnx.ModelProto, path: Path,
     with open(tmp, "wb") as f:
         inits = sorted(proto.graph.initializer, key=lambda t: t.name in aliases)  # sources first
         for tensor in inits:
-            if not tensor.HasField("raw_data"):
+            if not tensor.HasField("raw_data") and not is_spilled(tensor):
                 tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
-            if len(tensor.raw_data) < 1024 and tensor.name not in aliases:
+            raw = tensor_bytes(tensor)  # a spilled tensor's from its scratch file
+            if len(raw) < SPILL_BYTES and tensor.name not in aliases:
                 continue
-            digest = hashlib.sha256(tensor.raw_data).hexdigest() if shared is not None else None
+            digest = hashlib.sha256(raw).hexdigest() if shared is not None else None
             if tensor.name in aliases:
                 location = placed[aliases[tensor.name]]
-                assert location[2] == len(tensor.raw_data), (tensor.name, aliases[tensor.name])
+                assert location[2] == len(raw), (tensor.name, aliases[tensor.name])
             elif digest in (shared or {}):
                 location = shared[digest]
             else:
                 f.seek(-f.tell() % 4096, 1)  # align to a page
-                location = (data.name, f.tell(), len(tensor.raw_data))
-                f.write(tensor.raw_data)
+                location = (data.name, f.tell(), len(raw))
+                f.write(raw)
                 if shared is not None:
                     shared[digest] = location
             placed[tensor.name] = location
-            set_external_data(tensor, *location)
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            external_at(tensor, *location)
+            del raw
     onnx.save_model(proto, str(path))
     tmp.replace(data)
     return sorted({file for file, _, _ in placed.values()} - {data.name})

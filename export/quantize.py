@@ -36,8 +36,25 @@ from onnx import helper, numpy_helper
 
 from trt_spec.export.int8_rows import (dequantize_int8_columns, int8_rows_matmul,
                                       quantize_int8_columns, rows_int8, rows_int8_error)
+from trt_spec.export.spill import tensor_array
 
 BLOCK = 32
+
+
+CHUNK_ELEMENTS = 1 << 24  # a quantizer's float32 temporaries: 64 MB at a time
+
+
+def by_columns(quantize, w: np.ndarray, block: int):
+    """quantize(w[:, j0:j1]) over chunks of CHUNK_ELEMENTS weights, concatenated: each output
+    column's blocks are quantized on their own, so the result is the same as one call's, with
+    temporaries the size of a chunk instead of the matrix (a 150k x 896 embedding: 0.5 GB
+    each). Returns None when w is one chunk already."""
+    k, n = w.shape
+    columns = max(1, CHUNK_ELEMENTS // k)
+    if n <= columns:
+        return None
+    parts = [quantize(w[:, j:j + columns], block) for j in range(0, n, columns)]
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 def quantize_int8(w: np.ndarray, block: int = BLOCK):
@@ -46,6 +63,8 @@ def quantize_int8(w: np.ndarray, block: int = BLOCK):
     from a Q8_0 GGUF tensor (w = d*q, |q| <= 127, d = amax / 127)."""
     k, n = w.shape
     assert k % block == 0, (k, block)
+    if (chunked := by_columns(quantize_int8, w, block)) is not None:
+        return chunked
     wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block), a copy
     scale = np.maximum(wt.max(-1), -wt.min(-1)) / 127.0  # max |w|, without an |w| copy
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
@@ -106,6 +125,8 @@ def quantize_int4(w: np.ndarray, block: int = BLOCK):
     fp32, zero_points [N*ceil(K/block/2)] uint8) in MatMulNBits' layout."""
     k, n = w.shape
     assert k % block == 0, (k, block)
+    if (chunked := by_columns(quantize_int4, w, block)) is not None:
+        return chunked
     return _pack_int4(*_int4_blocks(w.T.reshape(n, k // block, block).astype(np.float32)))
 
 
@@ -206,15 +227,6 @@ def _with_block_sums(graph, new_nodes, done: dict[str, str], x: str, k: int) -> 
 DEQUANTIZERS = {"int8": dequantize_int8, "int4": dequantize_int4,
                 "int4+residual": dequantize_int4_residual, "int8-rows": dequantize_int8_columns,
                 "int8-rows2": dequantize_int8_columns}
-def release(init: onnx.TensorProto, uses: dict[str, int], name: str) -> None:
-    """One reader of the initializer `name` is gone; its bytes are dropped with the last (the
-    initializer itself is removed at the end of the pass): a graph's fp32 weights are not all
-    held beside their quantized copies."""
-    uses[name] -= 1
-    if uses[name] == 0:
-        init.ClearField("raw_data")
-
-
 def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                      min_elements: int = 4096, errors: dict | None = None,
                      given: dict | None = None) -> int:
@@ -255,14 +267,14 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                 init.dims[0] * init.dims[1] < min_elements:
             new_nodes.append(node)
             continue
-        w = numpy_helper.to_array(init)
+        w = tensor_array(init)
         k, n = w.shape
         key = content_key(w) if given else None
         if given and key in given:
             found.add(key)
             checkpoint_matmul(graph, new_nodes, ordered, node, given[key], (k, n),
                               accuracy_level, errors)
-            release(init, uses, w_name)
+            uses[w_name] -= 1
             replaced += 1
             continue
         form = form_for(node.output[0], (k, n))
@@ -287,7 +299,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                 passes.append(rows_int8(graph, new_nodes, rows,
                                          rows_int8_error(new_nodes, x, passes[0], k), k))
             int8_rows_matmul(new_nodes, passes, prefix, node.output[0], node.name or w_name)
-            release(init, uses, w_name)
+            uses[w_name] -= 1
             replaced += 1
             continue
         if form == "int4+residual":
@@ -303,7 +315,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
             list(node.output), name=(node.name or w_name) + "/MatMulNBits", domain="com.microsoft",
             K=k, N=n, bits=8 if form == "int8" else 4, block_size=BLOCK,
             accuracy_level=accuracy_level))
-        release(init, uses, w_name)
+        uses[w_name] -= 1
         replaced += 1
     if given and len(found) != len(given):
         raise ValueError(f"{len(given) - len(found)} of the checkpoint's {len(given)} quantized "
@@ -350,8 +362,7 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4,
     inits = {i.name: i for i in graph.initializer}
     if len(gathers) != 1 or table not in inits:
         return None
-    e = numpy_helper.to_array(inits[table])  # (vocab, H)
-    inits[table].ClearField("raw_data")  # e is a copy; the table is removed below
+    e = tensor_array(inits[table])  # (vocab, H)
     vocab, hidden = e.shape
     q, scales, zps = quantize_int8(e.T)  # q: (vocab, H/32, 32)
     p = f"{table}.int8"
@@ -462,7 +473,7 @@ def embedding_int8(model: onnx.ModelProto, min_rows: int = 1024) -> int:
                 or nodes[0].input[0] != table):
             continue
         gather = nodes[0]
-        e = numpy_helper.to_array(init)  # (vocab, H)
+        e = tensor_array(init)  # (vocab, H)
         vocab, hidden = e.shape
         q, scales, zps = quantize_int8(e.T)  # rows of E in 32-blocks
         p = f"{table}.int8.rows"

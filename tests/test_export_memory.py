@@ -30,22 +30,34 @@ def test_lazy_load_matches_an_eager_copy(tiny_hf_dir):
         torch.testing.assert_close(getattr(lazy, name), getattr(eager, name), rtol=0, atol=0)
 
 
-def test_released_export_is_the_same_graph(tiny_hf_dir):
-    """export_target(release=True) serializes the same proto as without release, and leaves
-    the module's weights on the meta device."""
+def test_spilled_export_saves_the_same_graph(tiny_hf_dir, tmp_path):
+    """export_target(spill=...) (the module's weights let go, the graph's in a scratch file)
+    then quantized and saved == the same without spilling: the .onnx (stack traces aside) and
+    its .data bytes; the module's weights are left on the meta device."""
+    import onnx
+
     from trt_spec.export.checkpoint import load_target
-    from trt_spec.export.onnx_export import export_target
+    from trt_spec.export.onnx_export import export_target, save_with_external_data
+    from trt_spec.export.quantize import matmuls_to_nbits, tie_embedding_int8
 
     kept, _ = load_target(tiny_hf_dir)
     released, _ = load_target(tiny_hf_dir)
-    want = export_target(kept)
-    got = export_target(released, release=True)
-    for proto in (want, got):  # the tracer's stack traces name call sites, not weights
-        for node in proto.graph.node:
+    saved = {}
+    for name, proto in (("kept", export_target(kept)),
+                        ("spilled", export_target(released, spill=tmp_path / "t.spill"))):
+        aliases = tie_embedding_int8(proto, rescore_top=8)
+        matmuls_to_nbits(proto, lambda output, shape: "int4")
+        (tmp_path / name).mkdir()
+        save_with_external_data(proto, tmp_path / name / "target.onnx", aliases, {})
+        graph = onnx.load(tmp_path / name / "target.onnx", load_external_data=False)
+        for node in graph.graph.node:  # the tracer's stack traces name call sites
             keep = [m for m in node.metadata_props if m.key != "pkg.torch.onnx.stack_trace"]
             del node.metadata_props[:]
             node.metadata_props.extend(keep)
-    assert got.SerializeToString() == want.SerializeToString()
+        saved[name] = (graph.SerializeToString(),
+                       (tmp_path / name / "target.onnx.data").read_bytes())
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL for i in graph.graph.initializer)
+    assert saved["spilled"] == saved["kept"]
     assert all(p.is_meta for p in released.parameters())
     assert not any(p.is_meta for p in kept.parameters())
 
@@ -72,4 +84,19 @@ def test_in_place_quantizers_match_the_formula(shape):
     zp = np.clip(np.round(-lo / s4), 0, 15).astype(np.uint8)
     q4 = np.clip(np.round(wt / s4[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
     for a, b in zip(quantize_int4(w), _pack_int4(q4, s4, zp)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("quantizer", ["quantize_int8", "quantize_int4"])
+def test_chunked_quantizers_match_one_call(quantizer, monkeypatch):
+    """By columns in chunks (by_columns) == the whole matrix at once, bitwise; an odd number of
+    blocks per column (the int4 zero points' padding) included."""
+    from trt_spec.export import quantize
+
+    w = np.random.default_rng(1).standard_normal((96, 1000)).astype(np.float32)
+    whole = getattr(quantize, quantizer)(w)
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 96 * 7)  # 7 columns a chunk, 143 chunks
+    chunked = getattr(quantize, quantizer)(w)
+    assert len(chunked) == len(whole) == 3
+    for a, b in zip(chunked, whole):
         np.testing.assert_array_equal(a, b)
