@@ -100,3 +100,25 @@ def test_chunked_quantizers_match_one_call(quantizer, monkeypatch):
     assert len(chunked) == len(whole) == 3
     for a, b in zip(chunked, whole):
         np.testing.assert_array_equal(a, b)
+
+
+def test_lazy_tensors_read_what_safetensors_reads(tmp_path):
+    """LazyTensors' plain reads == safetensors' load_file: every dtype a checkpoint holds,
+    scalars and empty tensors included."""
+    from safetensors.torch import load_file, save_file
+
+    from trt_spec.export.checkpoint import LazyTensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"f32": torch.randn(3, 5, generator=g),
+               "bf16": torch.randn(7, 2, generator=g).bfloat16(),
+               "f16": torch.randn(4, generator=g).half(), "i64": torch.arange(6).reshape(2, 3),
+               "u8": torch.arange(9, dtype=torch.uint8), "scalar": torch.tensor(2.5),
+               "empty": torch.zeros(0, 4)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    want = load_file(tmp_path / "model.safetensors")
+    got = LazyTensors(tmp_path)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+        assert torch.equal(got[key], want[key]), key
