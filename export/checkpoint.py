@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,8 +226,8 @@ def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
     gate/up fused; Phi-3 stores them fused already). Gemma's norms hold w for x * (1 + w):
     1 + w is stored (in fp32, as Gemma computes it). q_scale (query_scale) multiplies the q
     norm."""
-    state = StrictState({k: v for k, v in hf_state.items()
-                         if not k.endswith("rotary_emb.inv_freq")}, source)
+    state = StrictState(hf_state, source)  # a mapping; read a tensor at a time (LazyTensors)
+    state.skip([k for k in hf_state if k.endswith("rotary_emb.inv_freq")])
     gemma = config.family == "gemma3"
 
     def take(key: str) -> torch.Tensor:
@@ -278,9 +279,11 @@ def target_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor],
-              source: str = "checkpoint") -> None:
+              source: str = "checkpoint", assign: bool = False) -> None:
     """load_state_dict(strict) with errors that name the missing, unexpected or mis-shaped
-    keys; tensors are loaded as fp32."""
+    keys; tensors are loaded as fp32. assign: the module takes the (fp32) tensors themselves
+    instead of copying them into its own (a module built on the meta device: no second copy
+    of the weights)."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -290,41 +293,103 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor],
         if tuple(value.shape) != tuple(expected[key].shape):
             raise ValueError(f"{source}: {key!r} has shape {tuple(value.shape)}, expected "
                              f"{tuple(expected[key].shape)}")
-    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True,
+                           assign=assign)
 
 
-def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def safetensors_files(folder: Path) -> list[Path]:
+    """The folder's weight files (model.safetensors, or those its index names)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
         files = ["model.safetensors"]
-    state = {}
     for name in files:
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder / name} not found (weights of {folder})")
-        state.update(load_file(folder / name))
+    return [folder / name for name in files]
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder, in memory."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in safetensors_files(folder):
+        state.update(load_file(path))
     return state
+
+
+# safetensors' dtype names -> torch's
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                      "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+class LazyTensors(Mapping):
+    """A folder's safetensors as a read-only mapping {name: tensor} that reads a tensor from
+    its file each time it is looked up: a 1B-8B checkpoint is never in memory whole, only the
+    tensors the caller keeps (target_state_dict's fp32 ones). Plain reads, not a memory map:
+    a mapped file's pages stay in the process's resident set once touched."""
+
+    def __init__(self, folder: Path):
+        self.where = {}  # name -> (file, dtype name, shape, start, end)
+        for path in safetensors_files(folder):
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    start, end = info["data_offsets"]
+                    self.where[name] = (path, info["dtype"], info["shape"], 8 + size + start,
+                                        8 + size + end)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        path, dtype, shape, start, end = self.where[key]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: {key!r} has dtype {dtype}; supported: "
+                             f"{', '.join(SAFETENSORS_DTYPES)}")
+        data = bytearray(end - start)
+        with open(path, "rb") as f:
+            f.seek(start)
+            if f.readinto(data) != len(data):
+                raise ValueError(f"{path}: {key!r} is cut short (file truncated?)")
+        if not data:
+            return torch.empty(shape, dtype=SAFETENSORS_DTYPES[dtype])
+        return torch.frombuffer(data, dtype=SAFETENSORS_DTYPES[dtype]).reshape(shape)
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
 
 
 def load_target(folder: str | Path):
     """A Hugging Face folder (config.json + safetensors; GPTQ and AWQ ones dequantized,
     export/int4_checkpoint.py) -> (TargetModel, ModelConfig)."""
     from trt_spec.export.int4_checkpoint import quantization_config, read_quantized
-    from trt_spec.export.model import TargetModel
+    from trt_spec.export.model import TargetModel, add_rope_buffers
 
     folder = Path(folder)
     hf = json.loads((folder / "config.json").read_text())
     config = config_from_hf(hf)
-    model = TargetModel(config)
-    tensors = read_safetensors(folder)
     qc = quantization_config(folder, hf)
     if qc is not None:  # GPTQ / AWQ: the weights they stand for, exactly, in fp32
-        tensors, _ = read_quantized(tensors, qc, str(folder), config.attention_bias)
-    load_into(model, target_state_dict(tensors, config, str(folder),
-                                       query_scale(hf, config)), str(folder))
+        tensors, _ = read_quantized(read_safetensors(folder), qc, str(folder),
+                                    config.attention_bias)
+    else:
+        tensors = LazyTensors(folder)
+    state = target_state_dict(tensors, config, str(folder), query_scale(hf, config))
+    del tensors
+    # Built on the meta device and given the fp32 tensors themselves: one copy of the
+    # weights in memory (a module built for real holds a random one, loading copies into it).
+    with torch.device("meta"):
+        model = TargetModel(config)
+    load_into(model, state, str(folder), assign=True)
+    add_rope_buffers(model, config)  # not in the state (non-persistent): made for real here
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()]), folder
     return model.eval(), config
 
 

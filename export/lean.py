@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trt_spec.export.spill import tensor_array
+
 # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias. Those with one row per output
 # column (N), cut when the product is cut; g_idx is per input feature.
 PER_COLUMN = {1: "q", 2: "scales", 3: "zp", 5: "bias"}
@@ -88,7 +90,7 @@ def unfuse_split_products(model: onnx.ModelProto) -> int:
             for i, what in PER_COLUMN.items():
                 if i < len(inputs) and inputs[i]:
                     name = f"{inputs[i]}.cols{lo}_{lo + size}"
-                    array = numpy_helper.to_array(inits[node.input[i]])
+                    array = tensor_array(inits[node.input[i]])  # spilled or not
                     graph.initializer.append(
                         numpy_helper.from_array(cut_columns(array, n, lo, lo + size), name))
                     inputs[i] = name

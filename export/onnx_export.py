@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import warnings
 from pathlib import Path
@@ -10,10 +11,10 @@ from pathlib import Path
 import onnx
 import torch
 from onnx import numpy_helper
-from onnx.external_data_helper import set_external_data
 
 from trt_spec.export.drafters import head_vocab
 from trt_spec.export.model import TargetModel, empty_cache
+from trt_spec.export.spill import SPILL_BYTES, is_spilled, spill_model, tensor_bytes
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.graph_io import kv_names as layer_kv_names
 
@@ -99,10 +100,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
 
 
-def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
+def export_target(model: TargetModel, path: Path | None = None,
+                  spill: Path | None = None) -> onnx.ModelProto:
     """The traced target graph (also written to `path` + `path`.data when given). Sample
     sizes are all >= 2 so no dynamic axis is specialised to 0 or 1 by tracing. Float tensors
-    take the model's dtype; logits the head's width (a vanilla draft's may be restricted)."""
+    take the model's dtype; logits the head's width (a vanilla draft's may be restricted).
+    spill: the model's weights are let go and the graph's spilled there (export_module)."""
     config = model.config
     dtype = float_dtype(model)
     batch, new_tokens, max_len = 2, 3, 16
@@ -110,11 +113,13 @@ def export_target(model: TargetModel, path: Path | None = None) -> onnx.ModelPro
     *dims, cache = step_dims(config)
     dynamic = (*dims, (cache,) * (2 * config.num_layers))  # *past: one tuple
     return export_module(model, args, dynamic,
-                         *target_io(config, dtype_name(dtype), head_vocab(model)), path)
+                         *target_io(config, dtype_name(dtype), head_vocab(model)), path, spill)
 
 
-def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProto:
-    """The target's score graph (TargetScorer: target + SpecVerify), traced."""
+def export_score(model: TargetModel, path: Path | None = None,
+                 spill: Path | None = None) -> onnx.ModelProto:
+    """The target's score graph (TargetScorer: target + SpecVerify), traced (spill: as
+    export_target's)."""
     from trt_spec.export.model import TargetScorer
 
     config = model.config
@@ -129,7 +134,7 @@ def export_score(model: TargetModel, path: Path | None = None) -> onnx.ModelProt
     dynamic = (ids_d, pos_d, seqlens_d, qlens_d, total_d, per_row, per_row, per_row,
                per_row, per_row, (cache,) * (2 * config.num_layers))
     return export_module(TargetScorer(model), args, dynamic,
-                         *score_io(config, dtype_name(dtype)), path)
+                         *score_io(config, dtype_name(dtype)), path, spill)
 
 
 def export_drafter(model: torch.nn.Module, head_vocab: int,
@@ -181,9 +186,14 @@ def step_dims(config: ModelConfig) -> tuple:
 
 
 def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: list[dict],
-                  outputs: list[dict], path: Path | None = None) -> onnx.ModelProto:
+                  outputs: list[dict], path: Path | None = None,
+                  spill: Path | None = None) -> onnx.ModelProto:
     """Traces `model` with the dynamo exporter and checks its I/O against the contract;
-    writes it to `path` when given."""
+    writes it to `path` when given. spill: the caller has no further use for `model`'s
+    weights; they are let go once traced (release_weights), and the graph's large
+    initializers are written to this scratch file one at a time instead of into the proto
+    (export/spill.py), so that neither the module and the graph, nor the proto's arena, hold
+    a 1B-8B model's fp32 weights (what ran out of memory)."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -191,12 +201,33 @@ def export_module(model: torch.nn.Module, args: tuple, dynamic: tuple, inputs: l
             input_names=[i["name"] for i in inputs], output_names=[o["name"] for o in outputs],
             verbose=False,
         )
-    proto = program.model_proto
+    if spill is not None:
+        program.exported_program = None  # it refers to the weights too
+        release_weights(model)
+        proto = spill_model(program.model, spill)
+    else:
+        proto = program.model_proto
+    del program
     check_io(proto, inputs, outputs)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_with_external_data(proto, path)
     return proto
+
+
+def release_weights(module: torch.nn.Module) -> None:
+    """Every parameter and buffer of `module` replaced by an empty one on the meta device (the
+    module keeps its config and shapes): the tensors themselves are not touched, so whatever
+    still refers to them (a traced graph) keeps them, and the rest is freed."""
+    for sub in module.modules():
+        for name, p in sub._parameters.items():
+            if p is not None:
+                sub._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                                           requires_grad=p.requires_grad)
+        for name, b in sub._buffers.items():
+            if b is not None:
+                sub._buffers[name] = torch.empty_like(b, device="meta")
+    gc.collect()  # the tracer's objects refer to the weights through cycles
 
 
 def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) -> None:
@@ -206,6 +237,17 @@ def check_io(proto: onnx.ModelProto, inputs: list[dict], outputs: list[dict]) ->
     if got_in != want_in or got_out != want_out:
         raise RuntimeError(f"exported graph I/O differs from the contract:\n"
                            f"inputs {got_in}\n!= {want_in}\noutputs {got_out}\n!= {want_out}")
+
+
+def external_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """onnx's set_external_data (the same entries, in its order), also for a tensor whose
+    bytes are not in the proto (spilled), then the proto's bytes cleared."""
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+    tensor.ClearField("raw_data")
 
 
 def save_with_external_data(proto: onnx.ModelProto, path: Path,
@@ -224,26 +266,26 @@ def save_with_external_data(proto: onnx.ModelProto, path: Path,
     with open(tmp, "wb") as f:
         inits = sorted(proto.graph.initializer, key=lambda t: t.name in aliases)  # sources first
         for tensor in inits:
-            if not tensor.HasField("raw_data"):
+            if not tensor.HasField("raw_data") and not is_spilled(tensor):
                 tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
-            if len(tensor.raw_data) < 1024 and tensor.name not in aliases:
+            raw = tensor_bytes(tensor)  # a spilled tensor's from its scratch file
+            if len(raw) < SPILL_BYTES and tensor.name not in aliases:
                 continue
-            digest = hashlib.sha256(tensor.raw_data).hexdigest() if shared is not None else None
+            digest = hashlib.sha256(raw).hexdigest() if shared is not None else None
             if tensor.name in aliases:
                 location = placed[aliases[tensor.name]]
-                assert location[2] == len(tensor.raw_data), (tensor.name, aliases[tensor.name])
+                assert location[2] == len(raw), (tensor.name, aliases[tensor.name])
             elif digest in (shared or {}):
                 location = shared[digest]
             else:
                 f.seek(-f.tell() % 4096, 1)  # align to a page
-                location = (data.name, f.tell(), len(tensor.raw_data))
-                f.write(tensor.raw_data)
+                location = (data.name, f.tell(), len(raw))
+                f.write(raw)
                 if shared is not None:
                     shared[digest] = location
             placed[tensor.name] = location
-            set_external_data(tensor, *location)
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            external_at(tensor, *location)
+            del raw
     onnx.save_model(proto, str(path))
     tmp.replace(data)
     return sorted({file for file, _, _ in placed.values()} - {data.name})

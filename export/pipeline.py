@@ -38,6 +38,7 @@ from trt_spec.export.onnx_export import (drafter_io, export_drafter, export_fc, 
                                          export_target, fc_io, save_with_external_data,
                                          score_io, target_io)
 from trt_spec.export.quantize import embedding_int8, matmuls_to_nbits, tie_embedding_int8
+from trt_spec.export.spill import spill_file
 from trt_spec.plugins.lowering import lowering
 from trt_spec.runtime.manifest import (MANIFEST, load_manifest, relative_source_path,
                                        write_manifest)
@@ -165,6 +166,7 @@ def export_graph(trace, folder: Path, name: str, precision: str, backend: str,
     if backend == "ort" and pad_attention_rows(proto):  # exact decoding inside the graph
         inputs = inputs + [ATTENTION_ROWS_SPEC]
     others = save_with_external_data(proto, graph, aliases, shared)
+    spill_file(folder, name).unlink(missing_ok=True)  # its weights, if spilled, are saved
     if others:
         log(f"  {name} reads tensors it shares with earlier graphs from {', '.join(others)}")
     entry = {
@@ -350,12 +352,20 @@ def export_graphs(models: Models, folder: Path, precision: str, backend: str,
     target, draft, config = models.target, models.draft, models.target.config
     shared: dict[str, tuple[str, int, int]] = {}  # bytes written once for the whole folder
     dtype = FLOAT.get(precision, "float32")
-    graphs = {"target": export_graph(lambda: export_target(target), folder, "target",
-                                     precision, backend, target_io(config, dtype), shared,
-                                     models.codes)}
-    if backend == "trt":  # the score step returns tokens: SpecVerify inside the graph
-        graphs["score"] = export_graph(lambda: export_score(target), folder, "score", precision,
-                                       backend, score_io(config, dtype), shared)
+    # The target's weights are let go once its last graph is traced, and that graph's spilled
+    # to a scratch file, when no later graph reads the target (a drafter may share its
+    # embedding): a 1B-8B model's fp32 weights held twice (module and graph) are what ran
+    # out of memory (export_module's spill, export/spill.py).
+    last = draft is None and not models.drafters
+    score = backend == "trt"  # the score step returns tokens: SpecVerify inside the graph
+    graphs = {"target": export_graph(
+        lambda: export_target(target, spill=spill_file(folder, "target")
+                              if last and not score else None),
+        folder, "target", precision, backend, target_io(config, dtype), shared, models.codes)}
+    if score:
+        graphs["score"] = export_graph(
+            lambda: export_score(target, spill=spill_file(folder, "score") if last else None),
+            folder, "score", precision, backend, score_io(config, dtype), shared)
     drafters = {}
     if draft is not None:
         name = METHODS["vanilla"].graphs()[0]

@@ -36,8 +36,25 @@ from onnx import helper, numpy_helper
 
 from trt_spec.export.int8_rows import (dequantize_int8_columns, int8_rows_matmul,
                                       quantize_int8_columns, rows_int8, rows_int8_error)
+from trt_spec.export.spill import tensor_array
 
 BLOCK = 32
+
+
+CHUNK_ELEMENTS = 1 << 24  # a quantizer's float32 temporaries: 64 MB at a time
+
+
+def by_columns(quantize, w: np.ndarray, block: int):
+    """quantize(w[:, j0:j1]) over chunks of CHUNK_ELEMENTS weights, concatenated: each output
+    column's blocks are quantized on their own, so the result is the same as one call's, with
+    temporaries the size of a chunk instead of the matrix (a 150k x 896 embedding: 0.5 GB
+    each). Returns None when w is one chunk already."""
+    k, n = w.shape
+    columns = max(1, CHUNK_ELEMENTS // k)
+    if n <= columns:
+        return None
+    parts = [quantize(w[:, j:j + columns], block) for j in range(0, n, columns)]
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 def quantize_int8(w: np.ndarray, block: int = BLOCK):
@@ -46,11 +63,18 @@ def quantize_int8(w: np.ndarray, block: int = BLOCK):
     from a Q8_0 GGUF tensor (w = d*q, |q| <= 127, d = amax / 127)."""
     k, n = w.shape
     assert k % block == 0, (k, block)
-    wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block)
-    scale = np.abs(wt).max(-1) / 127.0
+    if (chunked := by_columns(quantize_int8, w, block)) is not None:
+        return chunked
+    wt = w.T.reshape(n, k // block, block).astype(np.float32)  # (N, nb, block), a copy
+    scale = np.maximum(wt.max(-1), -wt.min(-1)) / 127.0  # max |w|, without an |w| copy
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = (np.clip(np.round(wt / scale[..., None]), -127, 127) + 128).astype(np.uint8)
-    return q, scale.reshape(-1), np.full(scale.size, 128, np.uint8)
+    # in place, in wt: the same float32 steps as round(w / scale) clipped, + 128, with no
+    # temporary the size of the matrix (an embedding table's is 0.5 GB at 150k x 896)
+    np.divide(wt, scale[..., None], out=wt)
+    np.round(wt, out=wt)
+    np.clip(wt, -127, 127, out=wt)
+    wt += 128
+    return wt.astype(np.uint8), scale.reshape(-1), np.full(scale.size, 128, np.uint8)
 
 
 def dequantize_int8(q, scales, zero_points, k: int, n: int, block: int = BLOCK) -> np.ndarray:
@@ -67,8 +91,12 @@ def _int4_blocks(wt: np.ndarray):
     scale = (hi - lo) / 15.0
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
     zp = np.clip(np.round(-lo / scale), 0, 15).astype(np.uint8)
-    q = np.clip(np.round(wt / scale[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
-    return q, scale, zp
+    # round(wt / scale) + zp clipped to 0..15, in one temporary (wt is the caller's)
+    q = wt / scale[..., None]
+    np.round(q, out=q)
+    q += zp[..., None]
+    np.clip(q, 0, 15, out=q)
+    return q.astype(np.uint8), scale, zp
 
 
 def _pack_int4(q: np.ndarray, scale: np.ndarray, zp: np.ndarray):
@@ -97,6 +125,8 @@ def quantize_int4(w: np.ndarray, block: int = BLOCK):
     fp32, zero_points [N*ceil(K/block/2)] uint8) in MatMulNBits' layout."""
     k, n = w.shape
     assert k % block == 0, (k, block)
+    if (chunked := by_columns(quantize_int4, w, block)) is not None:
+        return chunked
     return _pack_int4(*_int4_blocks(w.T.reshape(n, k // block, block).astype(np.float32)))
 
 
@@ -237,7 +267,7 @@ def matmuls_to_nbits(model: onnx.ModelProto, form_for, accuracy_level: int = 4,
                 init.dims[0] * init.dims[1] < min_elements:
             new_nodes.append(node)
             continue
-        w = numpy_helper.to_array(init)
+        w = tensor_array(init)
         k, n = w.shape
         key = content_key(w) if given else None
         if given and key in given:
@@ -332,7 +362,7 @@ def tie_embedding_int8(model: onnx.ModelProto, accuracy_level: int = 4,
     inits = {i.name: i for i in graph.initializer}
     if len(gathers) != 1 or table not in inits:
         return None
-    e = numpy_helper.to_array(inits[table])  # (vocab, H)
+    e = tensor_array(inits[table])  # (vocab, H)
     vocab, hidden = e.shape
     q, scales, zps = quantize_int8(e.T)  # q: (vocab, H/32, 32)
     p = f"{table}.int8"
@@ -443,7 +473,7 @@ def embedding_int8(model: onnx.ModelProto, min_rows: int = 1024) -> int:
                 or nodes[0].input[0] != table):
             continue
         gather = nodes[0]
-        e = numpy_helper.to_array(init)  # (vocab, H)
+        e = tensor_array(init)  # (vocab, H)
         vocab, hidden = e.shape
         q, scales, zps = quantize_int8(e.T)  # rows of E in 32-blocks
         p = f"{table}.int8.rows"
