@@ -18,13 +18,13 @@ from typing import Iterator
 
 from trt_spec.runtime.chat import Chat
 from trt_spec.runtime.generator import Generator, Prompt
-from trt_spec.runtime.methods import PLAIN
+from trt_spec.runtime.methods import PLAIN, Speculation
 from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.scheduler import Output, Request, Scheduler
 from trt_spec.runtime.settings import BACKENDS, SERVE_MAX_BATCH, RuntimeConfig, SpeculationConfig
 from trt_spec.runtime.stream import RequestMetrics
-from trt_spec.runtime.tool_calls import Tool, ToolCall
+from trt_spec.runtime.tool_calls import ToolCall
 
 
 @dataclass
@@ -150,22 +150,21 @@ class LLM:
     def tokenizer(self):
         return self.generator.tokenizer
 
-    def _submit(self, prompts: list[Prompt], params: SamplingParams, method, num_draft_tokens,
-                chat, on_output=None, tools: list[Tool] | None = None,
-                template_kwargs: dict | None = None) -> list[Request]:
+    def _submit(self, prompts: list[Prompt], params: SamplingParams, spec: Speculation, chat,
+                on_output=None) -> list[Request]:
         check_params(params)
         if chat is not None and not isinstance(chat, bool):
             raise ValueError(f"chat={chat!r}: expected True, False or None (the model's "
                              "default)")
         if not prompts:
             raise ValueError("prompts is empty: expected a string, a chat or a list of these")
-        ids = [self.scheduler.encode(p, chat, tools, template_kwargs) for p in prompts]
-        return self._enqueue(ids, [params] * len(ids), method, num_draft_tokens, on_output)
+        ids = [self.scheduler.encode(p, chat) for p in prompts]
+        return self._enqueue(ids, [params] * len(ids), spec, on_output)
 
-    def _enqueue(self, ids: list[list[int]], params: list[SamplingParams], method,
-                 num_draft_tokens, on_output=None) -> list[Request]:
+    def _enqueue(self, ids: list[list[int]], params: list[SamplingParams], spec: Speculation,
+                 on_output=None) -> list[Request]:
         # every prompt is checked (Scheduler.prepare: a FieldError) before any is queued
-        requests = [self.scheduler.prepare(p, q, method, num_draft_tokens, on_output)
+        requests = [self.scheduler.prepare(p, q, spec, on_output)
                     for p, q in zip(ids, params)]
         return self.scheduler.enqueue_all(requests)
 
@@ -184,7 +183,7 @@ class LLM:
         template when the model has one (chat=False: raw text)."""
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
-        requests = self._submit(prompts, params, method, num_draft_tokens, chat)
+        requests = self._submit(prompts, params, Speculation(method, num_draft_tokens), chat)
         return self._run(requests, prompts)
 
     def _run(self, requests: list[Request], prompts: list[Prompt]) -> list[RequestOutput]:
@@ -223,7 +222,7 @@ class LLM:
         params = check_params(sampling_params or SamplingParams())
         ids = [chat.encode(c) for c in chats]
         held = [chat.hold(i, params) for i in ids]  # per chat: (its params, its Reading)
-        requests = self._enqueue(ids, [p for p, _ in held], method, num_draft_tokens)
+        requests = self._enqueue(ids, [p for p, _ in held], Speculation(method, num_draft_tokens))
         outputs = self._run(requests, chats)
         for out, (_, reading) in zip(outputs, held):
             for c in out.outputs:
@@ -244,7 +243,7 @@ class LLM:
             raise ValueError(f"n={params.n}: stream() yields one completion's text; "
                              "generate() returns n")
         pending: deque[Output] = deque()
-        request = self._submit([prompt], params, method, num_draft_tokens, chat,
+        request = self._submit([prompt], params, Speculation(method, num_draft_tokens), chat,
                                pending.append)[0]
         try:
             while True:

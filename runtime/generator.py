@@ -15,7 +15,8 @@ from trt_spec.runtime.backends.sources import load_graphs
 from trt_spec.runtime.speculation.cost_cache import CostCache, cost_key
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.manifest import EngineFolderError, Manifest, load_manifest
-from trt_spec.runtime.methods import METHODS, PLAIN, DrafterEntry, method as known_method
+from trt_spec.runtime.methods import (DEFAULT, METHODS, PLAIN, DrafterEntry, Speculation,
+                                      method as known_method)
 from trt_spec.runtime.prefix_cache import PrefixCache
 from trt_spec.runtime.proposers.base import DraftVocab, Proposer
 from trt_spec.runtime.sampling import SamplingParams
@@ -264,16 +265,13 @@ class Generator:
 
     # --- generation -----------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt, chat: bool | None = None,
-               tools: list[Tool] | None = None,
-               template_kwargs: dict | None = None) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, chat, tools, template_kwargs)
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat)
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-               num_draft_tokens: int | str | None = None) -> Stream:
-        """A Stream for a request; None takes the configured method and k. num_draft_tokens:
-        k, or "auto" / "auto:K" (adaptive)."""
-        method, k, adaptive = self.resolve(method, num_draft_tokens)
+    def stream(self, prompt_ids: list[int], params: SamplingParams,
+               spec: Speculation = DEFAULT) -> Stream:
+        """A Stream for a request, speculating as `spec` asks (DEFAULT: as configured)."""
+        method, k, adaptive = self.resolve(spec)
         validation.ids_in_vocabulary(params, self.config.vocab_size)
         params = self.with_model_stops(params)
         return Stream(list(prompt_ids), params, method, k, adaptive=adaptive,
@@ -301,19 +299,19 @@ class Generator:
                                       sorted(self.stops.eos_ids))
         return self._grammars
 
-    def resolve(self, method: str | None, num_draft_tokens: int | str | None
-                ) -> tuple[str, int, bool]:
+    def resolve(self, spec: Speculation) -> tuple[str, int, bool]:
         """(method, k, adaptive) for a request; None takes the configured method and k.
         ValueError quoting a bad value."""
-        method = self.check_method(self.method if method is None else method)
+        assert isinstance(spec, Speculation), spec  # (method, k) travel as one value
+        method = self.check_method(self.method if spec.method is None else spec.method)
         if not METHODS[method].speculative:
-            if num_draft_tokens is not None:
-                raise ValueError(f"num_draft_tokens={num_draft_tokens}: method {method!r} "
+            if spec.k is not None:
+                raise ValueError(f"num_draft_tokens={spec.k}: method {method!r} "
                                  "drafts nothing; pick a speculative method")
             return method, 0, False
-        if num_draft_tokens is None:
+        if spec.k is None:
             return method, self.speculation.num_draft_tokens, self.speculation.adaptive
-        return (method, *parse_num_draft_tokens(num_draft_tokens))
+        return (method, *parse_num_draft_tokens(spec.k))
 
     @property
     def device_executor(self):

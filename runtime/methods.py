@@ -51,6 +51,20 @@ class DrafterLoader(Protocol):
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """What a request speculates with, one value from the edge on (LLM's and generate_ids'
+    method= and num_draft_tokens=, the server's `speculative` field): a method's name and its
+    k (an int, or "auto" / "auto:K": adaptive, at most K). None for either: the engine's
+    configured one. Generator.resolve checks it (ValueError quoting the bad value)."""
+
+    method: str | None = None
+    k: int | str | None = None
+
+
+DEFAULT = Speculation()  # the engine's configured method and k
+
+
+@dataclass(frozen=True)
 class DrafterEntry:
     """A manifest `drafters.<method>` entry, typed. Two layouts are on disk: the vanilla draft
     ({"graph", "kind", "model_config"}) and the heads ({"graphs", "num_modules", "source",

@@ -49,6 +49,7 @@ from trt_spec.runtime import executors
 from trt_spec.runtime.detokenizer import IncrementalDetokenizer
 from trt_spec.runtime.stream import RequestMetrics, StepMetrics, Stream
 from trt_spec.runtime.generator import Generator, Prompt
+from trt_spec.runtime.methods import DEFAULT, Speculation
 from trt_spec.runtime.provenance import TokenSource
 from trt_spec.runtime.sampling import SamplingParams, TokenLogprob
 from trt_spec.runtime.tokenizer import Tokenizer
@@ -154,15 +155,11 @@ class Scheduler:
     def tokenizer(self) -> Tokenizer:
         return self.gen.tokenizer
 
-    def encode(self, prompt: Prompt, chat: bool | None = None, tools=None,
-               template_kwargs: dict | None = None) -> list[int]:
-        """A prompt's token ids (runtime/generator.py encode_prompt: chat template or not;
-        tools: runtime/tool_calls.py's, shown to the model; template_kwargs: more of the
-        template's variables, e.g. {"enable_thinking": False})."""
-        return self.gen.encode(prompt, chat, tools, template_kwargs)
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """A prompt's token ids (runtime/generator.py encode_prompt: chat template or not)."""
+        return self.gen.encode(prompt, chat)
 
-    def prepare(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-                num_draft_tokens: int | str | None = None,
+    def prepare(self, prompt_ids: list[int], params: SamplingParams, spec: Speculation = DEFAULT,
                 on_output: Callable[[Output], None] | None = None,
                 request_id: str | None = None) -> Request:
         """A request checked, here and only here, and its Stream built, not yet queued
@@ -173,7 +170,7 @@ class Scheduler:
         here). FieldError naming the field: "speculative" (method or k), "prompt",
         "max_tokens", "n", "logit_bias" or the structure's (validation.STRUCTURES)."""
         try:
-            method, k, adaptive = self.gen.resolve(method, num_draft_tokens)
+            method, k, adaptive = self.gen.resolve(spec)
         except ValueError as e:
             raise FieldError("speculative", str(e)) from None
         self._check_fits(prompt_ids, params)
@@ -252,13 +249,11 @@ class Scheduler:
             self._cond.notify()
         return requests
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, method: str | None = None,
-               num_draft_tokens: int | str | None = None,
+    def submit(self, prompt_ids: list[int], params: SamplingParams, spec: Speculation = DEFAULT,
                on_output: Callable[[Output], None] | None = None,
                request_id: str | None = None) -> Request:
         """prepare, then enqueue."""
-        return self.enqueue(self.prepare(prompt_ids, params, method, num_draft_tokens,
-                                         on_output, request_id))
+        return self.enqueue(self.prepare(prompt_ids, params, spec, on_output, request_id))
 
     def run(self, streams: list[Stream]) -> list[Stream]:
         """Runs `streams` (from gen.stream) to completion on this thread, through the same
@@ -480,11 +475,13 @@ def generate_ids(gen: Generator, prompts_ids: list[list[int]], params: SamplingP
                  ) -> list[Stream]:
     """Runs every prompt to completion, at most `cache.slots` at a time, through
     Scheduler.run (the admission, executors and steps the server and LLM run, on this
-    thread). None takes the configured method and k."""
+    thread). None takes the configured method and k (the edge of `trt-spec generate` and
+    bench: its keywords become one Speculation here)."""
     if params.n != 1:
         raise ValueError(f"n={params.n}: generate / generate_ids answer each prompt once; "
                          "n choices per prompt come from LLM.generate or the server")
-    streams = [gen.stream(ids, params, method, num_draft_tokens) for ids in prompts_ids]
+    spec = Speculation(method, num_draft_tokens)
+    streams = [gen.stream(ids, params, spec) for ids in prompts_ids]
     return Scheduler(gen).run(streams)
 
 

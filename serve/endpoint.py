@@ -26,6 +26,7 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
+from trt_spec.runtime.methods import DEFAULT, Speculation
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
 from trt_spec.runtime.scheduler import Request as Job
@@ -221,9 +222,9 @@ async def prepare(scheduler: Scheduler, req, ids: list[int], params: SamplingPar
     """Scheduler.prepare, the one check of a request: a grammar compiles (or comes from the
     cache) on a worker thread, within COMPILE_TIMEOUT_S. RequestError naming the request's
     field (a prompt's problem quotes which prompt: prompt[i] of several)."""
-    spec = req.speculative
-    method, k = (spec.method, spec.num_draft_tokens) if spec else (None, None)
-    make = functools.partial(scheduler.prepare, ids, params, method, k, on_output, request_id)
+    asked = req.speculative
+    spec = Speculation(asked.method, asked.num_draft_tokens) if asked else DEFAULT
+    make = functools.partial(scheduler.prepare, ids, params, spec, on_output, request_id)
     try:
         if params.structure is None:
             return make()

@@ -8,6 +8,7 @@ import pytest
 from trt_spec.runtime.speculation.cost_probe import probe_step_costs
 from trt_spec.runtime.speculation.draft_length import BINS, Calibration, DraftLength, StepCosts, prior_cost
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.runtime.sampling import SamplingParams, probs_from_logits
 from trt_spec.runtime.settings import parse_num_draft_tokens
@@ -75,7 +76,7 @@ def test_step_costs_are_per_batch_size():
 
 def test_probe_measures_the_batch_and_leaves_the_cache_as_it_was(tiny_heads_engine):
     gen = Generator(tiny_heads_engine, max_batch=2)
-    streams = [gen.stream(p, GREEDY, "mtp", "auto:3") for p in PROMPTS[:2]]
+    streams = [gen.stream(p, GREEDY, Speculation("mtp", "auto:3")) for p in PROMPTS[:2]]
     for s in streams:
         gen.engine.admit(s)
     gen.engine.step(streams)  # prefill: each stream has its first token
@@ -100,7 +101,7 @@ def test_cost_cache_spares_the_next_process_its_probe(tiny_heads_engine, tmp_pat
 
     def run(**options):
         gen = Generator(tiny_heads_engine, max_batch=2, **options)
-        streams = [gen.stream(p, GREEDY, "mtp", 3) for p in PROMPTS[:2]]
+        streams = [gen.stream(p, GREEDY, Speculation("mtp", 3)) for p in PROMPTS[:2]]
         for s in streams:
             gen.engine.admit(s)
         probes = 0

@@ -16,6 +16,7 @@ from trt_spec.runtime.device import verify as device_verify  # noqa: E402
 from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
+from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.race import race  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams, next_token, probs_from_logits  # noqa: E402
 from trt_spec.runtime.scheduler import Scheduler, generate_ids
@@ -262,7 +263,7 @@ def test_seeded_sampling_per_stream_and_top_k_1(engine):
     gen = torch_gen(engine, executor="device")
     params = [SamplingParams(max_tokens=12, temperature=0.9, seed=s, ignore_eos=True)
               for s in (11, 12, 13)]
-    streams = [gen.stream(p, q, "eagle3", 3) for p, q in zip(PROMPTS, params)]
+    streams = [gen.stream(p, q, Speculation("eagle3", 3)) for p, q in zip(PROMPTS, params)]
     batched = [s.output_ids for s in Scheduler(gen).run(streams)]
     alone = [generate_ids(gen, [p], q, "eagle3", 3)[0].output_ids for p, q in zip(PROMPTS, params)]
     assert batched == alone and len(set(map(tuple, alone))) == 3
@@ -281,7 +282,7 @@ def test_a_step_never_reads_the_device(engine, method, params, monkeypatch):
     """What CUDA-graph capture needs, checked on the CPU: the three phases of a step make no
     host round trip (no .item(), bool(), int(), tolist(), nonzero: each would sync a GPU)."""
     gen = torch_gen(engine, executor="device")
-    streams = [gen.stream(p, params, method, 3) for p in PROMPTS]
+    streams = [gen.stream(p, params, Speculation(method, 3)) for p in PROMPTS]
     loop = gen.device_executor.loop(streams[0])
     for s in streams:
         gen.engine.admit(s, reuse=False)

@@ -26,6 +26,7 @@ from trt_spec.runtime.stream import Stream  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
 from trt_spec.runtime.kv_cache import KVCache  # noqa: E402
 from trt_spec.runtime.manifest import load_manifest  # noqa: E402
+from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.settings import SpeculationConfig  # noqa: E402
 from trt_spec.runtime.proposers.base import DraftVocab, pick_draft  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
@@ -207,7 +208,7 @@ def test_sampled_restricted_heads(tiny_vocab_engine, method):
     mapped = proposer.vocab.draft_to_target
     outside = np.setdiff1d(np.arange(VOCAB), mapped)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)
-    streams = [gen.stream(p, params, method, 3) for p in PROMPTS]
+    streams = [gen.stream(p, params, Speculation(method, 3)) for p in PROMPTS]
     for s in streams:
         engine.admit(s)
     engine.step(streams)  # prefill

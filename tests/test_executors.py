@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec import LLM  # noqa: E402
+from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ def run(llm, specs):
     """Every (prompt, params, method, k) queued at once and stepped to the end -> (the
     requests, the step reports)."""
     sched = llm.scheduler
-    requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, m, k)
+    requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, Speculation(m, k))
                                   for p, params, m, k in specs])
     reports = []
     while not all(c.done for r in requests for c in r.choices):

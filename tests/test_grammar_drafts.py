@@ -7,6 +7,7 @@ import pytest
 
 from tests.test_sampling_controls import chi2_pvalue, reference
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler, generate_ids
 from trt_spec.runtime.settings import SpeculationConfig
@@ -74,7 +75,7 @@ def test_sampled_output_under_the_grammar_follows_plain_decoding(tiny_vocab_engi
                      TOKENS, prompt, allowed)
     steered = speculative(tiny_vocab_engine, method)
     streams = Scheduler(steered).run([steered.stream(prompt, SamplingParams(seed=i, **params),
-                                                     method, 3) for i in range(RUNS)])
+                                                     Speculation(method, 3)) for i in range(RUNS)])
     counts = {}
     for s in streams:
         counts[tuple(s.output_ids)] = counts.get(tuple(s.output_ids), 0) + 1

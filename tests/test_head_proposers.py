@@ -7,6 +7,7 @@ import pytest
 from tests.engine_util import custom_stream, engine_with
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.manifest import load_manifest
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.proposers.mtp import MtpProposer
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.settings import SpeculationConfig
@@ -84,7 +85,7 @@ def test_sampled_drafts_come_with_q(tiny_heads_engine, method):
     gen = Generator(tiny_heads_engine, max_batch=2)
     engine, proposer = gen.engine, gen.proposer(method)
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)
-    streams = [gen.stream(p, params, method, 3) for p in PROMPTS[:2]]
+    streams = [gen.stream(p, params, Speculation(method, 3)) for p in PROMPTS[:2]]
     for s in streams:
         engine.admit(s)
     engine.step(streams)  # prefill

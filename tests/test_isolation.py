@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.sampling import (MAX_SCALE, NonFiniteError, SamplingParams,
                                        check_finite, probs_from_logits, process_logits,
                                        target_probs)
@@ -43,7 +44,7 @@ def alone(gen):
     out = {}
     for m in gen.methods:
         sched = Scheduler(gen)
-        r = sched.submit(VICTIM, greedy(), m)
+        r = sched.submit(VICTIM, greedy(), Speculation(m))
         while sched.has_work():
             sched.step()
         out[m] = r.stream.output_ids
@@ -91,8 +92,8 @@ def run_beside(gen, method, params, arm, when, monkeypatch):
     at its prefill, or once it has two tokens (when="decode"). -> (victim, bad, outputs)."""
     sched = Scheduler(gen)
     outputs = []
-    victim = sched.submit(VICTIM, greedy(), method, on_output=outputs.append)
-    bad = sched.submit(BAD, params, method, on_output=outputs.append)
+    victim = sched.submit(VICTIM, greedy(), Speculation(method), on_output=outputs.append)
+    bad = sched.submit(BAD, params, Speculation(method), on_output=outputs.append)
     armed = False
     if when == "prefill":
         arm(gen, bad, monkeypatch)
@@ -158,8 +159,8 @@ def test_a_drafters_nan_q_drops_the_draft(gen, alone, method, monkeypatch):
 
     monkeypatch.setattr(proposer, "propose", nan_q)
     sched = Scheduler(gen)
-    victim = sched.submit(VICTIM, greedy(), method)
-    bad = sched.submit(BAD, greedy(), method)
+    victim = sched.submit(VICTIM, greedy(), Speculation(method))
+    bad = sched.submit(BAD, greedy(), Speculation(method))
     while sched.has_work():
         sched.step()
     monkeypatch.undo()
@@ -177,9 +178,9 @@ def test_a_grammar_that_raises_fails_its_request_alone(gen, alone, method, part,
     in holding drafts to it, or in its forced tokens: work the step shares): it ends with
     that error, and the victim's greedy tokens are the ones it makes alone."""
     sched = Scheduler(gen)
-    victim = sched.submit(VICTIM, greedy(), method)
+    victim = sched.submit(VICTIM, greedy(), Speculation(method))
     bad = sched.submit(BAD, SamplingParams(max_tokens=TOKENS, regex="(ab|xy)c(d|fg|h)+e"),
-                       method)
+                       Speculation(method))
 
     def broken(*args, **kwargs):
         raise RuntimeError("the grammar broke")
@@ -205,7 +206,7 @@ def test_a_nan_confidence_stops_the_gate():
 
 def test_run_raises_the_streams_error(gen):
     """generate / generate_ids (Scheduler.run) raise a stream's error, as before."""
-    stream = gen.stream(BAD, greedy(), "none")
+    stream = gen.stream(BAD, greedy(), Speculation("none"))
     SET(stream.params, "repetition_penalty", 1e-310)
     with pytest.raises(NonFiniteError, match="logits under the request's sampling controls "
                                              "are not finite"):

@@ -8,6 +8,7 @@ import pytest
 
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.kv_cache import KVCache
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.prefix_cache import MIN_TOKENS, PrefixCache, common_prefix
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import Scheduler
@@ -24,7 +25,7 @@ METHODS = [("tiny_spec_engine", ["none", "vanilla", "ngram", "suffix", "hybrid"]
 
 def run(sched: Scheduler, prompts, params=GREEDY, method=None, k=None):
     """Submits the prompts together and steps until all are done."""
-    reqs = [sched.submit(p, params, method, k) for p in prompts]
+    reqs = [sched.submit(p, params, Speculation(method, k)) for p in prompts]
     while not all(r.done for r in reqs):
         sched.step()
     return reqs
@@ -281,7 +282,7 @@ def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
     sched = Scheduler(gen)
     first, = run(sched, [TURN1], method="eagle3")
     turn2 = TURN1 + first.stream.output_ids + USER2
-    left = gen.stream(turn2, GREEDY, "eagle3")
+    left = gen.stream(turn2, GREEDY, Speculation("eagle3"))
     gen.engine.admit(left)  # admitted, then cancelled before the step that would prefill it
     gen.engine.release(left)
     assert left.stats.cached_tokens > len(TURN1) and gen.cache.kept
@@ -291,7 +292,7 @@ def test_a_hit_left_before_its_prefill_can_be_hit_again(tiny_heads_engine):
     assert again.stream.output_ids == generate_ids(plain, [turn2], GREEDY, "eagle3")[0].output_ids
     # a short shared prefix, before the head's kept target rows: its rows are read again
     short = TURN1[:20] + USER2
-    left = gen.stream(short, GREEDY, "eagle3")
+    left = gen.stream(short, GREEDY, Speculation("eagle3"))
     gen.engine.admit(left)
     gen.engine.release(left)
     again, = run(sched, [short], method="eagle3")

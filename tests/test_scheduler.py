@@ -7,6 +7,7 @@ import pytest
 
 from trt_spec.runtime.generator import Generator, available_methods
 from trt_spec.runtime.manifest import load_manifest
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import QueueFull, Scheduler
@@ -37,7 +38,8 @@ def test_continuous_batching_across_methods_equals_one_at_a_time(tiny_spec_engin
     methods = [("none", None), ("ngram", 2), ("vanilla", 3), ("vanilla", None), ("ngram", None),
                ("none", None)]
     lengths = [5, 17, 9, 12, 3, 20]
-    reqs = [sched.submit(p, greedy(n), m, k) for p, n, (m, k) in zip(PROMPTS, lengths, methods)]
+    reqs = [sched.submit(p, greedy(n), Speculation(*a))
+            for p, n, a in zip(PROMPTS, lengths, methods)]
     admitted_while_running = 0
     while not all(r.done for r in reqs):
         running = sched.num_running
@@ -125,7 +127,8 @@ def test_queue_bound(tiny_engine):
 def test_bad_method(tiny_engine, kwargs, message):
     sched = Scheduler(Generator(tiny_engine))
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        sched.submit(PROMPTS[0], greedy(4), **kwargs)
+        sched.submit(PROMPTS[0], greedy(4), Speculation(kwargs.get("method"),
+                                                        kwargs.get("num_draft_tokens")))
 
 
 @pytest.mark.parametrize("prompt, n, message", [

@@ -7,6 +7,7 @@ import pytest
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.stream import Stream
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.speculation.policy import SpeculationPolicy
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.runtime.proposers.base import Drafts, Proposer
@@ -189,7 +190,7 @@ def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
     step = gen.target.step
     gen.target.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
     asks = [("none", None), ("ngram", 2), ("vanilla", "auto:4"), ("vanilla", 1)]
-    streams = [gen.stream(p, GREEDY, m, k) for p, (m, k) in zip(PROMPTS + [[7, 7, 9]], asks)]
+    streams = [gen.stream(p, GREEDY, Speculation(*a)) for p, a in zip(PROMPTS + [[7, 7, 9]], asks)]
     for s in streams[:3]:
         gen.engine.admit(s)
     i, probes = 0, []
