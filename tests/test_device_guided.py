@@ -1,0 +1,133 @@
+"""Structured outputs and prompt logprobs on the device executor (runtime/device/masks.py,
+runtime/device/prompt_logprobs.py), through `LLM` on the CPU torch backend: the host's
+grammar masks each verified row on the device, so the output under a regex, grammar, choice or
+JSON schema equals the host executor's for every method the device runs, greedy and seeded
+sampled; the prefill's prompt logprobs equal the host's. Each such request runs on the
+device (no fallback).
+
+The tiny models' tokenizer is word-level (tests/tiny_tokenizer.py): the grammar sees its
+tokens' text concatenated, so the languages are spelled in its single letters."""
+
+import json
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trt_spec import LLM  # noqa: E402
+from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
+
+OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=8,
+               max_model_len=64)
+PROMPTS = ["a b c a b c a b", "the cat sat on the mat", "x y z"]
+METHODS = [("none", None), ("ngram", 3), ("vanilla", 2), ("mtp", 3), ("eagle", 2),
+           ("eagle3", 3)]
+STRUCTURES = {
+    "regex": {"regex": "(ab|xy)c(d|fg|h)+e"},
+    "grammar": {"grammar": 'start: "p" x x x\nx: "a" | "b" "q" | "c" x'},
+    "choice": {"choice": ["rst", "uv", "q", "rsu"]},
+    "json_schema": {"json_schema": json.dumps({"type": "boolean"})},
+}
+
+
+@pytest.fixture(scope="module")
+def llms(tiny_vocab_engine):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
+    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
+    torch.set_num_threads(threads)
+
+
+def both(llms, params, method="none", k=None):
+    return [llms[e].generate(PROMPTS, params, method=method, num_draft_tokens=k, chat=False)
+            for e in ("host", "device")]
+
+
+def on_device(outputs) -> bool:
+    return {(o.metrics.executor, o.metrics.fallback) for o in outputs} == {("device", None)}
+
+
+@pytest.mark.parametrize("method,k", METHODS)
+def test_greedy_output_under_every_structure_equals_the_host_executors(llms, method, k):
+    for kind, structure in STRUCTURES.items():
+        params = SamplingParams(max_tokens=14, **structure)
+        host, device = both(llms, params, method, k)
+        assert on_device(device), kind
+        assert [o.token_ids for o in device] == [o.token_ids for o in host], (method, kind)
+        assert [o.finish_reason for o in device] == [o.finish_reason for o in host]
+        assert any(len(o.token_ids) > 1 for o in device), kind
+
+
+def run(llm, specs):
+    """Every (prompt, params, method, k) queued at once and stepped to the end -> the
+    streams (choice 0 of each request)."""
+    sched = llm.scheduler
+    requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, m, k)
+                                  for p, params, m, k in specs])
+    while not all(c.done for r in requests for c in r.choices):
+        sched.step()
+    return [r.choices[0].stream for r in requests]
+
+
+def test_a_batch_mixing_guided_and_free_requests_keeps_each_ones_output(llms):
+    """Guided and unguided streams of one loop step together (the unguided rows: all ones);
+    the regex's loop is taken, the output is in its language, and an unguided request keeps
+    its own, unmasked output."""
+    regex = SamplingParams(max_tokens=20, **STRUCTURES["regex"])
+    choice = SamplingParams(max_tokens=20, **STRUCTURES["choice"])
+    free = SamplingParams(max_tokens=10, ignore_eos=True)
+    specs = [(PROMPTS[0], regex, "mtp", 3), (PROMPTS[1], free, "mtp", 3),
+             (PROMPTS[2], choice, "mtp", 3), (PROMPTS[1], regex, "mtp", 3)]
+    device, host = run(llms["device"], specs), run(llms["host"], specs)
+    assert [s.output_ids for s in device] == [s.output_ids for s in host]
+    assert {(s.executor, s.fallback) for s in device} == {("device", None)}
+    for s in (device[0], device[3]):
+        assert s.finish_reason == "stop" and len(s.output_ids) > 5
+        assert re.fullmatch("(ab|xy)c(d|fg|h)+e", s.text.replace(" ", "")), s.text
+    assert device[2].text.replace(" ", "") in STRUCTURES["choice"]["choice"]
+    assert len(device[1].output_ids) == 10 and device[1].guide is None
+    assert sum(s.stats.proposed for s in device) > 0
+
+
+@pytest.mark.parametrize("method,k", [("none", None), ("ngram", 3), ("eagle3", 3),
+                                      ("vanilla", 2)])
+def test_seeded_sampled_output_under_a_structure_equals_the_host_executors(llms, method, k):
+    for kind in ("regex", "grammar"):
+        params = SamplingParams(max_tokens=14, temperature=1.0, seed=11, top_p=0.95,
+                                **STRUCTURES[kind])
+        host, device = both(llms, params, method, k)
+        assert on_device(device)
+        assert [o.token_ids for o in device] == [o.token_ids for o in host], (method, kind)
+
+
+def test_controls_and_logprobs_under_a_structure_equal_the_host_executors(llms):
+    """The mask first, then the controls (as the host); logprobs report the raw rows."""
+    params = SamplingParams(max_tokens=12, logprobs=2, logit_bias={10: 3.0},
+                            repetition_penalty=1.3, **STRUCTURES["regex"])
+    host, device = both(llms, params, "eagle", 2)
+    assert on_device(device)
+    for h, d in zip(host, device):
+        assert d.token_ids == h.token_ids
+        for a, b in zip(d.logprobs, h.logprobs):
+            assert a.token_id == b.token_id and a.rank == b.rank
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("method,k", [("none", None), ("mtp", 3)])
+def test_prompt_logprobs_on_the_device_equal_the_host_executors(llms, method, k):
+    for n, max_tokens in ((3, 6), (0, 4), (2, 0)):
+        params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=n, ignore_eos=True)
+        host, device = both(llms, params, method, k)
+        assert on_device(device)
+        for h, d in zip(host, device):
+            assert d.token_ids == h.token_ids
+            assert len(d.prompt_logprobs) == len(h.prompt_logprobs) == len(d.prompt_token_ids)
+            assert d.prompt_logprobs[0] is None and h.prompt_logprobs[0] is None
+            for a, b in zip(d.prompt_logprobs[1:], h.prompt_logprobs[1:]):
+                assert (a.token_id, a.rank) == (b.token_id, b.rank)
+                assert [t for t, _ in a.top] == [t for t, _ in b.top]
+                assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+                for (_, x), (_, y) in zip(a.top, b.top):
+                    assert x == pytest.approx(y, abs=1e-4)
