@@ -131,3 +131,13 @@ def test_prompt_logprobs_on_the_device_equal_the_host_executors(llms, method, k)
                 assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
                 for (_, x), (_, y) in zip(a.top, b.top):
                     assert x == pytest.approx(y, abs=1e-4)
+
+
+def test_a_model_drafters_first_draft_is_held_to_the_grammar(llms):
+    """After "f" the JSON boolean's grammar allows "a" only: a first draft held to it is
+    accepted, where an unheld one of a random head would almost never be."""
+    params = SamplingParams(max_tokens=8, **STRUCTURES["json_schema"])
+    host, device = both(llms, params, "mtp", 3)
+    assert [o.token_ids for o in device] == [o.token_ids for o in host]
+    assert {o.text.replace(" ", "") for o in device} <= {"true", "false"}
+    assert all(o.metrics.accepted_tokens >= 1 for o in device)

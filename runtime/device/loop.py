@@ -227,7 +227,7 @@ class DeviceLoop:
         s = self.state
         hi = lo + logits.shape[0]
         if any(st.guide is not None for st in streams):  # its grammar's first row (masks.py)
-            logits = guide_masks(self, streams).admit(streams, lo, hi).apply(logits, lo)
+            logits = guide_masks(self, streams, False).admit(streams, lo, hi).apply(logits, lo)
         if any(st.params.controls for st in streams):
             logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
                 s.temperature[lo:hi], s.greedy[lo:hi]))

@@ -3,7 +3,10 @@ executor (runtime/device/loop.py): the host's grammar makes each verified row's 
 device sets what it refuses to -inf before the race, so verification and sampling see the
 logits the host executor's see (runtime/guided_step.py apply_masks).
 
-    propose   drafts [B, k] on the device
+    propose   drafts [B, k] on the device; a model drafter's first draft held to what the
+              grammar allows after the output (`steer_first`: the host's drafters hold every
+              draft, each to the state after the ones before it, which the device cannot
+              know without a round trip per draft)
               host <- drafts, valid (small; on CUDA an async copy, waited on after the
                       score phase is launched, so the masks are made while the target runs)
               per guided stream, along its drafted path (runtime/guided_step.py row_masks):
@@ -17,7 +20,7 @@ logits the host executor's see (runtime/guided_step.py apply_masks).
 Whatever was drafted, the device's race gives each output position the token of the target's
 masked row there (greedy: its argmax; sampled: its seed's race), so the output equals the host
 executor's, which drafts differently under a grammar (forced runs, drafts held to it, model
-drafters steered by its masks): only how many drafts are accepted differs. The prefill's first
+drafters steered by its masks at every draft): only how many drafts are accepted differs. The prefill's first
 token is masked by the grammar's state before any output (`admit`).
 
 A stream whose grammar raises here (a limit of the grammar engine, a bug) keeps the error on
@@ -35,15 +38,17 @@ from trt_spec.runtime.stream import Stream
 ALL = -1  # an int32 of 32 one bits: every token of the word allowed
 
 
-def guide_masks(loop, streams: list[Stream]) -> "DeviceMasks | None":
-    """loop's masks (made on the first guided request) with this step's guided streams,
-    or None when none of `streams` is guided."""
+def guide_masks(loop, streams: list[Stream], steer: bool = True) -> "DeviceMasks | None":
+    """loop's masks (made on the first guided request) with this step's guided streams (steer:
+    their first drafts' masks uploaded), or None when none of `streams` is guided."""
     guided = {s.slot: s for s in streams if s.guide is not None}
     if not guided:
         return None
     if loop.masks is None:
         loop.masks = DeviceMasks(loop.slots, loop.width, loop.vocab_size, loop.device)
     loop.masks.guided = guided
+    if steer:
+        loop.masks.steer_first(max(s.slot for s in streams) + 1)
     return loop.masks
 
 
@@ -55,6 +60,8 @@ class DeviceMasks:
         self.words = (vocab + 31) // 32
         self.bits = torch.full((slots, width, self.words), ALL, dtype=torch.int32,
                                device=device)  # [slots, W, words]
+        # the first draft's: the grammar's state after the output (`steer_first`)
+        self.first = torch.full((slots, self.words), ALL, dtype=torch.int32, device=device)
         ids = torch.arange(vocab, device=device)
         self.word = ids // 32  # [V] each token's word
         self.shift = (ids % 32).to(torch.int32)  # [V] its bit there
@@ -66,6 +73,17 @@ class DeviceMasks:
         """bool [hi - lo, rows, V]: the tokens the bits of slots [lo, hi) allow, row by row."""
         bits = self.bits[lo:hi, :rows]  # (B, R, words)
         return ((bits[..., self.word] >> self.shift) & 1).bool()
+
+    def steered(self, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None) -> torch.Tensor:
+        """A drafter's logits [nb, V'] for its first draft, held to what each guided stream's
+        grammar allows after its output (runtime/proposers/base.py `held`: over a draft
+        vocabulary by its target ids; a row that allows none of the head's tokens unchanged)."""
+        bits = self.first[:nb, None]  # (nb, 1, words)
+        allowed = ((bits[..., self.word] >> self.shift) & 1).bool()[:, 0]  # (nb, V)
+        if d2t is not None:
+            allowed = allowed[:, d2t]  # (nb, V')
+        allowed |= ~allowed.any(-1, keepdim=True)
+        return logits.masked_fill(~allowed, float("-inf"))
 
     def apply(self, logits: torch.Tensor, lo: int) -> torch.Tensor:
         """logits [B, R, V] of slots [lo, lo + B) -> the same, -inf where the bits refuse."""
@@ -85,6 +103,18 @@ class DeviceMasks:
                 host[s.slot - lo, 0] = bits[0]
         self.bits[lo:hi, :1].copy_(torch.from_numpy(host))
         return self
+
+    def steer_first(self, nb: int) -> None:
+        """Before the propose phase: each steering guided stream's mask after its output
+        (Guide.steer: model drafters draft under it, as on the host), all ones elsewhere. The
+        later drafts' masks depend on the drafts before them: only the first one is held
+        (the others are cut by verification where the grammar refuses them)."""
+        host = np.full((nb, self.words), ALL, dtype=np.int32)
+        for slot, s in self.guided.items():
+            bits = guarded(s, row_masks, s, []) if s.guide.steer else None
+            if bits is not None:
+                host[slot] = bits[0]
+        self.first[:nb].copy_(torch.from_numpy(host), non_blocking=True)
 
     def fetch(self, out: dict) -> None:
         """After the propose phase: the drafts and their valid marks on their way to the
