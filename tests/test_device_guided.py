@@ -60,14 +60,15 @@ def test_greedy_output_under_every_structure_equals_the_host_executors(llms, met
 
 
 def run(llm, specs):
-    """Every (prompt, params, method, k) queued at once and stepped to the end -> the
-    streams (choice 0 of each request)."""
+    """Every (prompt, params, method, k) queued at once and stepped to the end -> (the
+    streams (choice 0 of each request), the steps' metrics)."""
     sched = llm.scheduler
     requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, m, k)
                                   for p, params, m, k in specs])
+    steps = []
     while not all(c.done for r in requests for c in r.choices):
-        sched.step()
-    return [r.choices[0].stream for r in requests]
+        steps.append(sched.step().engine)
+    return [r.choices[0].stream for r in requests], [m for m in steps if m is not None]
 
 
 def test_a_batch_mixing_guided_and_free_requests_keeps_each_ones_output(llms):
@@ -79,7 +80,7 @@ def test_a_batch_mixing_guided_and_free_requests_keeps_each_ones_output(llms):
     free = SamplingParams(max_tokens=10, ignore_eos=True)
     specs = [(PROMPTS[0], regex, "mtp", 3), (PROMPTS[1], free, "mtp", 3),
              (PROMPTS[2], choice, "mtp", 3), (PROMPTS[1], regex, "mtp", 3)]
-    device, host = run(llms["device"], specs), run(llms["host"], specs)
+    (device, steps), (host, _) = run(llms["device"], specs), run(llms["host"], specs)
     assert [s.output_ids for s in device] == [s.output_ids for s in host]
     assert {(s.executor, s.fallback) for s in device} == {("device", None)}
     for s in (device[0], device[3]):
@@ -88,6 +89,7 @@ def test_a_batch_mixing_guided_and_free_requests_keeps_each_ones_output(llms):
     assert device[2].text.replace(" ", "") in STRUCTURES["choice"]["choice"]
     assert len(device[1].output_ids) == 10 and device[1].guide is None
     assert sum(s.stats.proposed for s in device) > 0
+    assert sum(m.mask_s for m in steps) > 0 and all(s.metrics().masks for s in device[::2])
 
 
 @pytest.mark.parametrize("method,k", [("none", None), ("ngram", 3), ("eagle3", 3),
@@ -141,3 +143,33 @@ def test_a_model_drafters_first_draft_is_held_to_the_grammar(llms):
     assert [o.token_ids for o in device] == [o.token_ids for o in host]
     assert {o.text.replace(" ", "") for o in device} <= {"true", "false"}
     assert all(o.metrics.accepted_tokens >= 1 for o in device)
+
+
+def test_the_server_runs_a_structure_and_prompt_logprobs_on_the_device(tiny_vocab_engine,
+                                                                        llms):
+    """`serve --executor device`: a completion under guided_regex with prompt_logprobs has
+    the host executor's text and prompt logprobs, and says it ran on the device."""
+    import httpx
+
+    from tests.server_util import start_server
+
+    params = SamplingParams(max_tokens=16, prompt_logprobs=2, **STRUCTURES["regex"])
+    want = llms["host"].generate(PROMPTS[:1], params, method="mtp", num_draft_tokens=3,
+                                 chat=False)[0]
+    server = start_server(tiny_vocab_engine, "--backend", "torch-cuda", "--device", "cpu",
+                          "--executor", "device", "--method", "mtp", timeout=120)
+    try:
+        body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0,
+                "guided_regex": STRUCTURES["regex"]["regex"], "prompt_logprobs": 2,
+                "speculative": {"method": "mtp", "num_draft_tokens": 3}}
+        out = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    finally:
+        server.stop()
+    choice = out["choices"][0]
+    assert choice["text"] == want.text
+    assert (out["metrics"]["executor"], out["metrics"]["executor_fallback"]) == ("device", None)
+    got = choice["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(want.prompt_logprobs)
+    for entry, lp in zip(got[1:], want.prompt_logprobs[1:]):
+        assert entry[str(lp.token_id)]["rank"] == lp.rank
+        assert entry[str(lp.token_id)]["logprob"] == pytest.approx(lp.logprob, abs=1e-4)

@@ -458,6 +458,7 @@ class DeviceExecutor:
         loop.guided = guide_masks(loop, streams) is not None
         host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
         m.target_forwards += 1
+        m.mask_s += loop.masks.spent() if loop.guided else 0.0
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
             (m.propose_s, m.score_s, m.sample_s), seconds))
         for s in streams:

@@ -29,6 +29,8 @@ Stream.fault (runtime/guided_step.py guarded) and fails alone after the step.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -68,6 +70,7 @@ class DeviceMasks:
         self.device = torch.device(device)
         self.guided: dict[int, Stream] = {}  # slot -> its guided stream, this step
         self.pending = None  # (drafts, valid, event) on their way to the host
+        self.seconds = 0.0  # the host's time making and uploading masks, since `spent`
 
     def allowed(self, lo: int, hi: int, rows: int) -> torch.Tensor:
         """bool [hi - lo, rows, V]: the tokens the bits of slots [lo, hi) allow, row by row."""
@@ -109,12 +112,14 @@ class DeviceMasks:
         (Guide.steer: model drafters draft under it, as on the host), all ones elsewhere. The
         later drafts' masks depend on the drafts before them: only the first one is held
         (the others are cut by verification where the grammar refuses them)."""
+        t0 = time.perf_counter()
         host = np.full((nb, self.words), ALL, dtype=np.int32)
         for slot, s in self.guided.items():
             bits = guarded(s, row_masks, s, []) if s.guide.steer else None
             if bits is not None:
                 host[slot] = bits[0]
         self.first[:nb].copy_(torch.from_numpy(host), non_blocking=True)
+        self.seconds += time.perf_counter() - t0
 
     def fetch(self, out: dict) -> None:
         """After the propose phase: the drafts and their valid marks on their way to the
@@ -135,6 +140,7 @@ class DeviceMasks:
         self.pending = None
         if event is not None:
             event.synchronize()
+        t0 = time.perf_counter()
         drafts, valid = drafts.numpy(), valid.numpy()
         rows = self.bits.shape[1]
         host = np.full((nb, rows, self.words), ALL, dtype=np.int32)
@@ -144,3 +150,9 @@ class DeviceMasks:
             if bits is not None:  # (a faulted stream fails after the step)
                 host[slot, :len(bits)] = bits[:rows]
         self.bits[:nb].copy_(torch.from_numpy(host), non_blocking=True)
+        self.seconds += time.perf_counter() - t0
+
+    def spent(self) -> float:
+        """Seconds the host spent on masks since the last call (StepMetrics.mask_s)."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
