@@ -173,3 +173,29 @@ def test_the_server_runs_a_structure_and_prompt_logprobs_on_the_device(tiny_voca
     for entry, lp in zip(got[1:], want.prompt_logprobs[1:]):
         assert entry[str(lp.token_id)]["rank"] == lp.rank
         assert entry[str(lp.token_id)]["logprob"] == pytest.approx(lp.logprob, abs=1e-4)
+
+
+def test_the_device_unpacks_the_bitmasks_as_the_host_applies_them():
+    """Every bit, the sign bit included, over a vocabulary that ends mid-word: -inf on the
+    device where the host's Guide.apply adds -inf."""
+    import numpy as np
+
+    from trt_spec.runtime.device.masks import DeviceMasks
+    from trt_spec.runtime.grammar import Guide
+
+    vocab, width = 70, 3
+    masks = DeviceMasks(slots=2, width=width, vocab=vocab, device="cpu")
+    rng = np.random.default_rng(0)
+    bits = rng.integers(-2**31, 2**31, size=(2, width, masks.words), dtype=np.int64)
+    bits[0, 0] = -1
+    bits[1, 1] = np.int32(-2**31)  # only bit 31 of each word
+    masks.bits.copy_(torch.from_numpy(bits.astype(np.int32)))
+    logits = rng.normal(size=(2, width, vocab)).astype(np.float32)
+    got = masks.apply(torch.from_numpy(logits), 0).numpy()
+    guide = Guide.__new__(Guide)
+    guide.mask_s = 0.0
+    for b in range(2):
+        want = logits[b].copy()
+        guide.apply(want, bits[b].astype(np.int32))
+        np.testing.assert_array_equal(np.isinf(got[b]), np.isinf(want))
+        np.testing.assert_array_equal(got[b][~np.isinf(got[b])], want[~np.isinf(want)])

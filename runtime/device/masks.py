@@ -20,8 +20,8 @@ logits the host executor's see (runtime/guided_step.py apply_masks).
 Whatever was drafted, the device's race gives each output position the token of the target's
 masked row there (greedy: its argmax; sampled: its seed's race), so the output equals the host
 executor's, which drafts differently under a grammar (forced runs, drafts held to it, model
-drafters steered by its masks at every draft): only how many drafts are accepted differs. The prefill's first
-token is masked by the grammar's state before any output (`admit`).
+drafters steered by its masks at every draft): only how many drafts are accepted differs.
+The prefill's first token is masked by the grammar's state before any output (`admit`).
 
 A stream whose grammar raises here (a limit of the grammar engine, a bug) keeps the error on
 Stream.fault (runtime/guided_step.py guarded) and fails alone after the step.
@@ -72,17 +72,15 @@ class DeviceMasks:
         self.pending = None  # (drafts, valid, event) on their way to the host
         self.seconds = 0.0  # the host's time making and uploading masks, since `spent`
 
-    def allowed(self, lo: int, hi: int, rows: int) -> torch.Tensor:
-        """bool [hi - lo, rows, V]: the tokens the bits of slots [lo, hi) allow, row by row."""
-        bits = self.bits[lo:hi, :rows]  # (B, R, words)
+    def unpack(self, bits: torch.Tensor) -> torch.Tensor:
+        """bits [..., words] int32 -> bool [..., V]: the tokens they allow."""
         return ((bits[..., self.word] >> self.shift) & 1).bool()
 
     def steered(self, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None) -> torch.Tensor:
         """A drafter's logits [nb, V'] for its first draft, held to what each guided stream's
         grammar allows after its output (runtime/proposers/base.py `held`: over a draft
         vocabulary by its target ids; a row that allows none of the head's tokens unchanged)."""
-        bits = self.first[:nb, None]  # (nb, 1, words)
-        allowed = ((bits[..., self.word] >> self.shift) & 1).bool()[:, 0]  # (nb, V)
+        allowed = self.unpack(self.first[:nb])  # (nb, V)
         if d2t is not None:
             allowed = allowed[:, d2t]  # (nb, V')
         allowed |= ~allowed.any(-1, keepdim=True)
@@ -91,7 +89,7 @@ class DeviceMasks:
     def apply(self, logits: torch.Tensor, lo: int) -> torch.Tensor:
         """logits [B, R, V] of slots [lo, lo + B) -> the same, -inf where the bits refuse."""
         b, r, _ = logits.shape
-        return logits.masked_fill(~self.allowed(lo, lo + b, r), float("-inf"))
+        return logits.masked_fill(~self.unpack(self.bits[lo:lo + b, :r]), float("-inf"))
 
     # --- the host's side -----------------------------------------------------------------------
 
