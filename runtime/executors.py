@@ -58,11 +58,6 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
         return f"method {s.method} drafts on the host"
     if s.adaptive:
         return "auto k plans on the host"
-    p = s.params
-    if p.prompt_logprobs is not None:
-        return "prompt logprobs need every prompt row's logits (the host's prefill)"
-    if s.guide is not None:
-        return "structured outputs (json_schema, regex, grammar, choice) mask on the host"
     spec = gen.speculation
     if s.num_draft_tokens and (spec.min_acceptance > 0 or spec.spec_max_batch is not None):
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"

@@ -106,7 +106,7 @@ def test_requests_it_does_not_cover_fall_back_to_the_host_with_their_reason(engi
     assert ("suffix", 2) not in gen.device_executor.loops
     prompt_logprobs = SamplingParams(max_tokens=4, prompt_logprobs=2)
     s = generate_ids(gen, PROMPTS[:1], prompt_logprobs, "none")[0]
-    assert s.prompt_logprobs and s.executor == "host" and "prompt logprobs" in s.fallback
+    assert s.prompt_logprobs and s.executor == "device" and s.fallback is None
     s = generate_ids(gen, PROMPTS[:1], GREEDY, "mtp", "auto")[0]
     assert s.executor == "host" and "auto k" in s.metrics().fallback
     # ONNX Runtime: the host executor, whatever the setting asks

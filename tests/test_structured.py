@@ -108,13 +108,14 @@ def test_one_structure_per_request_and_a_size_bound():
         SamplingParams(regex="a" * 70_000)
 
 
-def test_the_device_executor_hands_a_grammar_to_the_host_with_its_reason(tiny_engine):
+def test_the_device_executor_holds_a_grammar_too(tiny_engine):
+    """(tests/test_device_guided.py: every structure and method against the host executor)"""
     pytest.importorskip("torch")
     gen = Generator(tiny_engine, backend="torch-cuda", device="cpu", cuda_graphs=False,
                     executor="device")
     s = generate_ids(gen, [[5, 6]], SamplingParams(max_tokens=4, regex="ab"))[0]
-    assert s.executor == "host" and "structured outputs" in s.fallback
-    assert s.metrics().fallback == s.fallback
+    assert s.executor == "device" and s.fallback is None and s.metrics().fallback is None
+    assert words(gen, s.output_ids) == "ab" and s.finish_reason == "stop"
 
 
 def test_a_row_with_nothing_allowed_allows_eos_which_ends_the_stream_in_error(tiny_engine):

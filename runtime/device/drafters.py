@@ -53,6 +53,8 @@ def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None, j: int) 
     over q (the request's temperature / top-k / top-p applied to the head) with the target's
     noise at the draft's output position, id for id through a draft vocabulary's d2t."""
     s = loop.state
+    if j == 0 and loop.guided:  # the grammar's state after the output (masks.py)
+        logits = loop.masks.steered(logits, nb, d2t)
     position = (s.n[:nb] - s.start[:nb] + j)[:, None]  # (nb, 1)
     d = loop.tokens(logits[:, None], slice(0, nb), position, d2t)[:, 0]
     return d if d2t is None else d2t[d]

@@ -42,11 +42,13 @@ import numpy as np
 import torch
 
 from trt_spec.runtime import sampling_torch
+from trt_spec.runtime.device import prompt_logprobs
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
-from trt_spec.runtime.stream import StepMetrics, Stream, append, finish_unsampled
+from trt_spec.runtime.device.masks import DeviceMasks, guide_masks
+from trt_spec.runtime.stream import StepMetrics, Stream, append, fail, finish_unsampled
 from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
@@ -105,8 +107,9 @@ class DeviceLoop:
             start=torch.zeros(self.slots, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
-        self.any_sampled, self.filtered, self.controlled = False, False, False
+        self.any_sampled, self.filtered, self.controlled, self.guided = (False,) * 4
         self.controls: DeviceControls | None = None  # made for the first request with one
+        self.masks: DeviceMasks | None = None  # made for the first guided request
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
         self.pool = None
         self.stats = {"steps": 0, "eager_steps": 0, "replayed": 0, "captured": 0}
@@ -196,9 +199,13 @@ class DeviceLoop:
         q_d = torch.from_numpy(q).to(self.device)
         new_d = torch.from_numpy(new).to(self.device)
         s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
+        every = prompt_logprobs.wanted(streams)  # logits at every prompt row
         out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
-                           (q_d - 1).clamp(min=0)[:, None])
-        first = self.first_tokens(streams, lo, out[0])
+                           prompt_logprobs.logits_index(q_d, t, every))
+        if every:
+            prompt_logprobs.record(streams, lo, out[0])
+        last = out[0][:, -1:]  # (b, 1, V) each stream's last prompt row
+        first = self.first_tokens(streams, lo, last)
         if self.controls is not None:
             self.controls.count(lo, hi, first[:, None], new_d[:, None])
         at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
@@ -209,7 +216,7 @@ class DeviceLoop:
             self.drafter.prefill(self, lo, hi, new_d, q_d, rows)
         tokens = first.cpu().numpy()
         s.active[lo:hi] |= new_d
-        return [(int(tokens[st.slot - lo]), host_rows(out[0], st.slot - lo, 1, st))
+        return [(int(tokens[st.slot - lo]), host_rows(last, st.slot - lo, 1, st))
                 for st in streams]
 
     def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
@@ -219,6 +226,8 @@ class DeviceLoop:
         executor's token, runtime/race.py)."""
         s = self.state
         hi = lo + logits.shape[0]
+        if any(st.guide is not None for st in streams):  # its grammar's first row (masks.py)
+            logits = guide_masks(self, streams, False).admit(streams, lo, hi).apply(logits, lo)
         if any(st.params.controls for st in streams):
             logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
                 s.temperature[lo:hi], s.greedy[lo:hi]))
@@ -275,6 +284,8 @@ class DeviceLoop:
         s = self.state
         active = s.active[:nb]
         logits = out["logits"]
+        if self.guided:  # the grammars' bits, uploaded before this phase (masks.py)
+            logits = self.masks.apply(logits[:, :self.k + 1], 0)
         if self.controlled:  # the request's controls on every verified row (controls.py)
             logits = self.controls.apply(logits[:, :self.k + 1], 0, nb, out["drafts"],
                                          sampling_torch.temperature_or_one(
@@ -302,14 +313,23 @@ class DeviceLoop:
     def _phases(self, nb: int, timed: bool) -> tuple[dict, list[float]]:
         """Runs the three phases eagerly -> (outputs, seconds per phase when timed)."""
         out, seconds = {}, []
-        for fn in (self._propose, self._score, self._sample):
+        for phase, fn in zip(self.PHASES, (self._propose, self._score, self._sample)):
             t = time.perf_counter()
             fn(nb, out)
+            self._between(phase, nb, out)
             if timed:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 seconds.append(time.perf_counter() - t)
         return out, seconds
+
+    def _between(self, phase: str, nb: int, out: dict) -> None:
+        """The host's work after a phase: a guided step's drafts fetched after propose, its
+        masks uploaded after score (runtime/device/masks.py)."""
+        if self.guided and phase == "propose":
+            self.masks.fetch(out)
+        elif self.guided and phase == "score":
+            self.masks.upload(nb)
 
     def _capture(self, key: tuple, nb: int) -> None:
         """One CUDA graph per phase over slots [0, nb); a later phase reads the static outputs
@@ -330,7 +350,7 @@ class DeviceLoop:
         emitted tokens, accepted, proposed; seconds of each phase; the target's logits
         [nb, W, V] on the device, before the controls: logprobs read them)."""
         self.stats["steps"] += 1
-        key = (nb, self.any_sampled, self.filtered, self.controlled)
+        key = (nb, self.any_sampled, self.filtered, self.controlled, self.guided)
         entry = self.graphs.get(key) if self.use_graphs else None
         if entry is None:
             self.stats["eager_steps"] += 1
@@ -349,9 +369,10 @@ class DeviceLoop:
         graphs, out = entry
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         events[0].record()
-        for g, e in zip(graphs, events[1:]):
+        for phase, g, e in zip(self.PHASES, graphs, events[1:]):
             g.replay()
             e.record()
+            self._between(phase, nb, out)
         host = out["host"].cpu()  # the one sync of the step (after every event above)
         self.stats["replayed"] += 1
         return (host.numpy(), [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])],
@@ -418,7 +439,9 @@ class DeviceExecutor:
         m.target_forwards += 1
         for s, (token, rows) in zip(streams, firsts):
             s.stats.record(0, 0)
-            if s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
+            if s.fault is not None:  # its grammar raised (masks.py): it fails alone
+                fail(s, s.fault)
+            elif s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
                 finish_unsampled(s)
             else:
                 append(s, [token], self.gen.stops, rows, step_sources(0, None, 0, 0, 1))
@@ -432,12 +455,18 @@ class DeviceExecutor:
         loop.any_sampled = bool(sampled)
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
         loop.controlled = any(s.params.controls for s in streams)
+        loop.guided = guide_masks(loop, streams) is not None
         host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
         m.target_forwards += 1
+        m.mask_s += loop.masks.spent() if loop.guided else 0.0
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
             (m.propose_s, m.score_s, m.sample_s), seconds))
         for s in streams:
             row = host[s.slot]
+            if s.fault is not None:  # its grammar raised (masks.py): it fails alone
+                fail(s, s.fault)
+                self.release(s)
+                continue
             accepted, proposed = int(row[-2]), int(row[-1])
             s.stats.record(proposed, accepted)
             m.verified(proposed, accepted)

@@ -1,0 +1,70 @@
+"""Prompt logprobs on the device executor (runtime/device/loop.py): the prefill's logits at
+every prompt row, reduced on the device to what the host reports, copied back once.
+
+    logits [B, T, V] (row t: after prompt token t)
+      -> per stream wanting them, rows 0..len - 2 (each predicts the prompt's next token):
+         log-softmax in float64 (runtime/sampling.py log_softmax), the prompt token's logprob
+         and rank, the n most likely (id, logprob)
+      -> host: [rows, 2 + 2n] float64, one copy per stream
+      -> Stream.prompt_logprobs = [None, TokenLogprob ...] (runtime/stream.py
+         record_prompt_logprobs' format: the first token has none)
+
+Ties in the top n are ordered as the host orders them: most likely first, then the lower id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trt_spec.runtime.sampling import TokenLogprob
+from trt_spec.runtime.stream import Stream
+
+
+def wanted(streams: list[Stream]) -> bool:
+    return any(s.params.prompt_logprobs is not None for s in streams)
+
+
+def logits_index(q: torch.Tensor, t: int, every_row: bool) -> torch.Tensor:
+    """[B, N] the rows a prefill of q [B] new tokens (padded to t) reads logits at: its last
+    (N = 1), or every row (N = t, rows past a stream's last repeat it); the last column is
+    always each stream's last row (its first output token's logits)."""
+    last = (q - 1).clamp(min=0)[:, None]
+    if not every_row:
+        return last
+    return torch.minimum(torch.arange(t, device=q.device)[None], last)
+
+
+def record(streams: list[Stream], lo: int, logits: torch.Tensor) -> None:
+    """Sets each stream's prompt logprobs that asks for them from the prefill's logits
+    [B, T, V] (slots lo..; every row: `logits_index`)."""
+    for s in streams:
+        n = s.params.prompt_logprobs
+        if n is None:
+            continue
+        prompt = s.prompt_ids
+        rows = logits[s.slot - lo, :len(prompt) - 1]  # (T', V)
+        s.prompt_logprobs = [None, *token_logprobs(rows, prompt[1:], n)]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[TokenLogprob]:
+    """logits [R, V] on the device, tokens [R] -> runtime/sampling.py token_logprobs' values,
+    reduced on the device and copied once."""
+    if not len(tokens):
+        return []
+    logp = torch.log_softmax(logits.to(torch.float64), -1)  # (R, V)
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=logits.device)
+    own = logp.gather(1, ids[:, None])  # (R, 1)
+    rank = 1 + (logp > own).sum(-1, keepdim=True)  # (R, 1)
+    values, top = logp.topk(min(n, logp.shape[-1]), -1)  # (R, n) most likely first
+    host = torch.cat([own, rank.to(torch.float64), values, top.to(torch.float64)], 1).cpu()
+    host = host.numpy()
+    m = values.shape[-1]
+    out = []
+    for t, row in zip(tokens, host):
+        vals, idx = row[2:2 + m], row[2 + m:].astype(np.int64)
+        order = np.lexsort((idx, -vals))  # ties: the lower id first
+        out.append(TokenLogprob(int(t), float(row[0]),
+                                tuple((int(idx[j]), float(vals[j])) for j in order),
+                                int(row[1])))
+    return out
