@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec import LLM  # noqa: E402
+from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=8,
@@ -63,7 +64,7 @@ def run(llm, specs):
     """Every (prompt, params, method, k) queued at once and stepped to the end -> (the
     streams (choice 0 of each request), the steps' metrics)."""
     sched = llm.scheduler
-    requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, m, k)
+    requests = sched.enqueue_all([sched.prepare(llm.tokenizer.encode(p), params, Speculation(m, k))
                                   for p, params, m, k in specs])
     steps = []
     while not all(c.done for r in requests for c in r.choices):
