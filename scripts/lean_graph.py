@@ -11,7 +11,7 @@ made as the runtime makes it (runtime/backends/ort.py make_session: 2 intra-op t
 optimization), every layer's max-length cache buffer bound as both past and present (ours and
 theirs alike). A graph of ours that takes `attention_min_rows` runs as `label@m` for each m of
 --min-rows (1: the one-row kernels, 2: exact decoding's extra attention row), and `label-norows`
-with the Pad / Slice pairs taken out (strip_attention_rows): what the rows cost, measured.
+with the Pad / Slice pairs taken out (runtime/backends/rows_free.py, as fast decoding loads it): what the rows cost, measured.
 
 Two measurements, interleaved across graphs so drift hits all alike:
 - step ms: the median of --repeats timed steps, profiling off, and the process's CPU time per
@@ -37,46 +37,8 @@ import onnx
 import onnxruntime as ort
 
 from trt_spec.runtime.backends.ort import _shared_pool
+from trt_spec.runtime.backends.rows_free import strip_attention_rows
 from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS
-
-ROWS = "/" + ATTENTION_MIN_ROWS  # the prefix of export/attention_rows.py's nodes and tensors
-
-
-def strip_attention_rows(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of one of our target graphs without export/attention_rows.py's pass: each
-    GroupQueryAttention reads its qkv and writes its output directly (no Pad / Slice), with the
-    step's own seqlens; the shared nodes and the attention_min_rows input are gone."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    producers = {o: n for n in graph.node for o in n.output}
-    readers = collections.defaultdict(list)
-    for n in graph.node:
-        for i in n.input:
-            readers[i].append(n)
-    keep = []
-    for node in graph.node:
-        if node.op_type == "GroupQueryAttention":
-            pad = producers[node.input[0]]
-            (slice_,) = readers[node.output[0]]
-            assert pad.op_type == "Pad" and slice_.op_type == "Slice", (pad.name, slice_.name)
-            node.input[0] = pad.input[0]
-            for i, name in enumerate(node.input):
-                if name.startswith(ROWS + "/"):
-                    node.input[i] = name[len(ROWS) + 1:]
-            node.output[0] = slice_.output[0]
-        keep.append(node)
-    dropped = {id(n) for n in keep if n.name.endswith((ROWS + "/Pad", ROWS + "/Slice"))
-               or any(o.startswith(ROWS + "/") for o in n.output)}
-    del graph.node[:]
-    graph.node.extend(n for n in keep if id(n) not in dropped)
-    inputs = [i for i in graph.input if i.name != ATTENTION_MIN_ROWS]
-    del graph.input[:]
-    graph.input.extend(inputs)
-    used = {i for n in graph.node for i in n.input}
-    for init in [i for i in graph.initializer if i.name not in used]:
-        graph.initializer.remove(init)
-    return out
 
 
 def load_proto(path: Path) -> onnx.ModelProto:

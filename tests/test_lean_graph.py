@@ -118,3 +118,67 @@ def test_exact_decoding_holds_on_the_lean_graph(tiny_hf_dir, tiny_engine_int4_pl
         checks.test_attention_rows_in_graph_equal_runtime_padding(
             tiny_hf_dir, tiny_engine_int4_plain, exact)
     checks.test_exact_decode_one_token_row_of_a_ragged_step(tiny_hf_dir, tiny_engine_int4_plain)
+
+
+def _steps(target, config):
+    """Logits and per-token outputs of a ragged prefill, a ragged step and 1-token steps up
+    to the cache's last row (batch 2)."""
+    from trt_spec.runtime.kv_cache import KVCache
+    from trt_spec.runtime.step_inputs import SlotTokens
+
+    ids = [5, 17, 99, 3, 42, 8, 77, 61, 23, 11, 90, 4]
+    cache = KVCache(config, slots=2, max_len=12)
+    a, b = cache.allocate(), cache.allocate()
+    steps = [target.step(cache, [SlotTokens(a, ids[:6], [5]), SlotTokens(b, ids[:4], [0, 3])]),
+             target.step(cache, [SlotTokens(a, ids[6:7], [0]), SlotTokens(b, ids[4:7], [0, 2])])]
+    for token in ids[7:12]:
+        steps.append(target.step(cache, [SlotTokens(a, [token], [0])]))
+    steps.append(target.step(cache, [SlotTokens(b, [9], [0])]))
+    return [x for s in steps for x in [*s.logits, *s.rows.values()]]
+
+
+def test_fast_decoding_runs_the_graph_without_attention_rows(tiny_engine_int4_plain):
+    """A target loaded for fast decoding runs its graph with the attention-rows pass taken
+    out (runtime/backends/rows_free.py): no attention_min_rows input, and bitwise the
+    outputs of the graph as exported fed attention_min_rows = 1."""
+    from trt_spec.runtime.backends.exact_rows import FAST
+    from trt_spec.runtime.backends.ort import OrtTarget
+    from trt_spec.runtime.backends.rows_free import rows_free_model
+    from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS
+    from trt_spec.runtime.manifest import load_manifest
+
+    config = load_manifest(tiny_engine_int4_plain).config
+    path = tiny_engine_int4_plain / "target.onnx"
+    fast = OrtTarget(path, config.num_layers, config.max_position_embeddings, exact_decode=False)
+    exported = OrtTarget(path, config.num_layers, config.max_position_embeddings,
+                         exact_decode=True, cover=(2, 3))
+    assert fast.rows_dropped and not fast.rows_in_graph
+    assert ATTENTION_MIN_ROWS not in {i.name for i in fast.session.get_inputs()}
+    assert exported.rows_in_graph and not exported.rows_dropped
+    stripped = onnx.load_from_string(rows_free_model(path))
+    ops = collections.Counter(n.op_type for n in stripped.graph.node)
+    assert ops["Pad"] == ops["Slice"] == 0
+    assert not any(ATTENTION_MIN_ROWS in n.name or any(ATTENTION_MIN_ROWS in o for o in n.output)
+                   for n in stripped.graph.node)
+    with exported.using(FAST):
+        want = _steps(exported, config)
+    got = _steps(fast, config)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_fast_generator_loads_the_rows_free_target(tiny_engine_int4_plain):
+    """Through the engine folder's manifest (its inputs name attention_min_rows): a fast
+    generator loads and decodes; an exact one keeps the rows."""
+    from trt_spec.runtime.generator import Generator
+    from trt_spec.runtime.sampling import SamplingParams
+    from trt_spec.runtime.scheduler import generate_ids
+
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for exact in (False, True):
+        gen = Generator(str(tiny_engine_int4_plain), max_len=64, threads=1, prefix_cache=False,
+                        exact_decode=exact)
+        assert gen.target.rows_dropped == (not exact)
+        (stream,) = generate_ids(gen, [[5, 17, 99, 3]], params, "none", None)
+        assert len(stream.output_ids) == 6

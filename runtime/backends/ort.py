@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from trt_spec.runtime.backends.base import GraphSet, StepGraph
 from trt_spec.runtime.backends.int8_weights import saturates, widened_model
+from trt_spec.runtime.backends.rows_free import EXTERNAL_FOLDER, rows_free_model
 from trt_spec.runtime.config import ModelConfig
 from trt_spec.runtime.backends.exact_rows import (FAST, Exactness, ExactnessCache, RowRule, find,
                                          probe_key)
@@ -52,7 +53,11 @@ def _shared_pool(threads: int) -> bool:
     return _pool_threads > 0
 
 
-def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+def make_session(path: Path, threads: int | None = None,
+                 rewritten: bytes | None = None) -> ort.InferenceSession:
+    """rewritten: the graph at `path` changed at load and serialized without its weights,
+    which stay in path's folder (runtime/backends/rows_free.py); not where int8-rows' weights
+    must be widened (that rewrite wins, the graph then runs as exported)."""
     threads = threads or default_threads()
     opts = ort.SessionOptions()
     if _shared_pool(threads):
@@ -66,6 +71,9 @@ def make_session(path: Path, threads: int | None = None) -> ort.InferenceSession
     source: str | bytes = str(path)
     if saturates():  # int8-rows' weights widened for an x86 CPU without VNNI
         source = widened_model(Path(path)) or source
+    if rewritten is not None and isinstance(source, str):
+        source = rewritten
+        opts.add_session_config_entry(EXTERNAL_FOLDER, str(Path(path).resolve().parent))
     try:
         return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own types; name the file in the message
@@ -82,8 +90,11 @@ class OrtTarget(StepGraph):
         verified among drafts and other streams. Which row layout makes that hold on this
         machine (attention rows per request, least rows per step: runtime/backends/exact_rows.py) is
         probed at load for every step of up to cover = (streams, tokens per stream), or read
-        from exactness_cache."""
-        self.session = make_session(path, threads)
+        from exactness_cache. Without exact_decode the graph runs without attention's
+        minimum rows (runtime/backends/rows_free.py); should exact decoding be asked of it
+        later, it is probed afresh (rows then come from padding the requests)."""
+        rows_free = None if exact_decode else rows_free_model(path)
+        self.session = make_session(path, threads, rows_free)
         self.exact_decode = exact_decode
         self.num_layers = num_layers
         self.max_positions = max_positions
@@ -96,12 +107,16 @@ class OrtTarget(StepGraph):
         self.takes_hidden = HIDDEN_INPUT in names
         # exact decoding's attention rows inside the graph, else by _padded
         self.rows_in_graph = ATTENTION_MIN_ROWS in names
+        # the graph's attention-rows pass taken out at load (fast decoding)
+        self.rows_dropped = rows_free is not None and not self.rows_in_graph
         shapes = {o.name: o.shape for o in self.session.get_outputs()}
         # per-token outputs besides logits, in graph order
         self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
         self.widths = {o: shapes[o][-1] for o in ["logits", *self.outputs]}  # static last dims
         self._bindings: dict[tuple[int, int, int], tuple] = {}  # see _binding
-        self.cover, self._exactness_cache = cover, exactness_cache
+        # a cached answer is for the graph as exported, with its rows
+        self.cover = cover
+        self._exactness_cache = None if self.rows_dropped else exactness_cache
         self._exactness: Exactness | None = None
         self._override: RowRule | None = None  # `using`
         if exact_decode:
@@ -242,6 +257,8 @@ class OrtGraphs(GraphSet):
         target = OrtTarget(path, config.num_layers, config.max_position_embeddings, self.threads,
                            exact_decode=exact, cover=self.cover, exactness_cache=store)
         got = [i.name for i in target.session.get_inputs()]
+        if target.rows_dropped:
+            want = [n for n in want if n != ATTENTION_MIN_ROWS]
         if want != got:
             raise EngineFolderError(f"{path}: graph inputs {got} differ from the manifest's {want}")
         return target

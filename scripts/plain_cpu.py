@@ -1,0 +1,131 @@
+"""CPU time per decoded token, our plain decoding against onnxruntime-genai's, on a machine
+loaded by others (docs/quantization.md, "The lean graph").
+
+    .venv/bin/python scripts/plain_cpu.py --engine engines/lean-int4-plain \
+        --ortgenai $TRT_SPEC_CACHE/smollm2-135m/ortgenai-int4 --num-prompts 8 --repeats 2
+
+Every side runs at one intra-op thread, so the process's CPU time is the work alone, which a
+loaded machine inflates far less than the wall time. Per prompt and side, interleaved:
+C(N + 1) - C(1) over N, with C(n) the CPU time of decoding n tokens greedily after the prompt
+(the prefill cancels). Ours runs as a user runs it:
+- fast: a Generator loaded with --fast-decode (the target without attention rows),
+- fast-rows: the exact Generator's target switched to fast decoding, as bench's `none-fast`
+  runs it (the graph keeps its attention rows, fed 1),
+- exact: exact decoding (the default);
+and for ours, the share spent inside the ONNX Runtime session (the rest is the Python loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
+from trt_spec.tools.bench_prompts import load_prompts
+
+SESSION = collections.Counter()  # generator label -> CPU seconds inside run_with_iobinding
+
+
+def timed_session(gen: Generator, label: str) -> None:
+    run = gen.target.session.run_with_iobinding
+
+    def timed(io, *args, **kwargs):
+        c0 = time.process_time()
+        try:
+            return run(io, *args, **kwargs)
+        finally:
+            SESSION[label] += time.process_time() - c0
+
+    gen.target.session.run_with_iobinding = timed
+
+
+def ortgenai_decoder(folder: Path):
+    """prompt ids, n -> decodes n tokens greedily with onnxruntime-genai at one thread."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    one = {"session_options": {"intra_op_num_threads": 1, "inter_op_num_threads": 1}}
+    config.overlay(json.dumps({"model": {"decoder": one}}))
+    model = og.Model(config)
+
+    def decode(ids: list[int], n: int) -> None:
+        params = og.GeneratorParams(model)
+        total = len(ids) + n
+        params.set_search_options(max_length=total, min_length=total, do_sample=False,
+                                  batch_size=1)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.asarray([ids], dtype=np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+
+    return decode
+
+
+def sides(engine: str, ortgenai: Path) -> tuple[dict, Generator]:
+    """label -> (decode(ids, n), the generator whose session it times, or None)."""
+    fast = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=False)
+    exact = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=True)
+    timed_session(fast, "fast")
+    timed_session(exact, "exact")
+
+    def ours(gen: Generator, fast_decode: bool):
+        def decode(ids: list[int], n: int) -> None:
+            before, gen.target.exact_decode = gen.target.exact_decode, not fast_decode
+            try:
+                generate_ids(gen, [ids], SamplingParams(max_tokens=n, temperature=0.0,
+                                                        ignore_eos=True), "none", None)
+            finally:
+                gen.target.exact_decode = before
+        return decode
+
+    return {"fast": (ours(fast, True), "fast"), "fast-rows": (ours(exact, True), "exact"),
+            "exact": (ours(exact, False), "exact"),
+            "onnxruntime-genai": (ortgenai_decoder(ortgenai), None)}, fast
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--engine", default="engines/lean-int4-plain")
+    ap.add_argument("--ortgenai", type=Path, required=True, help="its builder's model folder")
+    ap.add_argument("--prompts", default="runtime/data/sharegpt-heldout.jsonl")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    runs, gen = sides(args.engine, args.ortgenai)
+    prompts = [gen.encode(p) for p in load_prompts(args.prompts)[:args.num_prompts]]
+    n = args.max_new_tokens
+    for decode, _ in runs.values():
+        decode(prompts[0][:16], 4)  # warm
+    cpu, inside = collections.defaultdict(list), collections.defaultdict(list)
+    for _ in range(args.repeats):
+        for ids in prompts:
+            for label, (decode, session) in runs.items():
+                s0, c0 = SESSION[session], time.process_time()
+                decode(ids, 1)
+                s1, c1 = SESSION[session], time.process_time()
+                decode(ids, n + 1)
+                s2, c2 = SESSION[session], time.process_time()
+                cpu[label].append(((c2 - c1) - (c1 - c0)) * 1000 / n)
+                if session:
+                    inside[label].append(((s2 - s1) - (s1 - s0)) * 1000 / n)
+    theirs = statistics.mean(cpu["onnxruntime-genai"])
+    print("| side | CPU ms a token | in the session | the rest | against onnxruntime-genai |")
+    print("|---|---|---|---|---|")
+    for label, values in cpu.items():
+        mean = statistics.mean(values)
+        s = statistics.mean(inside[label]) if inside[label] else None
+        cells = ("", "") if s is None else (f"{s:.2f}", f"{mean - s:.2f}")
+        print(f"| {label} | {mean:.2f} | {cells[0]} | {cells[1]} | {theirs / mean:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
