@@ -54,7 +54,6 @@ from trt_spec.runtime.stream import (StepMetrics, Stream, append, finish_unsampl
 from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
-from trt_spec.runtime.race_torch import signed
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
 # (method, k) loops the device executor keeps at most: each holds a target KV cache of its
