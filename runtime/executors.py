@@ -49,8 +49,8 @@ def backend_reason(gen) -> str | None:
 
 def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | None:
     """Why the device executor does not take s (the host does), or None when it does.
-    prefill_budget: the scheduler's prompt tokens per step (a longer prompt is read in chunks,
-    on the host)."""
+    prefill_budget: the scheduler's prompt tokens per step (either executor reads a longer
+    prompt in chunks)."""
     why = backend_reason(gen)
     if why is not None:
         return why
@@ -61,9 +61,6 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
     spec = gen.speculation
     if s.num_draft_tokens and (spec.min_acceptance > 0 or spec.spec_max_batch is not None):
         return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
-    if prefill_budget is not None and len(s.prompt_ids) > prefill_budget:
-        return (f"chunked prefill: the prompt's {len(s.prompt_ids)} tokens pass "
-                f"max_prefill_tokens={prefill_budget}")
     ex = gen.device_executor
     if ex is not None and not ex.reserve(s):
         return (f"the device executor's {len(ex.loops)} (method, k) loops, each with caches "
@@ -81,13 +78,14 @@ def choose(gen, s: Stream, prefill_budget: int | None = None) -> None:
 
 
 def admit(gen, s: Stream, source: Stream | None, prefill_budget: int | None) -> None:
-    """Chooses s's executor and gives s a KV slot. On the host, a choice i > 0 starts from
-    choice 0's prompt rows (source: Engine.fork) and a prompt may start from a kept slot's
-    rows (the prefix cache); the device executor reads each prompt whole, in caches of its
-    own."""
+    """Chooses s's executor and gives s a KV slot. A choice i > 0 starts from choice 0's
+    prompt rows (source: Engine.fork, or the device's slot copy when both run there) and a
+    prompt may start from a kept slot's rows (the prefix cache: the host's slots, or the
+    device loop's own caches, runtime/device/prefill.py)."""
     choose(gen, s, prefill_budget)
     if s.executor == DEVICE:
         gen.engine.admit(s, reuse=False)
+        gen.device_executor.admit(s, source if source and source.executor == DEVICE else None)
     else:
         gen.engine.admit(s, source=source if source and source.executor == HOST else None)
 
@@ -95,12 +93,15 @@ def admit(gen, s: Stream, source: Stream | None, prefill_budget: int | None) -> 
 def execute(gen, streams: list[Stream], prefill_budget: int | None,
             admitted: list[Stream] = ()) -> StepMetrics:
     """One scheduler step of the running streams, each on its executor -> the metrics of
-    both, with the reasons of the admitted streams that fell back to the host."""
+    both, with the reasons of the admitted streams that fell back to the host. The step's
+    prefill_budget is shared: the host reads what the device's chunks left."""
     device = [s for s in streams if s.executor == DEVICE]
     host = [s for s in streams if s.executor == HOST]
     m = StepMetrics()
     if device:
-        m.merge(gen.device_executor.step(device))
+        m.merge(gen.device_executor.step(device, prefill_budget))
+        if prefill_budget is not None:
+            prefill_budget -= m.prefill_tokens
     if host:
         m.merge(gen.engine.step(host, prefill_budget))
     for s in admitted:
@@ -110,8 +111,8 @@ def execute(gen, streams: list[Stream], prefill_budget: int | None,
 
 
 def release(gen, s: Stream, keep: bool = True) -> None:
-    """Frees s's slot on its executor (keep: the host's prefix cache may keep its rows)."""
+    """Frees s's slot on its executor (keep: the prefix cache may keep its rows)."""
     if s.executor == DEVICE:
-        gen.device_executor.release(s)
+        gen.device_executor.release(s, keep)
     else:
         gen.engine.release(s, keep)

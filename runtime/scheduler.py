@@ -17,8 +17,8 @@
                   prefill, then one target forward for every decode/verify row; a long
                   prompt is read in chunks over several steps while the other streams keep
                   decoding; a stream whose own part of the step fails ends alone)
-          device  device_executor.step(its streams)               (runtime/device/loop.py:
-                  drafting, verification and sampling on the device, per (method, k))
+          device  device_executor.step(its streams, max_prefill_tokens) (device/loop.py:
+                  the same on the device, per (method, k); the host reads what it left)
         hand each request its delta: new token ids and text (the result when finished; a
                                      failed stream's error as Request.error)
 

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trt_spec.runtime import race_torch, sampling_torch  # noqa: E402
+from trt_spec.runtime.device import prefill  # noqa: E402
 from trt_spec.runtime.device import verify as device_verify  # noqa: E402
 from trt_spec.export.torch_backend import TorchGraphs  # noqa: E402
 from trt_spec.runtime.generator import Generator  # noqa: E402
@@ -286,10 +287,12 @@ def test_a_step_never_reads_the_device(engine, method, params, monkeypatch):
     loop = gen.device_executor.loop(streams[0])
     for s in streams:
         gen.engine.admit(s, reuse=False)
+        gen.device_executor.admit(s, None)
     loop.any_sampled = not params.greedy
     loop.filtered = not params.greedy
     loop.controlled = bool(params.controls)
-    loop.admit(streams)
+    prefill.read(loop, [(s, len(s.prompt_ids)) for s in streams])
+    prefill.activate(loop, streams)
 
     def sync(*args, **kwargs):
         raise AssertionError("a host read of a device tensor inside a step")

@@ -32,10 +32,16 @@ class DeviceDrafter:
 
     num_modules = 0  # N: head modules (0: none)
 
+    def read(self, loop, lo: int, hi: int, new: torch.Tensor, past: torch.Tensor,
+             q: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
+        """After a prefill forward (a chunk of each prompt) of slots [lo, hi): new [B] the
+        slots it read, their q [B] rows at positions past [B] ..; rows: the target's
+        per-token outputs [B, T, D] (runtime/device/prefill.py)."""
+
     def prefill(self, loop, lo: int, hi: int, new: torch.Tensor, prompt_len: torch.Tensor,
-                rows: dict[str, torch.Tensor]) -> None:
-        """After the target's prefill of slots [lo, hi): new [B] the slots prefilled now,
-        prompt_len [B], rows: the target's per-token outputs [B, T, D]."""
+                rows=None) -> None:
+        """After the target's prefill of slots [lo, hi) (its last chunk): new [B] the slots
+        whose prompts are now read, prompt_len [B]."""
 
     def propose(self, loop, nb: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, nb) -> (drafts [nb, k] int64, valid [nb, k] bool)."""
@@ -166,11 +172,14 @@ class HeadDrafts(DeviceDrafter):
             hidden = out[1]  # module i's rows: module i + 1's hidden input
             yield i, out
 
-    def prefill(self, loop, lo, hi, new, prompt_len, rows):
-        t = rows[self.reads].shape[1]
-        h = self._first_hidden({self.reads: rows[self.reads]})  # (B, T, H)
-        keep = new[:, None, None]
-        self.hist[lo:hi, :t] = torch.where(keep, h, self.hist[lo:hi, :t])
+    def read(self, loop, lo, hi, new, past, q, rows):
+        h = self._first_hidden(rows)  # (B, T, H) positions past ..
+        cols = torch.arange(h.shape[1], device=h.device)
+        pos = torch.where(new[:, None] & (cols[None] < q[:, None]), past[:, None] + cols,
+                          loop.length - 1).clamp(max=loop.length - 1)
+        self.hist[lo:hi].scatter_(1, pos[..., None].expand_as(h), h)
+
+    def prefill(self, loop, lo, hi, new, prompt_len, rows=None):
         # rows every module may commit now: p + N <= P - 1 + 1 (module docstring)
         s0 = torch.where(new, (prompt_len - self.num_modules).clamp(min=0), 0)
         width = int(s0.max())

@@ -4,8 +4,10 @@ only the emitted tokens and counts, with one synchronisation. The scheduler
 (runtime/scheduler.py) admits, steps and retires the streams; runtime/executors.py decides
 which of them this executor steps.
 
-    DeviceExecutor.step(streams):                   # one scheduler step, per (method, k) loop
-        new streams: prefill (one forward, eager)   # first token sampled on the device
+    DeviceExecutor.step(streams, prefill_budget):  # one scheduler step, per (method, k) loop
+        new streams: the next chunk of each prompt  # runtime/device/prefill.py: one forward,
+                     (from a prefix-cache hit's or  #   eager; after the last chunk, the first
+                     choice 0's rows, slot copies)  #   token sampled on the device
         the others:
             propose  drafts [B, k] (+ q)            # runtime/device/drafters.py
             score    target over [last, d1..dk] (W rows)
@@ -42,17 +44,17 @@ import numpy as np
 import torch
 
 from trt_spec.runtime import sampling_torch
-from trt_spec.runtime.device import prompt_logprobs
+from trt_spec.runtime.device import prefill, prompt_logprobs
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
 from trt_spec.runtime.device.masks import DeviceMasks, guide_masks
-from trt_spec.runtime.stream import StepMetrics, Stream, append, fail, finish_unsampled
+from trt_spec.runtime.stream import (StepMetrics, Stream, append, fail, finish_unsampled,
+                                     prefill_chunks)
 from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
-from trt_spec.runtime.race_torch import signed
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
 # (method, k) loops the device executor keeps at most: each holds a target KV cache of its
@@ -112,6 +114,7 @@ class DeviceLoop:
         self.masks: DeviceMasks | None = None  # made for the first guided request
         self.graphs: dict[tuple, tuple] = {}  # (nb, flags) -> (graphs, static outputs)
         self.pool = None
+        self.kept = prefill.Kept()  # released slots' rows, still valid in these caches
         self.stats = {"steps": 0, "eager_steps": 0, "replayed": 0, "captured": 0}
 
     # --- building blocks ----------------------------------------------------------------------
@@ -164,60 +167,7 @@ class DeviceLoop:
         at = torch.where(self.state.active[:nb], at, self.length - 1).clamp(max=self.length - 1)
         self.state.seq[:nb].scatter_(1, at[:, None], tokens[:, None])
 
-    # --- admission and prefill -----------------------------------------------------------------
-
-    def admit(self, streams: list[Stream]) -> list[int]:
-        """Prefills the streams (their slots allocated) in one forward and samples each one's
-        first token on the device; -> per stream (its first token, its logits row [1, V] on the
-        host where it asks for logprobs, else None)."""
-        s = self.state
-        slots = [st.slot for st in streams]
-        lo, hi = min(slots), max(slots) + 1
-        b = hi - lo
-        lens = [len(st.prompt_ids) for st in streams]
-        t = max(lens)
-        ids = np.zeros((b, t), dtype=np.int64)
-        q = np.zeros(b, dtype=np.int64)
-        new = np.zeros(b, dtype=bool)
-        for st, n in zip(streams, lens):
-            ids[st.slot - lo, :n] = st.prompt_ids
-            ids[st.slot - lo, n:] = st.prompt_ids[-1]  # padding: a real token (see _score)
-            q[st.slot - lo], new[st.slot - lo] = n, True
-            p = st.params
-            s.temperature[st.slot] = 1.0 if p.greedy else p.temperature
-            s.top_k[st.slot] = p.top_k if p.top_k < self.vocab_size else 0  # (>= V: off)
-            s.top_p[st.slot] = p.top_p
-            s.greedy[st.slot] = p.greedy
-            s.end[st.slot] = n + p.max_tokens
-            s.seed[st.slot] = signed(p.seed)  # (every stream has one: runtime/stream.py)
-            s.start[st.slot] = n
-        if self.controls is None and any(st.params.controls for st in streams):
-            self.controls = DeviceControls(self.slots, self.vocab_size, self.device)
-        for st in streams if self.controls is not None else ():
-            self.controls.admit(st)
-        ids_d = torch.from_numpy(ids).to(self.device)
-        q_d = torch.from_numpy(q).to(self.device)
-        new_d = torch.from_numpy(new).to(self.device)
-        s.seq[lo:hi, :t] = torch.where(new_d[:, None], ids_d, s.seq[lo:hi, :t])
-        every = prompt_logprobs.wanted(streams)  # logits at every prompt row
-        out = self.forward(self.target, self.cache, lo, hi, ids_d, torch.zeros_like(q_d), q_d,
-                           prompt_logprobs.logits_index(q_d, t, every))
-        if every:
-            prompt_logprobs.record(streams, lo, out[0])
-        last = out[0][:, -1:]  # (b, 1, V) each stream's last prompt row
-        first = self.first_tokens(streams, lo, last)
-        if self.controls is not None:
-            self.controls.count(lo, hi, first[:, None], new_d[:, None])
-        at = torch.where(new_d, q_d, self.length - 1)  # other slots of the range: the dump
-        s.seq[lo:hi].scatter_(1, at[:, None], first[:, None])
-        s.n[lo:hi] = torch.where(new_d, q_d + 1, s.n[lo:hi])
-        if self.drafter is not None:
-            rows = dict(zip(self.target_outputs(), out[1:]))
-            self.drafter.prefill(self, lo, hi, new_d, q_d, rows)
-        tokens = first.cpu().numpy()
-        s.active[lo:hi] |= new_d
-        return [(int(tokens[st.slot - lo]), host_rows(last, st.slot - lo, 1, st))
-                for st in streams]
+    # --- prefill (runtime/device/prefill.py reads the prompts) ---------------------------------
 
     def first_tokens(self, streams: list[Stream], lo: int, logits: torch.Tensor
                      ) -> torch.Tensor:
@@ -416,37 +366,53 @@ class DeviceExecutor:
             by.setdefault(id(self.loop(s)), (self.loop(s), []))[1].append(s)
         return list(by.values())
 
-    def step(self, streams: list[Stream]) -> StepMetrics:
-        """Prefills the new streams (each prompt whole, one forward per loop), then one
-        propose -> score -> sample step of every other, per loop; finished streams are freed."""
+    def admit(self, s: Stream, source: Stream | None) -> None:
+        """s, its slot allocated, joins its loop: a fork of source (choice 0 of its request)
+        or a prefix-cache hit starts it from rows on the device (runtime/device/prefill.py)."""
+        prefill.admit(self, self.loop(s), s, source)
+
+    def step(self, streams: list[Stream], prefill_budget: int | None = None) -> StepMetrics:
+        """Reads the next chunk of the new streams' prompts (prefill_budget tokens in all, one
+        forward per loop), then one propose -> score -> sample step of every other, per loop;
+        finished streams are freed."""
         t0 = time.perf_counter()
         active = [s for s in streams if not s.finished]
-        new = [s for s in active if not s.prefilled]
+        new = [s for s in active if not s.prefilled and s.fork_of is None]
         old = [s for s in active if s.prefilled]
-        m = StepMetrics(len(new), sum(len(s.prompt_ids) for s in new), len(old),
+        chunks = prefill_chunks(new, prefill_budget)
+        m = StepMetrics(len(chunks), sum(n for _, n in chunks), len(old),
                         device_streams=len(active))
         with torch.no_grad():
-            for loop, group in self.groups(new):
-                self.prefill(loop, group, m)
+            read = [(loop, self.prefill(loop, [c for c in chunks if c[0].slot in slots(group)],
+                                        active, m))
+                    for loop, group in self.groups([s for s, _ in chunks])]
             m.prefill_s = time.perf_counter() - t0
             for loop, group in self.groups(old):
                 self.decode(loop, group, m)
+            for loop, firsts in read:
+                prefill.activate(loop, firsts)
         m.total_s = time.perf_counter() - t0
         return m
 
-    def prefill(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
-        firsts = loop.admit(streams)
+    def prefill(self, loop: DeviceLoop, chunks: list[tuple[Stream, int]], active: list[Stream],
+                m: StepMetrics) -> list[Stream]:
+        """One forward over the chunks; a stream whose prompt is read emits its first token
+        and its waiting choices fork from its rows -> those streams."""
+        firsts = prefill.read(loop, chunks)
         m.target_forwards += 1
-        for s, (token, rows) in zip(streams, firsts):
+        for s, token, row in firsts:
+            prefill.fork(loop, s, active, self.gen.prefix_cache)
             s.stats.record(0, 0)
             if s.fault is not None:  # its grammar raised (masks.py): it fails alone
                 fail(s, s.fault)
             elif s.params.max_tokens == 0:  # the prompt only: read, nothing sampled
                 finish_unsampled(s)
             else:
-                append(s, [token], self.gen.stops, rows, step_sources(0, None, 0, 0, 1))
+                append(s, [token], self.gen.stops, host_rows(row[None], 0, 1, s),
+                       step_sources(0, None, 0, 0, 1))
             if s.finished:
                 self.release(s)
+        return [s for s, _, _ in firsts]
 
     def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
         """One step of `streams`: every running stream of `loop` (its graphs' key: whether
@@ -480,12 +446,20 @@ class DeviceExecutor:
             if s.finished:
                 self.release(s)
 
-    def release(self, s: Stream) -> None:
-        """Frees s's slot: idle on the device, released on the host (its host cache rows were
-        never written: the prefix cache keeps none of them)."""
+    def release(self, s: Stream, keep: bool = True) -> None:
+        """Frees s's slot: idle on the device, its rows kept there for a later prompt (keep,
+        the prefix cache on: runtime/device/prefill.py), released on the host (its host cache
+        rows were never written: the host's prefix cache keeps none of them)."""
         if s.slot is not None:
-            self.loop(s).state.active[s.slot] = False
+            loop = self.loop(s)
+            loop.state.active[s.slot] = False
+            if keep and self.gen.prefix_cache is not None:
+                prefill.keep(loop, s)
         self.gen.engine.release(s, keep=False)
+
+
+def slots(streams: list[Stream]) -> set[int]:
+    return {s.slot for s in streams}
 
 
 def host_rows(logits: torch.Tensor, i: int, n: int, s: Stream) -> np.ndarray | None:

@@ -35,16 +35,21 @@ def logits_index(q: torch.Tensor, t: int, every_row: bool) -> torch.Tensor:
     return torch.minimum(torch.arange(t, device=q.device)[None], last)
 
 
-def record(streams: list[Stream], lo: int, logits: torch.Tensor) -> None:
-    """Sets each stream's prompt logprobs that asks for them from the prefill's logits
-    [B, T, V] (slots lo..; every row: `logits_index`)."""
-    for s in streams:
-        n = s.params.prompt_logprobs
-        if n is None:
+def record(chunks: list[tuple[Stream, int]], lo: int, logits: torch.Tensor) -> None:
+    """Extends the prompt logprobs of each stream that asks for them from a prefill chunk's
+    logits [B, T, V] (slots lo..; every row: `logits_index`): the chunk's n rows at positions
+    prefill_pos .. (not yet advanced), each predicting the prompt's next token (the prompt's
+    last row predicts the first output token: not a prompt token's, left out)."""
+    for s, n in chunks:
+        top = s.params.prompt_logprobs
+        if top is None:
             continue
-        prompt = s.prompt_ids
-        rows = logits[s.slot - lo, :len(prompt) - 1]  # (T', V)
-        s.prompt_logprobs = [None, *token_logprobs(rows, prompt[1:], n)]
+        start, prompt = s.prefill_pos, s.prompt_ids
+        if start == 0:
+            s.prompt_logprobs = [None]
+        count = min(n, len(prompt) - 1 - start)
+        rows = logits[s.slot - lo, :count]  # (count, V)
+        s.prompt_logprobs += token_logprobs(rows, prompt[start + 1:start + 1 + count], top)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[TokenLogprob]:
