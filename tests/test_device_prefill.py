@@ -186,3 +186,20 @@ def test_the_server_reports_the_devices_cached_tokens(tiny_vocab_engine, llms):
         assert cached == [0, outs[0]["usage"]["prompt_tokens"] - 1]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("method,k", [("none", None), ("mtp", 3)])
+def test_prompt_logprobs_of_a_chunked_prompt_equal_the_host_executors(llms, method, k):
+    """A prompt read over several chunks gathers its prompt logprobs chunk by chunk (each
+    chunk's rows at their own positions), equal to the host's, which chunks it alike."""
+    params = SamplingParams(max_tokens=4, prompt_logprobs=2, ignore_eos=True)
+    host, device = both(llms, [LONG, "x y z"], params, method, k)
+    assert on_device(device)
+    for h, d in zip(host, device):
+        assert d.token_ids == h.token_ids
+        assert len(d.prompt_logprobs) == len(h.prompt_logprobs) == len(d.prompt_token_ids)
+        assert d.prompt_logprobs[0] is None
+        for a, b in zip(d.prompt_logprobs[1:], h.prompt_logprobs[1:]):
+            assert (a.token_id, a.rank) == (b.token_id, b.rank)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
