@@ -7,7 +7,9 @@ executors, chosen once per request at its admission:
     host     runtime/engine.py Engine: the target's logits to NumPy, verification, sampling
              and every request feature on the host (any backend)
     device   runtime/device/loop.py DeviceExecutor: drafting, verification and sampling on
-             the device, one copy back per step (CUDA graphs on a GPU); torch backends
+             the device, one copy back per step (CUDA graphs on a GPU); torch backends. A
+             method that drafts on the host (suffix, hybrid, auto) uploads its drafts
+             (runtime/device/host_drafts.py)
 
     settings.executor   "auto"    the device on torch-cuda over a CUDA device, else the host
                         "device"  the device wherever the backend declares a device runner

@@ -146,7 +146,9 @@ class Method:
     picks_length: bool = False  # picks its own draft length each step: the gain rules keep k
     reads_corpus: bool = False  # its suffix lookup drafts from the folder's corpus table
     # how the device loop drafts it: "plain" (nothing), "lookup" (n-gram), "draft" (a draft
-    # model), "head" (a drafter over the target's per-token outputs); None: on the host only
+    # model), "head" (a drafter over the target's per-token outputs), "host-drafts" (its
+    # proposer drafts on the host, the drafts uploaded; a model head it picks runs on the
+    # device: runtime/device/host_drafts.py); None: on the host only
     device: str | None = None
     reads: str | None = None  # the target's per-token output its drafter reads
     # Traits export and training read: how the drafter is made.
@@ -262,7 +264,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ngram", "prompt lookup: continues the latest earlier match of the last n tokens",
            lookup=True, device="lookup", make=_ngram),
     Method("suffix", "ngram over the request's tokens, then over earlier requests' (a bounded "
-           "cache)", lookup=True, picks_length=True, reads_corpus=True, make=_suffix),
+           "cache)", lookup=True, picks_length=True, reads_corpus=True, device="host-drafts",
+           make=_suffix),
     Method("mtp", "N cascaded one-layer modules over the target's hidden state",
            ("graphs", "layer_config"), "mtp", "--mtp CHECKPOINT", graph_prefix="mtp",
            device="head", reads="hidden_states", make=_mtp),
@@ -277,11 +280,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",
            uses_any=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
-           reads_corpus=True, make=_hybrid),
+           reads_corpus=True, device="host-drafts", make=_hybrid),
     Method("auto", "per stream and step, what is measured to pay most here: the suffix "
            "lookup, the folder's model drafter (as hybrid's), or no drafting",
            picks=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
-           reads_corpus=True, make=_auto),
+           reads_corpus=True, device="host-drafts", make=_auto),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))

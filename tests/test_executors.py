@@ -100,15 +100,15 @@ def run(llm, specs):
 MIXED = [  # (prompt, params, method, k) -> the executor, and why the host where it is
     (PROMPTS[0], GREEDY, "mtp", 3, "device", None),
     (PROMPTS[1], GREEDY, "ngram", 2, "device", None),
-    (PROMPTS[2], SamplingParams(max_tokens=8, logprobs=2), "mtp", 2, "device", None),
-    (PROMPTS[2], SamplingParams(max_tokens=8, prompt_logprobs=1), "mtp", 2, "device", None),
+    (PROMPTS[2], SamplingParams(max_tokens=8, logprobs=2), "mtp", 3, "device", None),
+    (PROMPTS[2], SamplingParams(max_tokens=8, prompt_logprobs=1), "mtp", 3, "device", None),
     (PROMPTS[0], SamplingParams(max_tokens=8, logit_bias={7: 3.0}), "eagle3", 2, "device",
      None),
     (PROMPTS[1], SamplingParams(max_tokens=8, n=2, ignore_eos=True), "eagle3", 2, "device",
      None),
-    (PROMPTS[2], SamplingParams(max_tokens=0), "mtp", 2, "device", None),
+    (PROMPTS[2], SamplingParams(max_tokens=0), "mtp", 3, "device", None),
     (PROMPTS[0], GREEDY, "mtp", "auto", "host", "auto k"),
-    (PROMPTS[1], GREEDY, "suffix", 2, "host", "drafts on the host"),
+    (PROMPTS[1], GREEDY, "suffix", 2, "device", None),  # (the 4th loop: MAX_LOOPS)
 ]
 
 
@@ -180,10 +180,11 @@ def test_the_server_takes_the_executor_option(tiny_vocab_engine, llms):
         out = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
         assert out["choices"][0]["text"] == want.text
         assert out["metrics"]["executor"] == "device", out["metrics"]
-        body["speculative"] = {"method": "suffix", "num_draft_tokens": 3}  # on the host
+        body["speculative"] = {"method": "suffix", "num_draft_tokens": 3}  # host drafts
         out = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
         assert out["choices"][0]["text"] == want.text
-        assert "drafts on the host" in out["metrics"]["executor_fallback"], out["metrics"]
+        assert out["metrics"]["executor"] == "device", out["metrics"]
+        assert out["metrics"].get("executor_fallback") is None, out["metrics"]
     finally:
         server.stop()
 

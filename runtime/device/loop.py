@@ -9,7 +9,8 @@ which of them this executor steps.
                      (from a prefix-cache hit's or  #   eager; after the last chunk, the first
                      choice 0's rows, slot copies)  #   token sampled on the device
         the others:
-            propose  drafts [B, k] (+ q)            # runtime/device/drafters.py
+            propose  drafts [B, k] (+ q)            # runtime/device/drafters.py (a host
+                                                    # drafter's uploaded: host_drafts.py)
             score    target over [last, d1..dk] (W rows)
             sample   verify + commit on the device  # runtime/device/verify.py
             host <- tokens [B, k + 1], counts [B]   # the one sync of the step
@@ -49,6 +50,7 @@ from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
                                               VanillaDrafts)
+from trt_spec.runtime.device.host_drafts import HOST_DRAFTS, HostDrafts
 from trt_spec.runtime.device.masks import DeviceMasks, guide_masks
 from trt_spec.runtime.stream import (StepMetrics, Stream, append, fail, finish_unsampled,
                                      prefill_chunks)
@@ -130,6 +132,8 @@ class DeviceLoop:
         kind = METHODS[method].device
         if kind == "plain":
             return None
+        if kind == HOST_DRAFTS:  # the host proposer drafts; uploaded (host_drafts.py)
+            return HostDrafts(self, gen, method)
         if kind == "lookup":
             c = gen.speculation
             return NgramDrafts(self.k, c.ngram_min, c.ngram_max)
@@ -422,13 +426,17 @@ class DeviceExecutor:
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
         loop.controlled = any(s.params.controls for s in streams)
         loop.guided = guide_masks(loop, streams) is not None
+        hosted = loop.drafter if isinstance(loop.drafter, HostDrafts) else None
+        drafts = hosted.draft(loop, streams) if hosted else None  # uploaded
         host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
+        if hosted:
+            seconds = [seconds[0] + hosted.draft_s, *seconds[1:]]
         m.target_forwards += 1
         m.mask_s += loop.masks.spent() if loop.guided else 0.0
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
             (m.propose_s, m.score_s, m.sample_s), seconds))
-        for s in streams:
-            row = host[s.slot]
+        rows = [host[s.slot] for s in streams]  # (a finished stream's slot is freed below)
+        for i, (s, row) in enumerate(zip(streams, rows)):
             if s.fault is not None:  # its grammar raised (masks.py): it fails alone
                 fail(s, s.fault)
                 self.release(s)
@@ -436,15 +444,18 @@ class DeviceExecutor:
             accepted, proposed = int(row[-2]), int(row[-1])
             s.stats.record(proposed, accepted)
             m.verified(proposed, accepted)
-            m.emitted_tokens += append(
-                s, row[:accepted + 1].tolist(), self.gen.stops,
-                host_rows(logits, s.slot, accepted + 1, s),
-                step_sources(s.stats.target_forwards - 1, loop.method, proposed, accepted,
-                             accepted + 1))
+            step = s.stats.target_forwards - 1
+            sources = (hosted.row(drafts, i, proposed).sources(step, accepted, accepted + 1)
+                       if hosted else
+                       step_sources(step, loop.method, proposed, accepted, accepted + 1))
+            m.emitted_tokens += append(s, row[:accepted + 1].tolist(), self.gen.stops,
+                                       host_rows(logits, s.slot, accepted + 1, s), sources)
             for name, sec in zip(("propose_s", "score_s", "sample_s"), seconds):
                 setattr(s.stats, name, getattr(s.stats, name) + sec / len(streams))
             if s.finished:
                 self.release(s)
+        if hosted:  # acceptance by source and step costs, to the planner
+            hosted.observe(streams, drafts, rows, seconds)
 
     def release(self, s: Stream, keep: bool = True) -> None:
         """Frees s's slot: idle on the device, its rows kept there for a later prompt (keep,
