@@ -5,7 +5,8 @@ step the host plans as for the host executor (runtime/speculation/planner.py `pl
 policy's rules, min_acceptance, spec_max_batch and the gain rules, and `auto` k's length),
 and the loop runs it so:
 
-    ks      = planner.plan(streams, m)          # k per stream (0: a plain row), on the host
+    ks      = planner.plan(streams, m)          # k per stream (0: a plain row), on the host,
+                                                # cut to the step's width (batch_width.py)
     kb      = bucket(max ks, k_max)             # one of a few shapes: 1, 2, 4, k_max
     cap     = ks by slot                        # state.cap [slots]: a row drafts at most its k
     loop.step(nb)                               # propose kb, score, verify: drafts past a
@@ -143,11 +144,17 @@ class DevicePlanner(SpeculationPlanner):
                                        max(drafting, 1))
 
     def plan(self, streams: list, m) -> list[int]:
-        """The host planner's ks; without the gain rules (config.fallback off) an `auto`
+        """The host planner's ks; under the gain rules cut to the width the whole step pays
+        best at (batch_width.py; the host cuts the drafts in hand, the device its plan:
+        its drafts are made on the device); without them (config.fallback off) an `auto`
         stream still drafts the length that pays best (the host's drafter gate, here)."""
         ks = super().plan(streams, m)
         if self.config.fallback:
-            return ks
+            if len(streams) < 2 or not any(ks):
+                return ks
+            acc = [self.acceptance(s) if k else None for s, k in zip(streams, ks)]
+            w = self.batch_width.width(self.draft_length, ks, acc)
+            return [min(k, w) for k in ks]
         drafting = sum(1 for s in streams if s.num_draft_tokens and self.drafts(s))
         return [min(k, self.expected_gain(s, k, len(streams), drafting)[0])
                 if k and s.adaptive else k for s, k in zip(streams, ks)]
