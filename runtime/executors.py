@@ -58,15 +58,10 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
         return why
     if METHODS[s.method].device is None:
         return f"method {s.method} drafts on the host"
-    if s.adaptive:
-        return "auto k plans on the host"
-    spec = gen.speculation
-    if s.num_draft_tokens and (spec.min_acceptance > 0 or spec.spec_max_batch is not None):
-        return "the speculation policy (min_acceptance, spec_max_batch) runs on the host"
     ex = gen.device_executor
     if ex is not None and not ex.reserve(s):
-        return (f"the device executor's {len(ex.loops)} (method, k) loops, each with caches "
-                f"of its own, are all busy ({', '.join(f'{m}/{k}' for m, k in ex.loops)})")
+        return (f"the device executor's {len(ex.loops)} method loops, each with caches "
+                f"of its own, are all busy ({', '.join(ex.loops)})")
     return None
 
 

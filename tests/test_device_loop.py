@@ -50,7 +50,8 @@ def torch_gen(engine, **options):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_every_method_equals_ort(engine, ort_outputs, exact):
-    gen = torch_gen(engine, executor="device", exact_decode=exact)
+    # (without the gain rules, whose timings could skip a weak drafter's every draft)
+    gen = torch_gen(engine, executor="device", exact_decode=exact, fallback=False)
     for method in METHODS:
         for k in ((3,) if method == "none" else (1, 3)):
             streams = generate_ids(gen, PROMPTS, GREEDY, method, None if method == "none" else k)
@@ -59,19 +60,19 @@ def test_every_method_equals_ort(engine, ort_outputs, exact):
                 assert sum(s.stats.proposed for s in streams) > 0, method
                 assert all(s.stats.accepted <= s.stats.proposed for s in streams)
             assert {s.executor for s in streams} == {"device"}, (method, k)
-    # a loop per (method, k), at most MAX_LOOPS kept: idle ones make room
+    # a loop per method, at most MAX_LOOPS kept: idle ones make room
     assert len(gen.device_executor.loops) == 4
-    loop = gen.device_executor.loops[("eagle3", 3)]
-    assert loop.stats["steps"] > 0 and loop.width == (8 if exact else 4)
+    loop = gen.device_executor.loops["eagle3"]
+    assert loop.stats["steps"] > 0 and loop.width == (8 if exact else loop.k_max + 1)
 
 
 def test_same_acceptance_as_the_host_loop(engine):
     """Same drafters, same bookkeeping: the same drafts are proposed and accepted (the host
-    loop without its gain rules: the device loop drafts k on every step; and without its
-    prefix cache, which the device loop does not keep: a head that starts from another
-    method's kept rows re-primes on the rows its request reads)."""
+    loops without their gain rules: every step drafts k; and without the host's prefix
+    cache, which the device loop does not keep: a head that starts from another method's
+    kept rows re-primes on the rows its request reads)."""
     host = torch_gen(engine, executor="host", fallback=False, prefix_cache=False)
-    device = torch_gen(engine, executor="device")
+    device = torch_gen(engine, executor="device", fallback=False)
     for method in ("ngram", "vanilla", "mtp", "eagle", "eagle3"):
         a = generate_ids(host, PROMPTS, GREEDY, method, 3)
         b = generate_ids(device, PROMPTS, GREEDY, method, 3)
@@ -101,15 +102,15 @@ def test_batch_1_streams_wait_and_stop(engine, ort_outputs):
 def test_requests_it_does_not_cover_fall_back_to_the_host_with_their_reason(engine):
     gen = torch_gen(engine, executor="device")
     s = generate_ids(gen, PROMPTS[:1], GREEDY, "ngram", 2)[0]
-    assert s.executor == "device" and s.fallback is None and ("ngram", 2) in gen.device_executor.loops
+    assert s.executor == "device" and s.fallback is None and "ngram" in gen.device_executor.loops
     s = generate_ids(gen, PROMPTS[:1], GREEDY, "suffix", 2)[0]  # a host lookup: uploaded
     assert s.executor == "device" and s.fallback is None
-    assert ("suffix", 2) in gen.device_executor.loops
+    assert "suffix" in gen.device_executor.loops
     prompt_logprobs = SamplingParams(max_tokens=4, prompt_logprobs=2)
     s = generate_ids(gen, PROMPTS[:1], prompt_logprobs, "none")[0]
     assert s.prompt_logprobs and s.executor == "device" and s.fallback is None
-    s = generate_ids(gen, PROMPTS[:1], GREEDY, "mtp", "auto")[0]
-    assert s.executor == "host" and "auto k" in s.metrics().fallback
+    s = generate_ids(gen, PROMPTS[:1], GREEDY, "mtp", "auto")[0]  # planned on the host
+    assert s.executor == "device" and s.metrics().fallback is None
     # ONNX Runtime: the host executor, whatever the setting asks
     s = generate_ids(Generator(engine, executor="device"), PROMPTS[:1], GREEDY)[0]
     assert s.executor == "host" and s.fallback is None
@@ -119,7 +120,7 @@ def test_requests_it_does_not_cover_fall_back_to_the_host_with_their_reason(engi
 
 
 def test_metrics_are_reported(engine):
-    gen = torch_gen(engine, executor="device")
+    gen = torch_gen(engine, executor="device", fallback=False)
     s = generate_ids(gen, PROMPTS[:1], GREEDY, "eagle3", 3)[0]
     m = s.metrics()
     assert m.completion_tokens == 20 and m.tau and m.tau >= 1
@@ -241,7 +242,7 @@ def test_seeded_sampling_equals_the_host_loop(engine):
     position whatever was drafted); the model drafters draw with the target's noise, so their
     drafts and acceptance are the host's too, and acceptance is real."""
     host = torch_gen(engine, executor="host", fallback=False, prefix_cache=False)
-    device = torch_gen(engine, executor="device")
+    device = torch_gen(engine, executor="device", fallback=False)
     accepted = {}
     for params, methods, k in SAMPLED:
         plain = [s.output_ids for s in generate_ids(host, PROMPTS, params, "none")]
@@ -304,7 +305,7 @@ def test_a_step_never_reads_the_device(engine, method, params, monkeypatch):
         out, _ = loop._phases(3, timed=False)
     monkeypatch.undo()
     host = out["host"].numpy()
-    assert host.shape == (3, 3 + 3) and (host[:, -2] <= host[:, -1]).all()  # accepted <= proposed
+    assert host.shape == (3, loop.k + 3) and (host[:, -2] <= host[:, -1]).all()  # accepted <= proposed
 
 
 def test_half_precision_weights(engine, ort_outputs):

@@ -87,6 +87,8 @@ class HostDrafts(DeviceDrafter):
     """The device face of a host drafter: uploaded drafts, and the model head's on the device
     for the rows whose source is the head."""
 
+    plans_on_host = True  # its rows' lengths: the engine's planner's (k_buckets.decode)
+
     def __init__(self, loop, gen, method: str):
         host = gen.proposer(method)
         self.face = device_face(host)

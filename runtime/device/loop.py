@@ -4,11 +4,13 @@ only the emitted tokens and counts, with one synchronisation. The scheduler
 (runtime/scheduler.py) admits, steps and retires the streams; runtime/executors.py decides
 which of them this executor steps.
 
-    DeviceExecutor.step(streams, prefill_budget):  # one scheduler step, per (method, k) loop
+    DeviceExecutor.step(streams, prefill_budget):  # one scheduler step, per method loop
         new streams: the next chunk of each prompt  # runtime/device/prefill.py: one forward,
                      (from a prefix-cache hit's or  #   eager; after the last chunk, the first
                      choice 0's rows, slot copies)  #   token sampled on the device
         the others:
+            plan     k per stream, on the host      # runtime/device/k_buckets.py: the
+                                                    # planner's; a step runs at a k bucket
             propose  drafts [B, k] (+ q)            # runtime/device/drafters.py (a host
                                                     # drafter's uploaded: host_drafts.py)
             score    target over [last, d1..dk] (W rows)
@@ -20,11 +22,10 @@ State on the device, per cache slot: the token history `seq` (prompt, output, th
 drafts), `n` (tokens known: the target's cache holds n - 1 rows), `active`, the sampling
 settings; the KV caches of the target and the drafters; the drafters' own bookkeeping. Every
 tensor has a fixed address and every step over slots [0, nb) has fixed shapes, so on CUDA each
-phase (propose, score, sample) of a step is captured once per nb as a CUDA graph (the first
-step of an nb runs eagerly and is the warm-up) and replayed: three launches a step, whatever k
-and the drafter. A graph runner is a StepGraph that is a DeviceRunner (backends/base.py) over a
-GraphSet that is a DeviceGraphs: the torch-cuda backend's modules (a TensorRT engine
-enqueued on the current stream, once its backend declares the same).
+phase (propose, score, sample) of a step is captured once per (nb, k bucket) as a CUDA graph
+(the first step of a shape runs eagerly and is the warm-up) and replayed: three launches a
+step, whatever the drafter. A graph runner is a StepGraph that is a DeviceRunner
+(backends/base.py) over a GraphSet that is a DeviceGraphs (the torch-cuda backend's modules).
 
 Exact decoding (the runtime's `exact_decode`, on by default): matrix kernels give a row
 results that depend on how many rows run with it (cuBLAS and MKL pick kernels by shape), so
@@ -32,8 +33,7 @@ every decode / verify forward of a run has one shape, [nb, W] with W = max(EXACT
 plain decoding included: plain and speculative greedy output are then the same token for token
 for any k < EXACT_ROWS. Without it (`--fast-decode`) W = k + 1.
 
-What the executor does not do yet is listed once, in runtime/executors.py fallback_reason:
-such a request runs on the host executor (runtime/engine.py), its reason recorded.
+What the executor does not take is listed once, in runtime/executors.py fallback_reason.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from trt_spec.runtime import sampling_torch
-from trt_spec.runtime.device import prefill, prompt_logprobs
+from trt_spec.runtime.device import k_buckets, prefill, prompt_logprobs
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
 from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
@@ -57,10 +57,12 @@ from trt_spec.runtime.stream import (StepMetrics, Stream, append, fail, finish_u
 from trt_spec.runtime.provenance import step_sources
 from trt_spec.runtime.graph_io import HIDDEN_INPUT
 from trt_spec.runtime.methods import METHODS
+from trt_spec.runtime.speculation.planner import Verified
 
 EXACT_ROWS = 8  # exact decoding: every decode / verify forward runs this many rows (or k + 1)
-# (method, k) loops the device executor keeps at most: each holds a target KV cache of its
-# own (and its drafter's), so a server whose clients ask for many k values stays bounded
+# method loops the device executor keeps at most: each holds a target KV cache of its own
+# (and its drafter's), so a server whose clients ask for many methods stays bounded (any k
+# of a method runs on its loop: runtime/device/k_buckets.py)
 MAX_LOOPS = 4
 
 
@@ -78,14 +80,16 @@ class DeviceState:
     end: torch.Tensor  # [slots] int64 prompt + max_tokens: no draft past what may be emitted
     seed: torch.Tensor  # [slots] int64 the stream's seed (uint64 bits): the race's noise
     start: torch.Tensor  # [slots] int64 the prompt's length: output position = seq index - start
+    cap: torch.Tensor  # [slots] int64 the most this step drafts per slot (the planner's k)
 
 
 class DeviceLoop:
-    """One Generator's device loop for one (method, k): caches, state and graphs."""
+    """One Generator's device loop for one method, at most k drafts a step (k_max; each
+    step's k: runtime/device/k_buckets.py): caches, state and graphs."""
 
     def __init__(self, gen, method: str, k: int, exact: bool = True):
         self.gen = gen
-        self.method, self.k = method, k
+        self.method, self.k, self.k_max = method, k, k  # k: this step's bucket (<= k_max)
         self.target = gen.target
         self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (runtime/executors.py backend_reason)
         self.dtype = gen.graphs.dtype
@@ -108,7 +112,8 @@ class DeviceLoop:
             greedy=torch.ones(self.slots, dtype=torch.bool, device=dev),
             end=torch.zeros(self.slots, dtype=torch.long, device=dev),
             seed=torch.zeros(self.slots, dtype=torch.long, device=dev),
-            start=torch.zeros(self.slots, dtype=torch.long, device=dev))
+            start=torch.zeros(self.slots, dtype=torch.long, device=dev),
+            cap=torch.full((self.slots,), k, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
         self.drafter = self._drafter(gen, method)
         self.any_sampled, self.filtered, self.controlled, self.guided = (False,) * 4
@@ -213,9 +218,11 @@ class DeviceLoop:
             out.update(drafts=z, valid=z.bool())
             return
         drafts, valid = self.drafter.propose(self, nb)
-        # policy.py's room: below the remaining max_tokens and the cache rows left
+        drafts, valid = drafts[:, :self.k], valid[:, :self.k]  # (heads draft >= N)
+        # policy.py's room: below the remaining max_tokens and the cache rows left; the cap
         n = self.state.n[:nb]
         room = torch.minimum(self.state.end[:nb] - n - 1, self.max_len - n)  # (nb,)
+        room = torch.minimum(room, self.state.cap[:nb])
         valid = valid & (torch.arange(self.k, device=self.device)[None] < room[:, None])
         out["drafts"], out["valid"] = torch.where(valid, drafts, 0), valid
 
@@ -304,7 +311,7 @@ class DeviceLoop:
         emitted tokens, accepted, proposed; seconds of each phase; the target's logits
         [nb, W, V] on the device, before the controls: logprobs read them)."""
         self.stats["steps"] += 1
-        key = (nb, self.any_sampled, self.filtered, self.controlled, self.guided)
+        key = (nb, self.k, self.any_sampled, self.filtered, self.controlled, self.guided)
         entry = self.graphs.get(key) if self.use_graphs else None
         if entry is None:
             self.stats["eager_steps"] += 1
@@ -336,28 +343,35 @@ class DeviceLoop:
 
 class DeviceExecutor:
     """The device executor (runtime/executors.py): executes one scheduler step of the streams
-    the scheduler chose for it, each on the DeviceLoop of its (method, k), made on first use
-    (its state, caches and graphs). Admission, retirement and the queue are the scheduler's;
+    the scheduler chose for it, each on the DeviceLoop of its method, made on first use
+    (its state, caches and graphs), at the k the host's planner gives it each step
+    (runtime/device/k_buckets.py). Admission, retirement and the queue are the scheduler's;
     slots are the Generator's cache's (a slot is active in one loop at a time)."""
 
     def __init__(self, gen):
         self.gen = gen
-        self.loops: dict[tuple[str, int], DeviceLoop] = {}
+        self.loops: dict[str, DeviceLoop] = {}
+        self.planner = k_buckets.DevicePlanner(self)
 
     def loop(self, s: Stream) -> DeviceLoop:
-        key = (s.method, s.num_draft_tokens)
-        if key not in self.loops:
-            self.loops[key] = DeviceLoop(self.gen, *key, exact=self.gen.settings.exact_decode)
-        return self.loops[key]
+        if s.method not in self.loops:
+            k = max(s.num_draft_tokens, self.gen.speculation.num_draft_tokens)
+            self.loops[s.method] = DeviceLoop(self.gen, s.method, k if METHODS[s.method].speculative
+                                              else 0, exact=self.gen.settings.exact_decode)
+        return self.loops[s.method]
 
     def reserve(self, s: Stream) -> bool:
-        """Makes s's loop, where it has none, dropping an idle one (its caches and graphs)
-        at the bound; False when every loop is busy (s then runs on the host)."""
-        key = (s.method, s.num_draft_tokens)
-        if key not in self.loops and len(self.loops) >= MAX_LOOPS:
-            busy = {(r.method, r.num_draft_tokens) for r in self.gen.engine.running.values()
-                    if r.executor == "device"}  # (admitted: prefilled or not yet)
-            idle = [k for k in self.loops if k not in busy]
+        """Makes s's loop, where it has none (or an idle one drafts fewer than s's k: made
+        again), dropping an idle one (its caches and graphs) at the bound; False when every
+        loop is busy (s then runs on the host). A busy loop of fewer drafts than s's k
+        drafts at most its own for s (k_buckets.set_step_k)."""
+        busy = {r.method for r in self.gen.engine.running.values()
+                if r.executor == "device"}  # (admitted: prefilled or not yet)
+        have = self.loops.get(s.method)
+        if have is not None and have.k_max < s.num_draft_tokens and s.method not in busy:
+            del self.loops[s.method]
+        if s.method not in self.loops and len(self.loops) >= MAX_LOOPS:
+            idle = [m for m in self.loops if m not in busy]
             if not idle:
                 return False
             del self.loops[idle[0]]
@@ -391,8 +405,8 @@ class DeviceExecutor:
                                         active, m))
                     for loop, group in self.groups([s for s, _ in chunks])]
             m.prefill_s = time.perf_counter() - t0
-            for loop, group in self.groups(old):
-                self.decode(loop, group, m)
+            if old:  # k per stream planned on the host, `decode` per loop
+                k_buckets.decode(self, old, m)
             for loop, firsts in read:
                 prefill.activate(loop, firsts)
         m.total_s = time.perf_counter() - t0
@@ -418,9 +432,9 @@ class DeviceExecutor:
                 self.release(s)
         return [s for s, _, _ in firsts]
 
-    def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> None:
-        """One step of `streams`: every running stream of `loop` (its graphs' key: whether
-        any samples, any filters)."""
+    def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> list[Verified]:
+        """One step of `streams`: every running stream of `loop` (its graphs' key: its k
+        bucket, whether any samples, any filters) -> what each verified."""
         sampled = [s.params for s in streams if not s.params.greedy]
         loop.any_sampled = bool(sampled)
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
@@ -436,12 +450,14 @@ class DeviceExecutor:
         m.propose_s, m.score_s, m.sample_s = (a + b for a, b in zip(
             (m.propose_s, m.score_s, m.sample_s), seconds))
         rows = [host[s.slot] for s in streams]  # (a finished stream's slot is freed below)
+        verified = []
         for i, (s, row) in enumerate(zip(streams, rows)):
+            accepted, proposed = int(row[-2]), int(row[-1])
+            verified.append(Verified(proposed, accepted, row[:accepted + 1]))
             if s.fault is not None:  # its grammar raised (masks.py): it fails alone
                 fail(s, s.fault)
                 self.release(s)
                 continue
-            accepted, proposed = int(row[-2]), int(row[-1])
             s.stats.record(proposed, accepted)
             m.verified(proposed, accepted)
             step = s.stats.target_forwards - 1
@@ -456,6 +472,7 @@ class DeviceExecutor:
                 self.release(s)
         if hosted:  # acceptance by source and step costs, to the planner
             hosted.observe(streams, drafts, rows, seconds)
+        return verified
 
     def release(self, s: Stream, keep: bool = True) -> None:
         """Frees s's slot: idle on the device, its rows kept there for a later prompt (keep,
@@ -466,6 +483,7 @@ class DeviceExecutor:
             loop.state.active[s.slot] = False
             if keep and self.gen.prefix_cache is not None:
                 prefill.keep(loop, s)
+        self.planner.release(s)
         self.gen.engine.release(s, keep=False)
 
 
