@@ -20,7 +20,7 @@ from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=8,
-               max_model_len=64)
+               max_model_len=64, spec_fallback=False)  # (drafts on every step: masked rows)
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat", "x y z"]
 METHODS = [("none", None), ("ngram", 3), ("vanilla", 2), ("mtp", 3), ("eagle", 2),
            ("eagle3", 3)]

@@ -109,6 +109,7 @@ MIXED = [  # (prompt, params, method, k) -> the executor, and why the host where
     (PROMPTS[2], SamplingParams(max_tokens=0), "mtp", 3, "device", None),
     (PROMPTS[0], GREEDY, "mtp", "auto", "device", None),
     (PROMPTS[1], GREEDY, "suffix", 2, "device", None),
+    (PROMPTS[2], GREEDY, "vanilla", 2, "host", "all busy"),  # a 5th method: MAX_LOOPS
 ]
 
 
