@@ -75,12 +75,24 @@ class StepCosts:
     (`known`, `record`: cost_probe.py) before it relies on it; live steps then refine it.
     A step also spends time around the forward (sampling, verification, bookkeeping: o_B,
     measured on every step), plain or not, so the ratios are (c_B(T) + o_B) / (c_B(1) + o_B):
-    without it a drafted row looks dearer than it is against a whole plain step."""
+    without it a drafted row looks dearer than it is against a whole plain step; o_B is
+    measured on plain steps (a verifying step's sample phase does more).
+    The model still misses what a drafting step spends around it: verifying k + 1 rows,
+    a head's bookkeeping of the target's rows, the plan itself. So each drafter's steps are
+    also timed whole and kept as a running ratio of wall time to the model's cost
+    (`observe_measured`); `step_cost` multiplies by it (`correction`, 1 until measured), so
+    every rule that weighs a drafting step weighs what it takes on this machine, under this
+    load, on this workload, and not what the c(T) curve says."""
 
     def __init__(self):
         self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
         self.draft: dict[str, tuple[float, int]] = {}  # method -> (mean seconds a token, n)
-        self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a step, n)
+        self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a plain step, n)
+        self.overhead_any: dict[int, tuple[float, int]] = {}  # B -> (the same, every step)
+        # (drafter, B) -> (mean wall time / model cost of its drafting steps, n); drafter None:
+        # any lookup (what a picking proposer asks a lookup's cost as)
+        self.measured: dict[tuple[str | None, int], tuple[float, int]] = {}
+        self.corrected = True  # whether step_cost applies the measured ratio
         self._units: dict[int, float | None] = {}  # _unit by batch, until a cost changes
 
     @staticmethod
@@ -93,9 +105,30 @@ class StepCosts:
         self._update(self.step, (batch, rows), seconds)
         self._units.pop(batch, None)
 
-    def observe_overhead(self, batch: int, seconds: float) -> None:
-        self._update(self.overhead, batch, seconds)
+    def observe_overhead(self, batch: int, seconds: float, plain: bool = True) -> None:
+        """Seconds a step spent outside the forward and the drafting (plain: no stream
+        drafted; the unit is a plain step's)."""
+        self._update(self.overhead_any, batch, seconds)
+        if plain:
+            self._update(self.overhead, batch, seconds)
         self._units.pop(batch, None)
+
+    def observe_measured(self, drafter: str | None, batch: int, model_cost: float,
+                         seconds: float) -> None:
+        """A step in which `drafter` drafted took `seconds` whole, where the model says
+        model_cost plain steps (its step_cost, uncorrected)."""
+        unit = self._unit(batch)
+        if unit is not None and model_cost > 0:
+            self._update(self.measured, (drafter, batch), seconds / (model_cost * unit))
+
+    def correction(self, drafter: str | None, batch: int = 1) -> float:
+        """What `drafter`'s steps take against what the model says (1 until measured)."""
+        mean, n = self.measured.get((drafter, batch), (1.0, 0))
+        return mean if self.corrected and n >= MIN_SAMPLES else 1.0
+
+    def plain_seconds(self, batch: int) -> float | None:
+        """A plain step's seconds at this batch size, c_B(1) + o_B (None: not measured)."""
+        return self._unit(batch)
 
     def observe_draft(self, method: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -111,7 +144,8 @@ class StepCosts:
         return self.step.get((batch, 1), (0.0, 0))[1] >= MIN_SAMPLES
 
     def _overhead(self, batch: int) -> float:
-        return self.overhead.get(batch, (0.0, 0))[0]
+        """o_B of plain steps; of every step until a plain one is measured."""
+        return self.overhead.get(batch, self.overhead_any.get(batch, (0.0, 0)))[0]
 
     def _unit(self, batch: int) -> float | None:
         """A plain step in seconds, c_B(1) + o_B: c_B(1) measured, else from the batch's
@@ -145,7 +179,13 @@ class StepCosts:
 
     def step_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
         """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
-        plain steps c_B(1) (method None: a lookup, whose drafting is free)."""
+        plain steps c_B(1) (method None: a lookup, whose drafting is free), corrected by
+        what its drafting steps measured (model: the c(T) curve alone)."""
+        cost = self.model_cost(method, rows, drafted, batch)
+        return cost * self.correction(method, batch) if rows > 1 else cost
+
+    def model_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
+        """step_cost by the c(T) curve and the drafting time alone (what is corrected)."""
         draft = self.draft_ratio(method, batch) if method is not None else 0.0
         return self.ratio(rows, batch) + drafted * draft
 
@@ -162,6 +202,7 @@ class DraftLength:
 
     def __init__(self):
         self.costs = StepCosts()
+        self.margin = 0.0  # what a model drafter's gain must exceed 1 by (the policy's)
         self.calibration: dict[str, Calibration] = {}
         self.positions: dict[tuple[str, bool], PositionAcceptance] = {}  # (method, sampled)
 
