@@ -93,10 +93,10 @@ def main() -> None:
     for name, gen in gens.items():
         base = totals[(name, "none", None)]
         costs = gen.engine.planner.draft_length.costs
-        measured = {str(d): round(costs.correction(d, 1), 3) for d, b in costs.measured
-                    if b == 1}
-        print(f"{name}: plain {base[0] / base[1]:.1f} tok/s; a drafting step's wall time "
-              f"over the c(T) model's, by drafter: {measured}")
+        measured = {str(d): round(m, 3) for (d, b), (m, n) in costs.measured.items()
+                    if b == 1 and n}
+        print(f"{name}: plain {base[0] / base[1]:.1f} tok/s; a drafting step's time past "
+              f"its drafting over the c(T) curve's, by drafter: {measured}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)

@@ -129,8 +129,8 @@ def test_the_window_asks_for_the_margin_too():
 
 def test_a_drafting_step_is_weighed_by_what_it_measured_whole():
     """The c(T) curve says a drafter accepted 30% of the time pays at k = 1 (1.3 tokens for
-    1.15 + 0.05 of a plain step); its steps measured whole take 1.4x that (verifying,
-    bookkeeping): it does not. A drafter accepted 90% of the time still pays."""
+    1.15 + 0.07 of a plain step); its steps, past the drafting, take 1.4x what the curve says
+    (verifying, bookkeeping): it does not. A drafter accepted 90% of the time still pays."""
     costs = StepCosts()
     for t, ms in ((1, 10.0), (2, 11.5), (3, 13.0)):
         costs.record(1, t, ms / 1000)
@@ -139,14 +139,14 @@ def test_a_drafting_step_is_weighed_by_what_it_measured_whole():
         weak.observe(1, int(i % 10 < 3))
         good.observe(1, int(i % 10 < 9))
     assert weak.best(costs, "m", 1, 1)[1] > 1.03
-    model = costs.model_cost("m", 2, 1)
+    curve, draft = costs.ratio(2, 1), costs.draft_ratio("m", 1)
     for _ in range(MIN_SAMPLES):
-        costs.observe_measured("m", 1, model, 1.4 * model * costs.plain_seconds(1))
+        costs.observe_measured("m", 1, 2, 1.4 * curve * costs.plain_seconds(1))
     assert costs.correction("m", 1) == pytest.approx(1.4)
-    assert costs.step_cost("m", 2, 1) == pytest.approx(1.4 * model)
+    assert costs.step_cost("m", 2, 1) == pytest.approx(1.4 * curve + draft)
     assert costs.step_cost("m", 1, 0) == 1.0  # a plain step is the unit, uncorrected
     assert weak.best(costs, "m", 1, 1)[1] < 1
     assert good.best(costs, "m", 1, 1)[1] > 1.03
     assert costs.correction("other", 1) == 1.0  # another drafter: not measured yet
     costs.corrected = False  # measured_costs=False: the curve alone
-    assert costs.step_cost("m", 2, 1) == pytest.approx(model)
+    assert costs.step_cost("m", 2, 1) == pytest.approx(curve + draft)

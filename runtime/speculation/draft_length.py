@@ -77,12 +77,14 @@ class StepCosts:
     measured on every step), plain or not, so the ratios are (c_B(T) + o_B) / (c_B(1) + o_B):
     without it a drafted row looks dearer than it is against a whole plain step; o_B is
     measured on plain steps (a verifying step's sample phase does more).
-    The model still misses what a drafting step spends around it: verifying k + 1 rows,
-    a head's bookkeeping of the target's rows, the plan itself. So each drafter's steps are
-    also timed whole and kept as a running ratio of wall time to the model's cost
-    (`observe_measured`); `step_cost` multiplies by it (`correction`, 1 until measured), so
-    every rule that weighs a drafting step weighs what it takes on this machine, under this
-    load, on this workload, and not what the c(T) curve says."""
+    The curve still misses what a drafting step spends around its forward: verifying k + 1
+    rows, a head's bookkeeping of the target's rows, the plan itself. So each drafter's steps
+    are also timed (all but the drafting, which is timed per token apart) and kept as a
+    running ratio to the curve's (c_B(T) + o_B) (`observe_measured`); `step_cost` multiplies
+    the curve's part by it (`correction`, 1 until measured), so every rule that weighs a
+    drafting step weighs what it takes on this machine, under this load, on this workload.
+    (The drafting stays apart: a head that sat out catches up when it probes, and that
+    one-off cost would otherwise price its every later step.)"""
 
     def __init__(self):
         self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
@@ -113,13 +115,14 @@ class StepCosts:
             self._update(self.overhead, batch, seconds)
         self._units.pop(batch, None)
 
-    def observe_measured(self, drafter: str | None, batch: int, model_cost: float,
+    def observe_measured(self, drafter: str | None, batch: int, rows: int,
                          seconds: float) -> None:
-        """A step in which `drafter` drafted took `seconds` whole, where the model says
-        model_cost plain steps (its step_cost, uncorrected)."""
+        """A step of `rows` rows in which `drafter` drafted took `seconds` past its drafting,
+        where the curve says ratio(rows) plain steps."""
         unit = self._unit(batch)
-        if unit is not None and model_cost > 0:
-            self._update(self.measured, (drafter, batch), seconds / (model_cost * unit))
+        if unit is not None:
+            self._update(self.measured, (drafter, batch),
+                         seconds / (self.ratio(rows, batch) * unit))
 
     def correction(self, drafter: str | None, batch: int = 1) -> float:
         """What `drafter`'s steps take against what the model says (1 until measured)."""
@@ -179,15 +182,11 @@ class StepCosts:
 
     def step_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
         """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
-        plain steps c_B(1) (method None: a lookup, whose drafting is free), corrected by
-        what its drafting steps measured (model: the c(T) curve alone)."""
-        cost = self.model_cost(method, rows, drafted, batch)
-        return cost * self.correction(method, batch) if rows > 1 else cost
-
-    def model_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
-        """step_cost by the c(T) curve and the drafting time alone (what is corrected)."""
+        plain steps c_B(1) (method None: a lookup, whose drafting is free); the curve's
+        part corrected by what the method's drafting steps measured."""
         draft = self.draft_ratio(method, batch) if method is not None else 0.0
-        return self.ratio(rows, batch) + drafted * draft
+        curve = self.ratio(rows, batch) * (self.correction(method, batch) if rows > 1 else 1)
+        return curve + drafted * draft
 
     def marginal(self, method: str | None, drafted: int, batch: int = 1) -> float:
         """The cost of drafting token drafted+1, in plain decoding steps (method None: a

@@ -258,8 +258,8 @@ class SpeculationPlanner:
         """What the step cost every stream (each waits for all of it), in plain steps: its
         whole wall time (plan, drafting, forward, verifying, committing) over a plain step's,
         c_B(1) + o_B (the model's cost while that is not measured; or with measured_costs
-        off). A drafting step's wall time against the model's cost is kept per drafter
-        (StepCosts.observe_measured), a plain step's time around its forward as o_B."""
+        off). A drafting step's time past its drafting against the curve's is kept per
+        drafter (StepCosts.observe_measured), a plain step's time around its forward as o_B."""
         costs = self.draft_length.costs
         batch, width = len(streams), 1 + max(len(d) for d in drafts)
         around = times.sample_s + self.plan_s
@@ -268,13 +268,13 @@ class SpeculationPlanner:
             len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
         if width == 1:
             return model
-        seconds = times.propose_s + times.score_s + around
         drafters = {d.source for d in drafts if len(d) and d.source != GRAMMAR}
         if len(drafters) == 1:  # (a step of several drafters: whose it was is not known)
             (source,) = drafters
-            costs.observe_measured(source, batch, model, seconds)
+            costs.observe_measured(source, batch, width, times.score_s + around)
             if traits(source).lookup:  # (what a picking proposer asks a lookup's cost as)
-                costs.observe_measured(None, batch, model, seconds)
+                costs.observe_measured(None, batch, width, times.score_s + around)
+        seconds = times.propose_s + times.score_s + around
         unit = costs.plain_seconds(batch)
         if unit is None or not self.config.measured_costs:
             return model
