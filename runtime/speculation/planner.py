@@ -72,7 +72,7 @@ class SpeculationPlanner:
         self.policy = SpeculationPolicy(config, max_len)
         self.proposers = proposers
         self.draft_length = DraftLength()  # step costs, acceptance, calibration
-        self.plan_s = 0.0  # the last plan's seconds (the cost probe's not counted): its step's
+        self.plan_s = 0.0  # the last plan's seconds (the cost probe not counted): its step's part
         self.batch_width = BatchWidth()
         self.target, self.cache = target, cache
         self.cost_cache = costs
@@ -87,8 +87,9 @@ class SpeculationPlanner:
         self.policy = SpeculationPolicy(config, self.policy.max_len)
 
     def rules(self) -> DraftLength:
-        """The measurements, told the policy's margin and whether costs are measured whole
-        (draft_length: a bench may swap the DraftLength between configurations)."""
+        """The measurements, told the policy's margin and whether measured step times
+        correct the c(T) curve (each plan: a bench may swap the DraftLength between its
+        configurations)."""
         rule = self.draft_length
         rule.margin = self.config.margin if self.config.fallback else 0.0
         rule.costs.corrected = self.config.measured_costs

@@ -32,9 +32,9 @@ decode step for that stream, in the same target forward as the others):
     - else its k, capped by the tokens still allowed and the room left in the cache.
 A request's k, the default or its own, is the most a step drafts, not a promise: under the
 gain rules the policy drafts less, down to none, where more does not pay (`fallback=False`,
-`--no-spec-fallback`: exactly k on every step). The gain rules (`fallback`) apply to every request, seeded sampled ones too: a sampled
-token is a function of the seed and its output position alone (runtime/race.py), so what
-the rules decide (timings, what earlier requests measured) never changes the output.
+`--no-spec-fallback`: exactly k on every step). The gain rules (`fallback`) apply to every
+request, seeded sampled ones too: a sampled token is a function of the seed and its output
+position alone (runtime/race.py), so what the rules decide (timings, what earlier requests measured) never changes the output.
 The policy keeps its own per-stream state (the windows and the cooldown), by stream id.
 """
 
