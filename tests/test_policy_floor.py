@@ -150,3 +150,24 @@ def test_a_drafting_step_is_weighed_by_what_it_measured_whole():
     assert costs.correction("other", 1) == 1.0  # another drafter: not measured yet
     costs.corrected = False  # measured_costs=False: the curve alone
     assert costs.step_cost("m", 2, 1) == pytest.approx(curve + draft)
+
+
+def test_only_a_drafters_steady_steps_price_its_steps():
+    """The first drafting step after plain ones (a probe: a head then takes every row it
+    skipped) is not what the drafter's steps cost; the next ones are."""
+    import numpy as np
+
+    from trt_spec.runtime.speculation.draft import Draft
+    from trt_spec.runtime.speculation.planner import SpeculationPlanner, StepTimes
+
+    planner = SpeculationPlanner(SpeculationConfig(), 1000, None, None, lambda m: None)
+    costs = planner.draft_length.costs
+    for t, ms in ((1, 10.0), (2, 11.5)):
+        costs.record(1, t, ms / 1000)
+    s = SimpleNamespace(id=1, method="mtp")
+    drafted = Draft(np.array([5]), None, "mtp")
+    planner.measure_step([s], [Draft.none("mtp")], StepTimes(0.0, 0.010, 0.0))
+    planner.measure_step([s], [drafted], StepTimes(0.001, 0.030, 0.0))  # the probe: slow
+    assert ("mtp", 1) not in costs.measured
+    planner.measure_step([s], [drafted], StepTimes(0.001, 0.0115, 0.0))
+    assert costs.measured[("mtp", 1)][1] == 1

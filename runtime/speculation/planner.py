@@ -73,6 +73,7 @@ class SpeculationPlanner:
         self.proposers = proposers
         self.draft_length = DraftLength()  # step costs, acceptance, calibration
         self.plan_s = 0.0  # the last plan's seconds (the cost probe not counted): its step's part
+        self.drafted_last: set[int] = set()  # the streams that drafted in the last step
         self.batch_width = BatchWidth()
         self.target, self.cache = target, cache
         self.cost_cache = costs
@@ -259,8 +260,9 @@ class SpeculationPlanner:
         """What the step cost every stream (each waits for all of it), in plain steps: its
         whole wall time (plan, drafting, forward, verifying, committing) over a plain step's,
         c_B(1) + o_B (the model's cost while that is not measured; or with measured_costs
-        off). A drafting step's time past its drafting against the curve's is kept per
-        drafter (StepCosts.observe_measured), a plain step's time around its forward as o_B."""
+        off). A drafter's steady step's time past its drafting against the curve's is kept
+        per drafter (StepCosts.observe_measured), a plain step's time around its forward as
+        o_B."""
         costs = self.draft_length.costs
         batch, width = len(streams), 1 + max(len(d) for d in drafts)
         around = times.sample_s + self.plan_s
@@ -268,9 +270,14 @@ class SpeculationPlanner:
         model = costs.ratio(width, batch) + sum(
             len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
         if width == 1:
+            self.drafted_last = set()
             return model
         drafters = {d.source for d in drafts if len(d) and d.source != GRAMMAR}
-        if len(drafters) == 1:  # (a step of several drafters: whose it was is not known)
+        ids = {s.id for s, d in zip(streams, drafts) if len(d)}
+        steady, self.drafted_last = ids <= self.drafted_last, ids
+        # a drafter's steady steps only: the first after sitting out (a probe) also hands a
+        # head every row it skipped, a one-off that would price all its steps and keep it off
+        if len(drafters) == 1 and steady:  # (several drafters: whose the step was is unknown)
             (source,) = drafters
             costs.observe_measured(source, batch, width, times.score_s + around)
             if traits(source).lookup:  # (what a picking proposer asks a lookup's cost as)
