@@ -96,6 +96,13 @@ class SpeculationConfig:
     window: int = 32  # speculative steps in the acceptance and the gain windows
     cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
     max_cooldown: int = 256  # a probe that fails again, up to this
+    # the gain rules draft only where a drafter is expected, and measured, to emit this share
+    # more tokens per unit of time than plain decoding (0: break-even): below it the
+    # estimate's own error could turn a small gain into a loss
+    margin: float = 0.03
+    # costs in the gain rules from each step's whole wall time (drafting, verifying,
+    # committing), each drafter's against the model's c(T) (False: the model alone)
+    measured_costs: bool = True
     # structured outputs: the most tokens a grammar forces (allows one way only) drafted in a
     # step, for free, whatever the method (0: none)
     forced_tokens: int = 8
@@ -125,6 +132,9 @@ class SpeculationConfig:
                              f"0..{MAX_DRAFT_TOKENS} (0: none)")
         if not isinstance(self.grammar_drafts, bool):
             raise ValueError(f"grammar_drafts={self.grammar_drafts!r}: expected True or False")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin={self.margin}: must be in [0, 1) (a share of plain "
+                             "decoding's speed)")
         if self.window < 1 or self.cooldown < 0 or self.max_cooldown < self.cooldown:
             raise ValueError(f"window={self.window}, cooldown={self.cooldown}, max_cooldown="
                              f"{self.max_cooldown}: need window >= 1, 0 <= cooldown <= "

@@ -385,7 +385,8 @@ def test_fallback_backs_off_while_speculation_loses_and_resets_once_it_pays():
     from trt_spec.runtime.speculation.policy import SpeculationPolicy
     from trt_spec.runtime.settings import SpeculationConfig
 
-    policy = SpeculationPolicy(SpeculationConfig(window=4, cooldown=2, max_cooldown=8), 1000)
+    policy = SpeculationPolicy(SpeculationConfig(window=4, cooldown=2, max_cooldown=8,
+                                                 margin=0.0), 1000)  # (break-even: 6 for 6)
     s = SimpleNamespace(id=1, num_draft_tokens=2, adaptive=False, prompt_ids=[1] * 8,
                         output_ids=[1], params=SamplingParams(max_tokens=500))
 

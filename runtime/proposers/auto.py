@@ -79,7 +79,7 @@ class AutoProposer(Proposer):
         if not options:
             return None, 0
         gain, source, j = max(options)
-        if gain < 1:
+        if gain < 1 + (rule.margin if source != self.lookup.name else 0.0):
             if gate.skips(self.skipped, s.id, gain):  # the first such step of a request
                 return None, 0  # probes too, at the best length (policy.py: probes)
         elif j < (len(found) if source == self.lookup.name else k):

@@ -51,7 +51,8 @@ class HybridProposer(Proposer):
         acc = rule.acceptance(source_key(self.name, source), not s.params.greedy)
         cost_of = None if source == self.lookup.name else source
         best, gain = acc.best(rule.costs, cost_of, n, gate.batch, drafting)
-        if gain >= 1 or cost_of is None:  # a lookup drafts for free; the batch width cuts it
+        # a lookup drafts for free (the batch width cuts it); a head must beat the margin
+        if gain >= 1 + rule.margin or cost_of is None:
             return best
         # no length of the head pays (a large batch, a weak head): it does not draft, as the
         # policy's rule for a single method, with its probes so the measurements go on.

@@ -75,12 +75,26 @@ class StepCosts:
     (`known`, `record`: cost_probe.py) before it relies on it; live steps then refine it.
     A step also spends time around the forward (sampling, verification, bookkeeping: o_B,
     measured on every step), plain or not, so the ratios are (c_B(T) + o_B) / (c_B(1) + o_B):
-    without it a drafted row looks dearer than it is against a whole plain step."""
+    without it a drafted row looks dearer than it is against a whole plain step; o_B is
+    measured on plain steps (a verifying step's sample phase does more).
+    The curve still misses what a drafting step spends around its forward: verifying k + 1
+    rows, a head's bookkeeping of the target's rows, the plan itself. So each drafter's steps
+    are also timed (all but the drafting, which is timed per token apart) and kept as a
+    running ratio to the curve's (c_B(T) + o_B) (`observe_measured`); `step_cost` multiplies
+    the curve's part by it (`correction`, 1 until measured), so every rule that weighs a
+    drafting step weighs what it takes on this machine, under this load, on this workload.
+    (The drafting stays apart: a head that sat out catches up when it probes, and that
+    one-off cost would otherwise price its every later step.)"""
 
     def __init__(self):
         self.step: dict[tuple[int, int], tuple[float, int]] = {}  # (B, T) -> (mean s, n)
         self.draft: dict[str, tuple[float, int]] = {}  # method -> (mean seconds a token, n)
-        self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a step, n)
+        self.overhead: dict[int, tuple[float, int]] = {}  # B -> (mean seconds a plain step, n)
+        self.overhead_any: dict[int, tuple[float, int]] = {}  # B -> (the same, every step)
+        # (drafter, B) -> (mean wall time / model cost of its drafting steps, n); drafter None:
+        # any lookup (what a picking proposer asks a lookup's cost as)
+        self.measured: dict[tuple[str | None, int], tuple[float, int]] = {}
+        self.corrected = True  # whether step_cost applies the measured ratio
         self._units: dict[int, float | None] = {}  # _unit by batch, until a cost changes
 
     @staticmethod
@@ -93,9 +107,31 @@ class StepCosts:
         self._update(self.step, (batch, rows), seconds)
         self._units.pop(batch, None)
 
-    def observe_overhead(self, batch: int, seconds: float) -> None:
-        self._update(self.overhead, batch, seconds)
+    def observe_overhead(self, batch: int, seconds: float, plain: bool = True) -> None:
+        """Seconds a step spent outside the forward and the drafting (plain: no stream
+        drafted; the unit is a plain step's)."""
+        self._update(self.overhead_any, batch, seconds)
+        if plain:
+            self._update(self.overhead, batch, seconds)
         self._units.pop(batch, None)
+
+    def observe_measured(self, drafter: str | None, batch: int, rows: int,
+                         seconds: float) -> None:
+        """A step of `rows` rows in which `drafter` drafted took `seconds` past its drafting,
+        where the curve says ratio(rows) plain steps."""
+        unit = self._unit(batch)
+        if unit is not None:
+            self._update(self.measured, (drafter, batch),
+                         seconds / (self.ratio(rows, batch) * unit))
+
+    def correction(self, drafter: str | None, batch: int = 1) -> float:
+        """What `drafter`'s steps take against what the model says (1 until measured)."""
+        mean, n = self.measured.get((drafter, batch), (1.0, 0))
+        return mean if self.corrected and n >= MIN_SAMPLES else 1.0
+
+    def plain_seconds(self, batch: int) -> float | None:
+        """A plain step's seconds at this batch size, c_B(1) + o_B (None: not measured)."""
+        return self._unit(batch)
 
     def observe_draft(self, method: str, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -111,7 +147,8 @@ class StepCosts:
         return self.step.get((batch, 1), (0.0, 0))[1] >= MIN_SAMPLES
 
     def _overhead(self, batch: int) -> float:
-        return self.overhead.get(batch, (0.0, 0))[0]
+        """o_B of plain steps; of every step until a plain one is measured."""
+        return self.overhead.get(batch, self.overhead_any.get(batch, (0.0, 0)))[0]
 
     def _unit(self, batch: int) -> float | None:
         """A plain step in seconds, c_B(1) + o_B: c_B(1) measured, else from the batch's
@@ -145,9 +182,11 @@ class StepCosts:
 
     def step_cost(self, method: str | None, rows: int, drafted: int, batch: int = 1) -> float:
         """A step verifying `rows` rows after `drafted` drafted tokens (all streams'), in
-        plain steps c_B(1) (method None: a lookup, whose drafting is free)."""
+        plain steps c_B(1) (method None: a lookup, whose drafting is free); the curve's
+        part corrected by what the method's drafting steps measured."""
         draft = self.draft_ratio(method, batch) if method is not None else 0.0
-        return self.ratio(rows, batch) + drafted * draft
+        curve = self.ratio(rows, batch) * (self.correction(method, batch) if rows > 1 else 1)
+        return curve + drafted * draft
 
     def marginal(self, method: str | None, drafted: int, batch: int = 1) -> float:
         """The cost of drafting token drafted+1, in plain decoding steps (method None: a
@@ -162,6 +201,7 @@ class DraftLength:
 
     def __init__(self):
         self.costs = StepCosts()
+        self.margin = 0.0  # what a model drafter's gain must exceed 1 by (the policy's)
         self.calibration: dict[str, Calibration] = {}
         self.positions: dict[tuple[str, bool], PositionAcceptance] = {}  # (method, sampled)
 

@@ -72,6 +72,8 @@ class SpeculationPlanner:
         self.policy = SpeculationPolicy(config, max_len)
         self.proposers = proposers
         self.draft_length = DraftLength()  # step costs, acceptance, calibration
+        self.plan_s = 0.0  # the last plan's seconds (the cost probe not counted): its step's part
+        self.drafted_last: set[int] = set()  # the streams that drafted in the last step
         self.batch_width = BatchWidth()
         self.target, self.cache = target, cache
         self.cost_cache = costs
@@ -85,6 +87,15 @@ class SpeculationPlanner:
         """New rules; the measurements stay."""
         self.policy = SpeculationPolicy(config, self.policy.max_len)
 
+    def rules(self) -> DraftLength:
+        """The measurements, told the policy's margin and whether measured step times
+        correct the c(T) curve (each plan: a bench may swap the DraftLength between its
+        configurations)."""
+        rule = self.draft_length
+        rule.margin = self.config.margin if self.config.fallback else 0.0
+        rule.costs.corrected = self.config.measured_costs
+        return rule
+
     def release(self, s) -> None:
         self.policy.release(s)
 
@@ -96,9 +107,13 @@ class SpeculationPlanner:
     def plan(self, streams: list, m) -> list[int]:
         """Tokens each stream may draft this step (0: a plain row)."""
         self.measure_costs(streams, m)
+        t0 = time.perf_counter()
+        self.rules()
         drafting = sum(1 for s in streams if s.num_draft_tokens and self.drafts(s))
-        return self.policy.plan(streams, lambda s, k: self.expected_gain(s, k, len(streams),
-                                                                         drafting))
+        ks = self.policy.plan(streams, lambda s, k: self.expected_gain(s, k, len(streams),
+                                                                       drafting))
+        self.plan_s = time.perf_counter() - t0
+        return ks
 
     def drafts(self, s) -> bool:
         return self.proposers(s.method) is not None
@@ -225,8 +240,7 @@ class SpeculationPlanner:
         costs = self.draft_length.costs
         batch, width = len(streams), 1 + max(len(d) for d in drafts)
         costs.observe_step(batch, width, times.score_s)
-        step_cost = costs.ratio(width, batch) + sum(
-            len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
+        step_cost = self.measure_step(streams, drafts, times)
         for s, d, v in zip(streams, drafts, verified):
             if s.error is not None:  # failed this step (Engine.isolated): nothing measured
                 continue
@@ -241,4 +255,35 @@ class SpeculationPlanner:
                     self.acceptance(s, d.key).observe(d.drafted, own)
             if not s.finished:  # (a finished stream's window is gone)
                 self.policy.observe(s, v.proposed, v.accepted, step_cost)
-        costs.observe_overhead(batch, times.sample_s)
+
+    def measure_step(self, streams: list, drafts: list[Draft], times: StepTimes) -> float:
+        """What the step cost every stream (each waits for all of it), in plain steps: its
+        whole wall time (plan, drafting, forward, verifying, committing) over a plain step's,
+        c_B(1) + o_B (the model's cost while that is not measured; or with measured_costs
+        off). A drafter's steady step's time past its drafting against the curve's is kept
+        per drafter (StepCosts.observe_measured), a plain step's time around its forward as
+        o_B."""
+        costs = self.draft_length.costs
+        batch, width = len(streams), 1 + max(len(d) for d in drafts)
+        around = times.sample_s + self.plan_s
+        costs.observe_overhead(batch, around, plain=width == 1)
+        model = costs.ratio(width, batch) + sum(
+            len(d) * costs.draft_ratio(s.method, batch) for s, d in zip(streams, drafts))
+        if width == 1:
+            self.drafted_last = set()
+            return model
+        drafters = {d.source for d in drafts if len(d) and d.source != GRAMMAR}
+        ids = {s.id for s, d in zip(streams, drafts) if len(d)}
+        steady, self.drafted_last = ids <= self.drafted_last, ids
+        # a drafter's steady steps only: the first after sitting out (a probe) also hands a
+        # head every row it skipped, a one-off that would price all its steps and keep it off
+        if len(drafters) == 1 and steady:  # (several drafters: whose the step was is unknown)
+            (source,) = drafters
+            costs.observe_measured(source, batch, width, times.score_s + around)
+            if traits(source).lookup:  # (what a picking proposer asks a lookup's cost as)
+                costs.observe_measured(None, batch, width, times.score_s + around)
+        seconds = times.propose_s + times.score_s + around
+        unit = costs.plain_seconds(batch)
+        if unit is None or not self.config.measured_costs:
+            return model
+        return seconds / unit

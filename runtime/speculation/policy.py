@@ -10,8 +10,9 @@ decode step for that stream, in the same target forward as the others):
       `min_acceptance`                                   -> 0 for `cooldown` steps, then it
       tries again (the condition clears when acceptance recovers)
     - the method's expected tokens per unit of cost at its best k' <= k (engine-wide
-      acceptance by position, costs measured at this batch size:
-      draft_length.PositionAcceptance) is below 1, plain decoding's        -> 0, but the
+      acceptance by position, costs measured at this batch size and corrected by what
+      the method's steps measured whole: draft_length.PositionAcceptance, StepCosts) is
+      below 1 + `margin`, plain decoding's and a margin for the estimate's error -> 0, but the
       first such step of a request and every `PROBE_EVERY`-th after it draft k' (the
       best length, however short of paying), so the measurements follow the workload; a
       gain below SURE_LOSS probes 4x less often, and not on the first step (`fallback`)
@@ -23,14 +24,17 @@ decode step for that stream, in the same target forward as the others):
   while each verified row costs about the same, so where position k' + 1 does not pay the
   later ones do not either, and a probe of all k costs a weak drafter ~4% of its steps.
     - a speculating stream whose tokens per unit of cost over its last `window` steps fell
-      below 1 (plain decoding would have been faster; costs measured at the batch size
-      decoding, runtime/speculation/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
+      below 1 + `margin` (plain decoding would have been faster, or about as fast; a step's
+      cost is its whole wall time over a plain step's, measured at the batch size decoding,
+      runtime/speculation/cost_probe.py)  -> 0 for `cooldown` steps, then it probes again;
       a probe that fails again doubles the cooldown (up to `max_cooldown`), one that
       pays resets it (`fallback`; on by default)
     - else its k, capped by the tokens still allowed and the room left in the cache.
-The gain rules (`fallback`) apply to every request, seeded sampled ones too: a sampled
-token is a function of the seed and its output position alone (runtime/race.py), so what
-the rules decide (timings, what earlier requests measured) never changes the output.
+A request's k, the default or its own, is the most a step drafts, not a promise: under the
+gain rules the policy drafts less, down to none, where more does not pay (`fallback=False`,
+`--no-spec-fallback`: exactly k on every step). The gain rules (`fallback`) apply to every
+request, seeded sampled ones too: a sampled token is a function of the seed and its output
+position alone (runtime/race.py), so what the rules decide (timings, what earlier requests measured) never changes the output.
 The policy keeps its own per-stream state (the windows and the cooldown), by stream id.
 """
 
@@ -104,7 +108,7 @@ class SpeculationPolicy:
                 if k and self.judged(s) and gain is not None:
                     best, g = gain(s, k)
                     st = self._state.setdefault(s.id, _StreamState())
-                    if g < 1:
+                    if g < 1 + c.margin:
                         st.skipped += 1  # the first such step of a request probes too
                         k = min(k, best) if probes(st.skipped, g) else 0
                     elif best < k:
@@ -127,7 +131,7 @@ class SpeculationPolicy:
             if len(st.gains) > c.window:
                 st.gains.pop(0)
             if len(st.gains) == c.window:
-                pays = sum(e for e, _ in st.gains) >= sum(x for _, x in st.gains)
+                pays = sum(e for e, _ in st.gains) >= (1 + c.margin) * sum(x for _, x in st.gains)
                 if not pays:
                     st.cooldown = min(c.cooldown << min(st.losses, 16), c.max_cooldown)
                     st.losses += 1

@@ -1,0 +1,106 @@
+"""The gain rules' floor side by side: every method and k under the earlier rules (the c(T)
+model alone, break-even) and under the current ones (drafting steps weighed by their measured
+wall time, a margin over plain decoding), each against its own plain decoding, in one process,
+interleaved per prompt (load changes hit every configuration alike).
+
+    python scripts/policy_floor.py --engine engines/smollm2-135m \
+        --prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
+        --methods vanilla,mtp,eagle,eagle3 --ks 2,auto --threads 2
+
+Prints one row per method and k: x plain (tau) under each rule set, and whether every output
+equals plain decoding's (greedy). Each rule set has its own engine, so its measurements
+(acceptance, costs) are its own; a prompt's json_schema (if any) is held as in the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.sampling import SamplingParams
+from trt_spec.runtime.scheduler import generate_ids
+from trt_spec.runtime.settings import SpeculationConfig
+from trt_spec.tools.bench_prompts import load_prompts, load_schemas
+
+RULES = {"before": SpeculationConfig(margin=0.0, measured_costs=False),
+         "after": SpeculationConfig()}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", default="engines/smollm2-135m")
+    p.add_argument("--prompts", default="runtime/data/sharegpt-heldout.jsonl")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--methods", default="vanilla,mtp,eagle,eagle3")
+    p.add_argument("--ks", default="2,auto")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", default=None)
+    return p.parse_args()
+
+
+def run(gen: Generator, ids: list[int], params: SamplingParams, method: str, k) -> tuple:
+    """(tokens, seconds, target forwards, output ids) of one prompt."""
+    t0 = time.perf_counter()
+    (s,) = generate_ids(gen, [ids], params, method, k)
+    return len(s.output_ids), time.perf_counter() - t0, s.stats.target_forwards, s.output_ids
+
+
+def main() -> None:
+    a = parse_args()
+    ks = [k if k.startswith("auto") else int(k) for k in a.ks.split(",")]
+    configs = [(m, k) for m in a.methods.split(",") for k in ks]
+    gens = {name: Generator(a.engine, max_len=1024, threads=a.threads, prefix_cache=False,
+                            speculation=rules) for name, rules in RULES.items()}
+    prompts = load_prompts(a.prompts)[:a.num_prompts]
+    schemas = load_schemas(a.prompts)[:a.num_prompts]
+    totals: dict[tuple, list] = {}  # (rules, method, k) -> [tokens, seconds, forwards, same]
+    for name, gen in gens.items():  # warm-up: graphs, cost probe
+        for m, k in [("none", None)] + configs:
+            generate_ids(gen, [gen.encode(prompts[0], None)],
+                         SamplingParams(max_tokens=8, ignore_eos=True), m, k)
+    for i, (prompt, schema) in enumerate(zip(prompts, schemas)):
+        params = SamplingParams(max_tokens=a.max_new_tokens, ignore_eos=schema is None,
+                                json_schema=json.dumps(schema) if schema else None)
+        for name, gen in gens.items():
+            ids = gen.encode(prompt, None)
+            # the prompt's prefill shape warmed up first: else the first run pays it
+            run(gen, ids, SamplingParams(max_tokens=2, ignore_eos=True), "none", None)
+            n, sec, fw, plain = run(gen, ids, params, "none", None)
+            t = totals.setdefault((name, "none", None), [0, 0.0, 0, True])
+            t[0] += n; t[1] += sec; t[2] += fw  # noqa: E702
+            for m, k in configs:
+                n, sec, fw, out = run(gen, ids, params, m, k)
+                t = totals.setdefault((name, m, k), [0, 0.0, 0, True])
+                t[0] += n; t[1] += sec; t[2] += fw; t[3] &= out == plain  # noqa: E702
+        print(f"prompt {i + 1}/{len(prompts)} done, load {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    for m, k in configs:
+        row = {"method": m, "k": k}
+        for name in gens:
+            base = totals[(name, "none", None)]
+            t = totals[(name, m, k)]
+            row[name] = {"x_plain": (t[0] / t[1]) / (base[0] / base[1]),
+                         "tau": t[0] / max(t[2], 1), "same": t[3],
+                         "plain_tok_s": base[0] / base[1]}
+        rows.append(row)
+        print(f"{m:8s} k={str(k):5s} " + "  ".join(
+            f"{name} {row[name]['x_plain']:.3f} (tau {row[name]['tau']:.2f}, same "
+            f"{row[name]['same']})" for name in gens), flush=True)
+    for name, gen in gens.items():
+        base = totals[(name, "none", None)]
+        costs = gen.engine.planner.draft_length.costs
+        measured = {str(d): round(m, 3) for (d, b), (m, n) in costs.measured.items()
+                    if b == 1 and n}
+        print(f"{name}: plain {base[0] / base[1]:.1f} tok/s; a drafting step's time past "
+              f"its drafting over the c(T) curve's, by drafter: {measured}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
