@@ -9,6 +9,7 @@ import pytest
 
 from trt_spec.runtime.engine import Engine
 from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.methods import Speculation
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import generate_ids
 from trt_spec.runtime.settings import SpeculationConfig
@@ -86,7 +87,8 @@ def test_a_drafter_that_pays_keeps_drafting(tiny_self_engine):
     gen = Generator(tiny_self_engine, method="vanilla",
                     speculation=SpeculationConfig(num_draft_tokens=2))
     gen.engine.planner.draft_length.costs = FixedCosts()
-    s = gen.stream(PROMPT, SamplingParams(max_tokens=TOKENS, ignore_eos=True), "vanilla", 2)
+    s = gen.stream(PROMPT, SamplingParams(max_tokens=TOKENS, ignore_eos=True),
+                   Speculation("vanilla", 2))
     pattern = decode_pattern(gen.engine, s)
     assert pattern.count("d") >= len(pattern) - 1, pattern  # (the last step may lack room)
     assert s.stats.accepted == s.stats.proposed > 0
