@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime import guided_step
+from trt_spec.runtime import guided_step, plain_step
 from trt_spec.runtime.backends.base import StepGraph, StepOutput
 from trt_spec.runtime.kv_cache import KVCache
 from trt_spec.runtime.prefix_cache import PrefixCache
@@ -234,6 +234,8 @@ class Engine:
 
     def decode(self, streams: list[Stream], m: StepMetrics) -> None:
         """Propose -> score -> sample -> commit, every stream in one target forward."""
+        if len(streams) == 1 and plain_step.decode(self, streams[0], m):
+            return
         ks = self.planner.plan(streams, m)
         t0 = time.perf_counter()  # (the cost probe, once per batch size, is not this step's)
         forced = guided_step.forced_drafts(streams, ks, self.planner.config.forced_tokens,
@@ -283,8 +285,7 @@ class Engine:
         finished, else its caches rewound and its proposer handed the accepted rows."""
         s.stats.record(v.proposed, v.accepted)
         m.verified(v.proposed, v.accepted)
-        sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted,
-                                         len(v.tokens))
+        sources = step.drafts[i].sources(s.stats.target_forwards - 1, v.accepted, len(v.tokens))
         m.emitted_tokens += append(s, v.tokens, self.stops, step.logits[i], sources)
         if s.finished:
             self.release(s)

@@ -12,6 +12,8 @@ C(N + 1) - C(1) over N, with C(n) the CPU time of decoding n tokens greedily aft
 - fast-rows: the exact Generator's target switched to fast decoding, as bench's `none-fast`
   runs it (the graph keeps its attention rows, fed 1),
 - exact: exact decoding (the default);
+with --general, also fast-general and exact-general: the same generators with the engine's
+batch-1 plain path switched off (runtime/plain_step.py), every step through the general decode;
 and for ours, the share spent inside the ONNX Runtime session (the rest is the Python loop).
 """
 
@@ -26,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_spec.runtime import plain_step
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import generate_ids
 from trt_spec.tools.bench_prompts import load_prompts
 
+lean_decode = plain_step.decode
 SESSION = collections.Counter()  # generator label -> CPU seconds inside run_with_iobinding
 
 
@@ -69,26 +73,37 @@ def ortgenai_decoder(folder: Path):
     return decode
 
 
-def sides(engine: str, ortgenai: Path) -> tuple[dict, Generator]:
+def general_decode(*args) -> bool:
+    """runtime/plain_step.py's decode switched off: every step runs the general decode."""
+    return False
+
+
+def sides(engine: str, ortgenai: Path, general: bool = False) -> tuple[dict, Generator]:
     """label -> (decode(ids, n), the generator whose session it times, or None)."""
     fast = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=False)
     exact = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=True)
     timed_session(fast, "fast")
     timed_session(exact, "exact")
 
-    def ours(gen: Generator, fast_decode: bool):
+    def ours(gen: Generator, fast_decode: bool, plain_path: bool = True):
         def decode(ids: list[int], n: int) -> None:
             before, gen.target.exact_decode = gen.target.exact_decode, not fast_decode
+            lean = plain_step.decode
+            plain_step.decode = lean_decode if plain_path else general_decode
             try:
                 generate_ids(gen, [ids], SamplingParams(max_tokens=n, temperature=0.0,
                                                         ignore_eos=True), "none", None)
             finally:
                 gen.target.exact_decode = before
+                plain_step.decode = lean
         return decode
 
-    return {"fast": (ours(fast, True), "fast"), "fast-rows": (ours(exact, True), "exact"),
-            "exact": (ours(exact, False), "exact"),
-            "onnxruntime-genai": (ortgenai_decoder(ortgenai), None)}, fast
+    runs = {"fast": (ours(fast, True), "fast"), "fast-rows": (ours(exact, True), "exact"),
+            "exact": (ours(exact, False), "exact")}
+    if general:
+        runs |= {"fast-general": (ours(fast, True, False), "fast"),
+                 "exact-general": (ours(exact, False, False), "exact")}
+    return runs | {"onnxruntime-genai": (ortgenai_decoder(ortgenai), None)}, fast
 
 
 def main() -> None:
@@ -99,8 +114,12 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--general", action="store_true",
+                    help="also fast / exact with the batch-1 plain path off (before it)")
+    ap.add_argument("--skip", default="", help="comma-separated sides not to run")
     args = ap.parse_args()
-    runs, gen = sides(args.engine, args.ortgenai)
+    runs, gen = sides(args.engine, args.ortgenai, args.general)
+    runs = {k: v for k, v in runs.items() if k not in args.skip.split(",")}
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)[:args.num_prompts]]
     n = args.max_new_tokens
     for decode, _ in runs.values():

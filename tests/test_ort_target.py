@@ -255,3 +255,33 @@ def _feeding_one_row(target):
     target.session.run_with_iobinding = run_with_one_row
     return target.step
 
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_decode_one_equals_step(tiny_hf_dir, tiny_engine_int4, exact):
+    """Plain decoding's bound-once step (OrtTarget.decode_one) is `step` over one 1-token
+    request: bitwise the same logits and cache rows, token after token, in the second of two
+    slots (its own views); where `step` would pad (exact decoding's layouts) or the slot is
+    full it declines (None) and changes nothing."""
+    _, config = load_target(tiny_hf_dir)
+    target = OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
+                       config.max_position_embeddings, exact_decode=exact)
+    caches = [KVCache(config, slots=2, max_len=12) for _ in range(2)]
+    slots = [c.allocate() for c in caches]
+    slots = [c.allocate() for c in caches]  # slot 1 of each
+    for c, s in zip(caches, slots):
+        target.step(c, [SlotTokens(s, IDS[:5], [4])])
+    rule = target.rule
+    bare = not rule.pad_requests and rule.step_min_rows == 1
+    for token in IDS[5:12]:
+        want = target.step(caches[0], [SlotTokens(slots[1], [token], [0])]).logits[0][0]
+        got = target.decode_one(caches[1], slots[1], token)
+        if not bare:
+            assert got is None and caches[1].lengths[slots[1]] == 5
+            return
+        assert np.array_equal(got, want)
+        assert caches[1].lengths[slots[1]] == caches[0].lengths[slots[0]]
+    for a, b in zip(caches[0].buffers, caches[1].buffers):
+        assert np.array_equal(a, b)
+    assert target.decode_one(caches[1], slots[1], 1) is None  # 12 of 12 rows: step's error
+    assert caches[1].lengths[slots[1]] == 12

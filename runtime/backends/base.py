@@ -59,6 +59,11 @@ class StepGraph(ABC):
         """-> (the requests to run, cache rows past max_len they may write). Default: as given."""
         return requests, 0
 
+    def decode_one(self, cache: KVCache, slot: int, token: int) -> np.ndarray | None:
+        """Plain decoding's 1-token step for one slot, where a backend has a leaner path than
+        `step` (ORT: runtime/backends/ort.py) -> its logits [vocab]; None: run `step`."""
+        return None
+
     @abstractmethod
     def run(self, cache: KVCache, step: StepInputs,
             want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:

@@ -114,6 +114,7 @@ class OrtTarget(StepGraph):
         self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
         self.widths = {o: shapes[o][-1] for o in ["logits", *self.outputs]}  # static last dims
         self._bindings: dict[tuple[int, int, int], tuple] = {}  # see _binding
+        self._fast_bindings: dict[tuple[int, int], tuple] = {}  # see _fast
         # a cached answer is for the graph as exported, with its rows
         self.cover = cover
         self._exactness_cache = None if self.rows_dropped else exactness_cache
@@ -212,6 +213,63 @@ class OrtTarget(StepGraph):
                 for name in self.outputs}  # every output is bound: ORT writes them all
         self.session.run_with_iobinding(io)
         return logits, rows, step.lo
+
+
+    def decode_one(self, cache: KVCache, slot: int, token: int) -> np.ndarray | None:
+        """Plain decoding's step for one stream: `token` appended to slot's cache rows ->
+        its logits [vocab], a view of a buffer the next call overwrites; None where the step
+        would not be a bare 1-token row (exact decoding's padded layouts, the cache's end),
+        which the general `step` then runs. The same feeds and bitwise the same outputs as
+        `step` over SlotTokens(slot, [token], [0]); what it saves is the Python between two
+        session runs: its IOBinding, its inputs and outputs are bound once per (cache, slot)
+        and written in place (`_fast`)."""
+        rule = self.rule
+        past = int(cache.lengths[slot])
+        if (rule.pad_requests or rule.step_min_rows != 1 or self.takes_hidden
+                or past + 1 > min(cache.max_len, self.max_positions)):
+            return None
+        io, feeds, logits = self._fast(cache, slot)
+        feeds["input_ids"][0, 0] = token
+        feeds["position_ids"][0, 0] = feeds["seqlens_k"][0] = past
+        feeds["total_sequence_length"][...] = past + 1
+        if self.rows_in_graph:
+            feeds[ATTENTION_MIN_ROWS][...] = rule.attention_min_rows
+        self.session.run_with_iobinding(io)
+        cache.lengths[slot] = past + 1
+        return logits[0, 0]
+
+    def _fast(self, cache: KVCache, slot: int) -> tuple[ort.IOBinding, dict, np.ndarray]:
+        """decode_one's IOBinding for (cache, slot): the slot's cache views as past and
+        present, its feeds' arrays bound as inputs and host buffers for every output (ORT
+        writes them all), each bound once; the arrays are written in place by every step."""
+        key = (id(cache), slot)
+        if key not in self._fast_bindings:
+            if len(self._fast_bindings) >= 256:
+                self._fast_bindings.clear()
+            io, keep = self.session.io_binding(), [cache]
+            for past, present, view in zip(self.past_names, self.present_names,
+                                           cache.views(slot, slot + 1)):
+                value = ort.OrtValue.ortvalue_from_numpy(view)  # wraps the buffer, no copy
+                io.bind_ortvalue_input(past, value)
+                io.bind_ortvalue_output(present, value)
+                keep.append(value)
+            feeds = {"input_ids": np.zeros((1, 1), np.int64),  # (B, T) = (1, 1)
+                     "position_ids": np.zeros((1, 1), np.int64),
+                     "seqlens_k": np.zeros(1, np.int32),  # (B,)
+                     "query_seqlens": np.ones(1, np.int32),
+                     "total_sequence_length": np.zeros((), np.int32),
+                     "logits_index": np.zeros((1, 1), np.int64)}  # (B, N)
+            if self.rows_in_graph:
+                feeds[ATTENTION_MIN_ROWS] = np.ones((), np.int32)
+            for name, array in feeds.items():
+                value = ort.OrtValue.ortvalue_from_numpy(array)  # step writes `array`
+                io.bind_ortvalue_input(name, value)
+                keep.append(value)
+            logits = self._bind_output(io, "logits", (1, 1, self.widths["logits"]))
+            keep += [self._bind_output(io, name, (1, 1, self.widths[name]))
+                     for name in self.outputs]
+            self._fast_bindings[key] = (io, feeds, logits, keep)  # keep: alive with it
+        return self._fast_bindings[key][:3]
 
 
 class OrtFunction:
