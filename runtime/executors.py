@@ -58,8 +58,6 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
         return why
     if METHODS[s.method].device is None:
         return f"method {s.method} drafts on the host"
-    if s.params.masks:
-        return "the masks min_tokens, allowed_token_ids and bad words apply on the host"
     ex = gen.device_executor
     if ex is not None and not ex.reserve(s):
         return (f"the device executor's {len(ex.loops)} method loops, each with caches "

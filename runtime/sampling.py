@@ -26,8 +26,8 @@ a token it forbids stays at -inf through every step):
     top-k, softmax, top-p
 
 (vLLM's order.) Their torch twin, for the torch backends (batched, one setting per row), is
-runtime/sampling_torch.py; it has no twin of the three masks yet: a stream with one is
-stepped by the host loop (SamplingParams.controls, runtime/device/loop.py).
+runtime/sampling_torch.py (the masks: its `mask`), which the device executor applies per
+cache slot (runtime/device/controls.py).
 
 Bounds. Every value SamplingParams accepts keeps the logits finite through every step above,
 in float32 (the torch path's dtype) for logits of magnitude up to ~1e4: a temperature below
@@ -216,7 +216,7 @@ class SamplingParams:
     @property
     def controls(self) -> tuple[str, ...]:
         """The names of the controls on besides temperature, top-k and top-p (what the device
-        loop does not apply yet)."""
+        executor applies with runtime/device/controls.py)."""
         off = {"logit_bias": (), "presence_penalty": 0, "frequency_penalty": 0,
                "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "allowed_token_ids": (),
                "bad_words_ids": ()}

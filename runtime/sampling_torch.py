@@ -2,6 +2,9 @@
 one setting per row, for the device loop (runtime/device/) and the SpecVerify op
 (plugins/spec_verify.py). The steps, in the same order as the NumPy one:
 
+    mask             vLLM's masks: allowed_token_ids, bad words (matched on each row's
+                     output tail and drafts before it), min_tokens (the end tokens while
+                     the row's output is short)
     process_logits   logit_bias, then the repetition, frequency and presence penalties over
                      each row's token counts (prompt, output so far, the drafts before it)
     temperature   z = logits / T
@@ -75,6 +78,52 @@ def process_logits(logits: torch.Tensor, bias: torch.Tensor | None = None,
                    + presence.to(z.dtype).view(-1, 1, 1) * (counts > 0))
         z = z - penalty
     return z
+
+
+ANY = -2  # a bad-word head's padding: matches any token (heads are right-aligned)
+NONE = -1  # no token: a bad-word table's empty entry, a context before the output's start
+
+
+def mask_allowed(z: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """z [B, R, V], allowed [B, V] bool (all True: no allowed_token_ids) -> z with every
+    token not allowed at -inf."""
+    return torch.where(allowed[:, None], z, torch.full_like(z, float("-inf")))
+
+
+def bad_word_hits(context: torch.Tensor, heads: torch.Tensor, last: torch.Tensor,
+                  vocab: int) -> torch.Tensor:
+    """The tokens the bad words rule out, [B, R, V] bool. context [B, H + R - 1]: the last H
+    output tokens (NONE before the output's start) then the drafts d1..d(R-1); heads
+    [B, W, H]: each word but its last token, right-aligned, ANY-padded; last [B, W]: each
+    word's last token (NONE: no word). Row j rules out a word's last token when its head ends
+    context[:, :H + j] (a one-token word: always), as runtime/sampling.py's mask_."""
+    h = heads.shape[-1]
+    tails = context.unfold(1, h, 1)  # [B, R, H] row j: context[:, j:j + H]
+    hit = ((heads[:, None] == tails[:, :, None]) | (heads[:, None] == ANY)).all(-1)  # [B, R, W]
+    hit = hit & ((last >= 0) & (last < vocab))[:, None]
+    index = torch.where(hit, last[:, None].expand_as(hit), vocab)  # V: the scratch column
+    out = torch.zeros(*hit.shape[:2], vocab + 1, dtype=torch.bool, device=hit.device)
+    return out.scatter(-1, index, torch.ones_like(hit))[..., :vocab]
+
+
+def mask_ends(z: torch.Tensor, ends: torch.Tensor, out_len: torch.Tensor,
+              min_tokens: torch.Tensor) -> torch.Tensor:
+    """z [B, R, V], ends [B, V] bool (the end tokens: EOS, stop_token_ids), out_len [B] (the
+    output so far), min_tokens [B] (0: off) -> z with the end tokens at -inf on the rows j
+    whose output, out_len + j, is shorter than min_tokens."""
+    rows = torch.arange(z.shape[1], device=z.device)
+    short = out_len[:, None] + rows[None] < min_tokens[:, None]  # [B, R]
+    return torch.where(short[..., None] & ends[:, None], torch.full_like(z, float("-inf")), z)
+
+
+def mask(z: torch.Tensor, allowed: torch.Tensor, banned: torch.Tensor, ends: torch.Tensor,
+         out_len: torch.Tensor, min_tokens: torch.Tensor) -> torch.Tensor:
+    """vLLM's masks in the host's order (runtime/sampling.py process_logits' first steps):
+    allowed_token_ids (allowed [B, V]), bad words (banned [B, R, V], bad_word_hits), then
+    min_tokens (mask_ends). z [B, R, V] -> z."""
+    z = mask_allowed(z, allowed)
+    z = torch.where(banned, torch.full_like(z, float("-inf")), z)
+    return mask_ends(z, ends, out_len, min_tokens)
 
 
 def mask_min_p(z: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -109,7 +109,10 @@ MIXED = [  # (prompt, params, method, k) -> the executor, and why the host where
     (PROMPTS[2], SamplingParams(max_tokens=0), "mtp", 3, "device", None),
     (PROMPTS[0], GREEDY, "mtp", "auto", "device", None),
     (PROMPTS[1], GREEDY, "suffix", 2, "device", None),
-    (PROMPTS[2], GREEDY, "vanilla", 2, "host", "all busy"),  # a 5th method: MAX_LOOPS
+    (PROMPTS[2], SamplingParams(max_tokens=8, min_tokens=4, bad_words_ids=((7,), (9, 9))),
+     "ngram", 2, "device", None),
+    # a fifth method while the four loops above are busy: the host steps it beside them
+    (PROMPTS[0], GREEDY, "vanilla", 2, "host", "all busy"),
 ]
 
 

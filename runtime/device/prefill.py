@@ -186,9 +186,10 @@ def first(loop, streams: list[Stream], lo: int, logits: torch.Tensor, prompt_len
         s.seed[st.slot] = signed(p.seed)  # (every stream has one: runtime/stream.py)
         s.start[st.slot] = n
     if loop.controls is None and any(st.params.controls for st in streams):
-        loop.controls = DeviceControls(loop.slots, loop.vocab_size, loop.device)
+        loop.controls = DeviceControls(loop.slots, loop.vocab_size, loop.device, loop.state)
     for st in streams if loop.controls is not None else ():
-        loop.controls.admit(st)
+        if loop.controls.admit(st):  # the masks' tensors made or grown: new addresses
+            loop.graphs.clear()
     tokens = loop.first_tokens(streams, lo, logits)
     if loop.controls is not None:
         loop.controls.count(lo, hi, tokens[:, None], done[:, None])
