@@ -97,12 +97,13 @@ class SpeculationConfig:
     cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
     max_cooldown: int = 256  # a probe that fails again, up to this
     # the gain rules draft only where a drafter is expected, and measured, to emit this share
-    # more tokens per unit of time than plain decoding (0: break-even): below it the
-    # estimate's own error could turn a small gain into a loss
-    margin: float = 0.03
+    # more tokens per unit of time than plain decoding (0: break-even, the default: at 0.03
+    # with measured_costs every method ran slower on held-out prompts, docs/benchmarks.md
+    # "The gain rules on prompts not seen")
+    margin: float = 0.0
     # costs in the gain rules from each step's whole wall time (drafting, verifying,
-    # committing), each drafter's against the model's c(T) (False: the model alone)
-    measured_costs: bool = True
+    # committing), each drafter's against the model's c(T) (False, the default: the model)
+    measured_costs: bool = False
     # structured outputs: the most tokens a grammar forces (allows one way only) drafted in a
     # step, for free, whatever the method (0: none)
     forced_tokens: int = 8

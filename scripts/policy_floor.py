@@ -25,8 +25,8 @@ from trt_spec.runtime.scheduler import generate_ids
 from trt_spec.runtime.settings import SpeculationConfig
 from trt_spec.tools.bench_prompts import load_prompts, load_schemas
 
-RULES = {"before": SpeculationConfig(margin=0.0, measured_costs=False),
-         "after": SpeculationConfig()}
+RULES = {"before": SpeculationConfig(margin=0.0, measured_costs=False),  # the defaults
+         "after": SpeculationConfig(margin=0.03, measured_costs=True)}
 
 
 def parse_args() -> argparse.Namespace:
