@@ -179,6 +179,13 @@ def test_streams_switch_method_between_steps(tiny_spec_engine):
     assert sum(s.stats.proposed for s in streams) > 0
 
 
+def counted(logits, calls: list):
+    """decode_one's answer, a forward counted where it ran one (None: the general step runs)."""
+    if logits is not None:
+        calls.append(1)
+    return logits
+
+
 def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
     """Streams of none, ngram (k 2) and vanilla (k 4) side by side, one admitted late: each
     step runs at most one prefill and one decode/verify forward of the target (besides the
@@ -187,10 +194,12 @@ def test_one_target_forward_per_step_whatever_the_methods(tiny_spec_engine):
     rightly cut most drafts, and this is about the drafts sharing one forward.)"""
     gen = Generator(tiny_spec_engine, max_batch=4, fallback=False)
     calls = []
-    step = gen.target.step
+    step, one = gen.target.step, gen.target.decode_one  # (one: a lone plain stream's step)
     gen.target.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
+    gen.target.decode_one = lambda *a, **kw: counted(one(*a, **kw), calls)
     asks = [("none", None), ("ngram", 2), ("vanilla", "auto:4"), ("vanilla", 1)]
-    streams = [gen.stream(p, GREEDY, Speculation(*a)) for p, a in zip(PROMPTS + [[7, 7, 9]], asks)]
+    streams = [gen.stream(p, GREEDY, Speculation(*a))
+               for p, a in zip(PROMPTS + [[7, 7, 9]], asks)]
     for s in streams[:3]:
         gen.engine.admit(s)
     i, probes = 0, []
