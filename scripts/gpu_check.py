@@ -282,8 +282,8 @@ def device_loop(args, check: Check) -> dict:
                                   "traceback": traceback.format_exc()[-2000:]}
                 log(f"  {name}: {json.dumps({k: v for k, v in runs[name].items() if k != 'traceback'})}")
     gen.configure(executor="device")  # (the loops the runs used)
-    report["loops"] = {f"{method}/{k}": dict(loop.stats)
-                       for (method, k), loop in gen.device_executor.loops.items()}
+    report["loops"] = {f"{method}/{loop.k_max}": dict(loop.stats)  # (one loop a method)
+                       for method, loop in gen.device_executor.loops.items()}
     gen.configure(executor="auto")
     for name, r in runs.items():  # speed-up over plain decoding on the same loop and batch
         loop, method, batch = name.split("/")

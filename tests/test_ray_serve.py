@@ -54,7 +54,9 @@ def wait_for(condition, timeout: float):
 @pytest.fixture(scope="module")
 def ray_server(tiny_spec_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("ray")
-    env = {**os.environ, "TRT_SPEC_ENGINE_CACHE": str(root / "cache")}
+    # RAY_DEDUP_LOGS=0: Ray folds lines alike across replicas into "[repeated Nx across
+    # cluster]", which hid one request's access line among others' in a CI run
+    env = {**os.environ, "TRT_SPEC_ENGINE_CACHE": str(root / "cache"), "RAY_DEDUP_LOGS": "0"}
     sd = root / "targets.json"
     (root / "serve.toml").write_text('log-format = "json"\n')
     with open(root / "driver.log", "w") as log:
