@@ -173,16 +173,9 @@ class DevicePlanner(SpeculationPlanner):
     def measure_costs(self, streams: list, m) -> None:
         """The host planner's rule (when to probe, which widths), timed on the device."""
         costs = self.draft_length.costs
-        if costs.known(len(streams)):
+        widths = self.probe_widths(streams)
+        if widths is None:
             return
-        spec = [s for s in streams if s.num_draft_tokens and self.drafts(s)
-                and (s.adaptive or self.config.fallback)]
-        if not spec:
-            return
-        widest = min(max(s.num_draft_tokens for s in spec), min(map(self.room, streams)))
-        if widest < 1:
-            return
-        widths = range(1, widest + 2)
         for t, seconds in probe(self.executor.groups(streams), widths).items():
             costs.record(len(streams), t, seconds)
         m.probe_forwards += (REPEATS + 1) * len(widths)

@@ -118,20 +118,26 @@ class SpeculationPlanner:
     def drafts(self, s) -> bool:
         return self.proposers(s.method) is not None
 
+    def probe_widths(self, streams: list) -> range | None:
+        """The widths T to time c_B(T) at for this batch, or None where nothing is to probe
+        (costs known at this size; no stream drafts a length decided from costs; no room)."""
+        if self.draft_length.costs.known(len(streams)):
+            return None
+        spec = [s for s in streams if s.num_draft_tokens and self.drafts(s)
+                and (s.adaptive or self.config.fallback)]
+        if not spec:
+            return None
+        widest = min(max(s.num_draft_tokens for s in spec), min(map(self.room, streams)))
+        return range(1, widest + 2) if widest >= 1 else None
+
     def measure_costs(self, streams: list, m) -> None:
         """The first time this many streams decode with a drafter whose length or fallback
         is decided from costs, time c_B(T) on them (cost_probe.py; m.probe_forwards)."""
         costs = self.draft_length.costs
-        if costs.known(len(streams)):
+        widths = self.probe_widths(streams)
+        if widths is None:
             return
-        spec = [s for s in streams if s.num_draft_tokens and self.drafts(s)
-                and (s.adaptive or self.config.fallback)]
-        if not spec:
-            return
-        widest = min(max(s.num_draft_tokens for s in spec), min(map(self.room, streams)))
-        if widest < 1:
-            return
-        batch, widths = len(streams), range(1, widest + 2)
+        batch = len(streams)
         stored = [self.stored_costs.get((batch, t)) for t in widths]
         if all(x is not None for x in stored):  # measured by an earlier process
             for t, seconds in zip(widths, stored):
