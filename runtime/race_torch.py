@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from trt_spec.runtime.race import BLOCK, GOLDEN, LEVELS, M1, M2, MASK, row_key
+from trt_spec.runtime.race import BLOCK, GOLDEN, LEVELS, M1, M2, MASK
 
 def signed(x: int) -> int:
     """A uint64 constant as the int64 with its bits."""
@@ -73,19 +73,6 @@ def field_at(key: int | torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Te
     b = ids // BLOCK
     e = m[..., b] + exponentials(key, ids, 2)
     return torch.where(ids - b * BLOCK == j[..., b], m[..., b], e)
-
-
-def field(key: int, vocab: int, device=None) -> torch.Tensor:
-    """The row's whole field E [vocab] float64 (race.field)."""
-    return field_at(key, torch.arange(vocab, device=device), vocab)
-
-
-def race(p: torch.Tensor, seed: int, position: int) -> int:
-    """p [vocab] nonnegative weights -> argmin_v E / p(v) over the whole field (race.race)."""
-    e = field(row_key(seed, position), p.shape[-1], p.device)
-    p = p.to(torch.float64)
-    times = torch.where(p > 0, e / torch.where(p > 0, p, 1.0), torch.inf)
-    return int(torch.argmin(times))
 
 
 def race_logits(z: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, vocab: int,

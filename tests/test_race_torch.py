@@ -18,19 +18,22 @@ def test_the_hashes_and_the_field_are_bit_for_bit_numpys():
             got = race_torch.hashes(key, torch.from_numpy(ids), level).numpy().view(np.uint64)
             assert got.tolist() == want.tolist(), (seed, position, level)
         for vocab in (7, 600, 49152):
-            np.testing.assert_array_equal(race_torch.field(key, vocab).numpy(),
-                                          race.field(key, vocab))
+            got = race_torch.field_at(key, torch.arange(vocab), vocab)  # the whole field
+            np.testing.assert_array_equal(got.numpy(), race.field(key, vocab))
 
 
 def test_the_race_is_numpys():
+    """race_logits over one row's log p (a zero weight: -inf, ruled out) is race.race."""
     rng = np.random.default_rng(0)
     for trial in range(30):
         vocab = (100, 600, 5000)[trial % 3]
         p = np.exp(rng.standard_normal(vocab) * 3)
         p[rng.random(vocab) < 0.5] = 0
         p /= p.sum()
-        assert race_torch.race(torch.from_numpy(p), trial, trial + 1) == \
-            race.race(p, trial, trial + 1), trial
+        with np.errstate(divide="ignore"):
+            z = torch.from_numpy(np.log(p)).view(1, 1, vocab)
+        won = race_torch.race_logits(z, torch.tensor([trial]), torch.tensor([[trial + 1]]), vocab)
+        assert int(won) == race.race(p, trial, trial + 1), trial
 
 
 def test_batched_keys_and_race_are_numpys():
