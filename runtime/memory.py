@@ -175,17 +175,16 @@ def cache_rows(manifest: "Manifest", config: "RuntimeConfig",
     rows = [kv_rows("target", manifest.config, itemsize)]
     for method, entry in drafters.items():
         rows += [kv_rows(g, entry.config, itemsize) for g in entry.graphs]
-    loop = METHODS[config.method].device
     device = config.executor == "device" or (config.executor == "auto"
                                              and not str(config.device).startswith("cpu"))
     if (config.backend == "torch-cuda" and device
-            and loop is not None):
+            and METHODS[config.method].device is not None):
         k = config.speculation.num_draft_tokens if METHODS[config.method].speculative else 0
         width = max(EXACT_ROWS, k + 1) if config.exact_decode else k + 1
         extra = width + 2 * k + 2  # DeviceLoop.length - max_len; its caches: one row more
         rows.append(kv_rows("device loop target", manifest.config, itemsize, extra + 1))
-        entry = drafters.get(config.method)
-        if loop in ("draft", "head") and entry is not None:
+        entry = drafters.get(config.method)  # (a model drafter's: its own caches there)
+        if entry is not None:
             rows += [kv_rows(f"device loop {g}", entry.config, itemsize, extra + 1)
                      for g in entry.graphs]
         rows.append(Rows("device loop tokens", 8, extra))  # DeviceState.seq, int64

@@ -7,7 +7,8 @@ proposer is built, and what export and training call it.
     DrafterEntry.from_dict("mtp", d)     -> the typed, validated manifest entry
     METHODS["mtp"].proposer(loader, e)   -> an MtpProposer over the loaded graphs
 
-Adding a method: one Method here, plus its proposer in runtime/proposers/. Export
+Adding a method: one Method here, plus its proposer in runtime/proposers/ (and, where it runs
+on the device executor, its device face in runtime/device/: the Method's `device`). Export
 (export/pipeline.py), the torch-cuda backend and the trainer read the graph names from here;
 a drafter's checkpoint readers (export/drafter_checkpoint.py) and its trainer
 (train/recipes.py) are tables keyed by method, checked against this registry at import.
@@ -23,6 +24,7 @@ from trt_spec.runtime.config import ModelConfig
 
 if TYPE_CHECKING:
     from trt_spec.runtime.backends.base import Function, StepGraph
+    from trt_spec.runtime.device.drafters import DeviceDrafter
     from trt_spec.runtime.kv_cache import KVCache
     from trt_spec.runtime.proposers.base import DraftVocab, Proposer
     from trt_spec.runtime.settings import SpeculationConfig
@@ -145,12 +147,7 @@ class Method:
     lookup: bool = False  # drafts by lookup, without a confidence: `auto` cuts by position
     picks_length: bool = False  # picks its own draft length each step: the gain rules keep k
     reads_corpus: bool = False  # its suffix lookup drafts from the folder's corpus table
-    # how the device loop drafts it: "plain" (nothing), "lookup" (n-gram), "draft" (a draft
-    # model), "head" (a drafter over the target's per-token outputs), "host-drafts" (its
-    # proposer drafts on the host, the drafts uploaded; a model head it picks runs on the
-    # device: runtime/device/host_drafts.py); None: on the host only
-    device: str | None = None
-    reads: str | None = None  # the target's per-token output its drafter reads
+    reads: str | None = None  # the target's per-token output its drafter reads (a head's)
     # Traits export and training read: how the drafter is made.
     looped: bool = False  # its head is one module, run at every draft step (Eagle; MTP: one each)
     # its drafter drafts over a reduced vocabulary of its own (a d2t map), which export's
@@ -159,6 +156,20 @@ class Method:
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
+    # its device face: (loop, gen, Method) -> what drafts it on the device executor's loop
+    # (runtime/device/drafters.py; None: nothing, plain decoding); imports torch when called.
+    # None: the method runs on the host executor only
+    device: Callable[..., "DeviceDrafter | None"] | None = field(default=None, compare=False)
+
+    @property
+    def host_drafts(self) -> bool:
+        """Its proposer drafts on the host for the device loop too, the drafts uploaded (a
+        model head it picks runs on the device): runtime/device/host_drafts.py."""
+        return self.device is _host_drafts
+
+    def device_drafter(self, loop, gen) -> "DeviceDrafter | None":
+        assert self.device is not None, self.name
+        return self.device(loop, gen, self)
 
     @property
     def speculative(self) -> bool:
@@ -254,37 +265,70 @@ def _eagle3(loader, entry):
                           loader.function(entry.fc_graph), vocab)
 
 
+# --- device faces (lazy imports: torch where a device loop is made; runtime/device/drafters.py
+# imports nothing of the runtime, so no import cycle runs through this registry) -------------
+
+def _plain(loop, gen, m):
+    return None  # the loop's step drafts nothing
+
+
+def _lookup(loop, gen, m):
+    from trt_spec.runtime.device.drafters import NgramDrafts
+
+    return NgramDrafts(loop, gen.speculation)
+
+
+def _draft_model(loop, gen, m):
+    from trt_spec.runtime.device.drafters import VanillaDrafts
+
+    return VanillaDrafts(loop, gen, m.name)
+
+
+def _head(loop, gen, m):
+    from trt_spec.runtime.device.drafters import HeadDrafts
+
+    return HeadDrafts(loop, gen, m.name, m.reads)
+
+
+def _host_drafts(loop, gen, m):
+    from trt_spec.runtime.device.drafters import UploadedDrafts
+
+    head = getattr(gen.proposer(m.name), "head", None)  # hybrid's, auto's model drafter
+    return UploadedDrafts(loop, None if head is None else
+                          METHODS[head.name].device_drafter(loop, gen))
+
+
 PLAIN = "none"  # the method that drafts nothing: plain decoding
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method(PLAIN, "nothing: plain decoding, one target forward per token", device="plain"),
+    Method(PLAIN, "nothing: plain decoding, one target forward per token", device=_plain),
     Method("vanilla", "a small draft model (the target's first layers, or a trained one)",
            ("graph", "model_config"), "draft", "--draft-layers N or --draft-model PATH",
-           device="draft", make=_vanilla),
+           device=_draft_model, make=_vanilla),
     Method("ngram", "prompt lookup: continues the latest earlier match of the last n tokens",
-           lookup=True, device="lookup", make=_ngram),
+           lookup=True, device=_lookup, make=_ngram),
     Method("suffix", "ngram over the request's tokens, then over earlier requests' (a bounded "
-           "cache)", lookup=True, picks_length=True, reads_corpus=True, device="host-drafts",
+           "cache)", lookup=True, picks_length=True, reads_corpus=True, device=_host_drafts,
            make=_suffix),
     Method("mtp", "N cascaded one-layer modules over the target's hidden state",
            ("graphs", "layer_config"), "mtp", "--mtp CHECKPOINT", graph_prefix="mtp",
-           device="head", reads="hidden_states", make=_mtp),
+           device=_head, reads="hidden_states", make=_mtp),
     Method("eagle", "one MTP-style module, looped",
-           ("graphs", "layer_config"), "eagle", "--eagle CHECKPOINT", device="head",
+           ("graphs", "layer_config"), "eagle", "--eagle CHECKPOINT", device=_head,
            reads="hidden_states", looped=True, make=_eagle),
     Method("eagle3", "one 2H-input layer over fused low/mid/high target features, a reduced "
            "draft vocabulary", ("graphs", "layer_config"), "eagle3", "--eagle3 CHECKPOINT",
-           fc_graph="eagle3_fc", device="head", reads="eagle3_features", own_vocab=True,
+           fc_graph="eagle3_fc", device=_head, reads="eagle3_features", own_vocab=True,
            make=_eagle3),
     # the heads by measured acceptance on the shipped SmolLM2 drafters (best first)
     Method("hybrid", "suffix lookup where the context repeats, else a model drafter (the "
            "first of mtp, eagle3, eagle, vanilla the folder has)",
            uses_any=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
-           reads_corpus=True, device="host-drafts", make=_hybrid),
+           reads_corpus=True, device=_host_drafts, make=_hybrid),
     Method("auto", "per stream and step, what is measured to pay most here: the suffix "
            "lookup, the folder's model drafter (as hybrid's), or no drafting",
            picks=("mtp", "eagle3", "eagle", "vanilla"), picks_length=True,
-           reads_corpus=True, device="host-drafts", make=_auto),
+           reads_corpus=True, device=_host_drafts, make=_auto),
 )}
 METHOD_NAMES = tuple(METHODS)
 HEAD_METHODS = tuple(n for n, m in METHODS.items() if m.drafter_entry == ("graphs", "layer_config"))

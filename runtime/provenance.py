@@ -58,7 +58,7 @@ def drafter_source(drafter: str, corpus: bool = False) -> str:
     method = traits(drafter)
     if method.lookup:
         return "lookup"
-    return "head" if method.device == "head" else "draft"
+    return "head" if method.reads else "draft"  # (a head reads the target's per-token outputs)
 
 
 def step_sources(step: int, drafter: str | None, drafted: int, accepted: int, emitted: int,

@@ -35,7 +35,7 @@ def both(llms, params, method, k, prompts=PROMPTS):
 
 
 def test_the_registry_names_the_host_drafting_methods():
-    assert {n for n, m in METHODS.items() if m.device == "host-drafts"} == \
+    assert {n for n, m in METHODS.items() if m.host_drafts} == \
         {"suffix", "hybrid", "auto"}
 
 

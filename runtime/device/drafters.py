@@ -11,10 +11,14 @@ with fixed shapes and no host round trip, from state kept on the device.
                    [start, anchor] from the target's rows kept in `hist`, then the last module
                    loops one row at a time (runtime/proposers/mtp.py's bookkeeping, with
                    `start` kept per slot on the device)
+    UploadedDrafts a host drafter's (runtime/device/host_drafts.py): the uploaded drafts, or
+                   its model head's (one of the above) where the head is the row's source
 
-Row p of a drafter cache sits at position p, as on the host. `propose` writes the drafts into
-`seq` at positions n .. n + k - 1 (scratch until verified), so a later module reads them as
-its input tokens. `commit(n_old, accepted)` moves the per-slot bookkeeping after verification.
+Each is a method's device face (runtime/methods.py Method.device), made from its loop, the
+Generator and the method's name. Row p of a drafter cache sits at position p, as on the
+host. `propose` writes the drafts into `seq` at positions n .. n + k - 1 (scratch until
+verified), so a later module reads them as its input tokens. `commit(n_old, accepted)`
+moves the per-slot bookkeeping after verification.
 
 A model drafter draws its draft j of a sampled stream as the race of the stream's seed at
 that output position over its own q (`pick`): the target's noise there, so the draft equals
@@ -66,9 +70,18 @@ def pick(loop, logits: torch.Tensor, nb: int, d2t: torch.Tensor | None, j: int) 
     return d if d2t is None else d2t[d]
 
 
+def model_drafter(loop, gen, method: str) -> tuple:
+    """A model drafter's (manifest entry, step graphs, d2t [V'] on the device or None: the
+    target's vocabulary)."""
+    entry = gen.drafters[method]
+    vocab = gen.vocab(entry)
+    d2t = None if vocab is None else torch.from_numpy(vocab.draft_to_target).to(loop.device)
+    return entry, [gen.step_graph(g, entry.config) for g in entry.graphs], d2t
+
+
 class NgramDrafts(DeviceDrafter):
-    def __init__(self, k: int, min_n: int, max_n: int):
-        self.k, self.min_n, self.max_n = k, min_n, max_n
+    def __init__(self, loop, c):  # c: the SpeculationConfig (ngram_min, ngram_max)
+        self.k, self.min_n, self.max_n = loop.k, c.ngram_min, c.ngram_max
 
     def propose(self, loop, nb):
         s = loop.state
@@ -94,10 +107,10 @@ class NgramDrafts(DeviceDrafter):
 class VanillaDrafts(DeviceDrafter):
     CATCH_UP = 2  # tokens the draft has not fed at a step: <= 2 (module docstring)
 
-    def __init__(self, loop, graph, config, d2t: torch.Tensor | None):
-        self.graph, self.config, self.d2t = graph, config, d2t
-        self.k = loop.k
-        self.cache = loop.new_cache(config)
+    def __init__(self, loop, gen, method: str):
+        entry, graphs, self.d2t = model_drafter(loop, gen, method)
+        self.graph, self.k = graphs[0], loop.k
+        self.cache = loop.new_cache(entry.config)
         self.fed = torch.zeros(loop.slots, dtype=torch.long, device=loop.device)  # rows held
 
     def prefill(self, loop, lo, hi, new, prompt_len, rows):
@@ -136,19 +149,19 @@ class VanillaDrafts(DeviceDrafter):
 
 
 class HeadDrafts(DeviceDrafter):
-    """MTP / Eagle / Eagle3. reads: the target output the first module's hidden input comes
-    from ("hidden_states"; Eagle3 "eagle3_features" through fc)."""
+    """MTP / Eagle / Eagle3. reads (the method's): the target output the first module's hidden
+    input comes from ("hidden_states"; Eagle3 "eagle3_features" through fc)."""
 
-    def __init__(self, loop, graphs: list, config, reads: str, d2t: torch.Tensor | None,
-                 fc=None):
+    def __init__(self, loop, gen, method: str, reads: str):
+        entry, graphs, self.d2t = model_drafter(loop, gen, method)
         self.num_modules = min(len(graphs), loop.k)  # modules past k never run
         self.graphs = graphs[:self.num_modules]
-        self.config, self.reads, self.d2t, self.fc = config, reads, d2t, fc
-        self.k = loop.k
+        self.reads, self.k = reads, loop.k
+        self.fc = gen.graphs.device_function(entry.fc_graph) if entry.fc_graph else None
         self.width = loop.k + self.num_modules  # catch-up rows per step: accepted + N
-        self.caches = [loop.new_cache(config) for _ in self.graphs]
+        self.caches = [loop.new_cache(entry.config) for _ in self.graphs]
         # the first module's hidden input per position (fc applied: Eagle3)
-        self.hist = torch.zeros(loop.slots, loop.length, config.hidden_size,
+        self.hist = torch.zeros(loop.slots, loop.length, entry.config.hidden_size,
                                 dtype=loop.dtype, device=loop.device)
         self.start = torch.zeros(loop.slots, dtype=torch.long, device=loop.device)
 
@@ -222,3 +235,43 @@ class HeadDrafts(DeviceDrafter):
         # committed rows of module i: n_old - 1 - i; the next step catches up from the least
         nxt = (n_old - self.num_modules).clamp(min=0)
         self.start[:nb] = torch.where(active, nxt, self.start[:nb])
+
+
+class UploadedDrafts(DeviceDrafter):
+    """The device face of a method whose proposer drafts on the host (suffix, hybrid, auto:
+    runtime/device/host_drafts.py uploads each row's drafts and length into `table`); a row
+    whose source is the proposer's model head takes that head's drafts here (head: its device
+    face, or None)."""
+
+    def __init__(self, loop, head: DeviceDrafter | None):
+        self.head, self.k = head, loop.k
+        self.num_modules = getattr(head, "num_modules", 0)
+        # [slots, k + 2]: the drafts | their length | 1 where the device head drafts the row
+        self.table = torch.zeros(loop.slots, loop.k + 2, dtype=torch.long, device=loop.device)
+
+    @property
+    def hist(self):
+        """The head's hidden rows (a prefix-cache hit copies them: prefill.py copy_slot)."""
+        return getattr(self.head, "hist", None)
+
+    def read(self, loop, lo, hi, new, past, q, rows):
+        if self.head is not None:
+            self.head.read(loop, lo, hi, new, past, q, rows)
+
+    def prefill(self, loop, lo, hi, new, prompt_len, rows=None):
+        if self.head is not None:
+            self.head.prefill(loop, lo, hi, new, prompt_len, rows)
+
+    def propose(self, loop, nb):
+        k = self.k
+        tokens, length = self.table[:nb, :k], self.table[:nb, k]
+        if self.head is not None:
+            head, _ = self.head.propose(loop, nb)
+            tokens = torch.where(self.table[:nb, k + 1, None].bool(), head, tokens)
+        cols = torch.arange(k, device=tokens.device)
+        valid = (cols[None] < length[:, None]) & loop.state.active[:nb, None]
+        return torch.where(valid, tokens, 0), valid
+
+    def commit(self, loop, nb, n_old, accepted, rows):
+        if self.head is not None:
+            self.head.commit(loop, nb, n_old, accepted, rows)

@@ -1,5 +1,5 @@
 """Host drafts on the device executor: the methods whose drafter lives on the host (suffix,
-hybrid, auto: the registry's device trait "host-drafts", runtime/methods.py) run their step
+hybrid, auto: the registry's Method.host_drafts, runtime/methods.py) run their step
 on the device loop (runtime/device/loop.py) as the other methods do; only the drafting is
 the host's.
 
@@ -9,8 +9,8 @@ the host's.
                               upload one [nb, k + 2] int64 table: tokens | length | head
     propose (device)          a row of the lookup takes its uploaded tokens; a row whose
                               source is the model head (hybrid, auto) takes the device head's
-                              drafts (runtime/device/drafters.py); slots past a row's length
-                              are invalid (never accepted)
+                              drafts (runtime/device/drafters.py UploadedDrafts: the methods'
+                              device face); slots past a row's length are invalid
     score, sample (device)    the target over [last, d1..dk] and the same verify as every
                               method (runtime/device/verify.py): drafter-invariant, so greedy
                               and seeded output equal the host executor's
@@ -35,14 +35,11 @@ import time
 import numpy as np
 import torch
 
-from trt_spec.runtime.device.drafters import DeviceDrafter
 from trt_spec.runtime.proposers.base import Drafts, Proposer
 from trt_spec.runtime.speculation.draft import Draft
 from trt_spec.runtime.speculation.planner import SpeculationPlanner, StepTimes, Verified
 from trt_spec.runtime.stream import Stream, count_drafted
 from trt_spec.runtime.verify import PLACEHOLDER
-
-HOST_DRAFTS = "host-drafts"  # the registry's device trait (runtime/methods.py Method.device)
 
 
 class HeadOnDevice(Proposer):
@@ -60,21 +57,21 @@ class HeadOnDevice(Proposer):
                       [None] * len(streams))
 
 
-def device_face(p: Proposer) -> Proposer:
+def host_proposer(p: Proposer) -> Proposer:
     """What drafts a device stream of p's method on the host: p itself where it has no model
     head (suffix); else a copy sharing p's lookup and per-stream state (released with p's, at
     Engine.release) with its head on the device (hybrid, auto)."""
     head = getattr(p, "head", None)
     if head is None:
         return p
-    face = copy.copy(p)
-    face.head, face.reads = HeadOnDevice(head), None
-    return face
+    copied = copy.copy(p)
+    copied.head, copied.reads = HeadOnDevice(head), None
+    return copied
 
 
 class HostDraftPlanner(SpeculationPlanner):
     """The engine's planner (its policy, acceptance, costs: everything it measures), drafting
-    with another proposer source: the device face of a method (device_face)."""
+    with another proposer source: a method's host_proposer."""
 
     def __init__(self, base: SpeculationPlanner, proposers):
         self.base, self.proposers = base, proposers
@@ -83,23 +80,17 @@ class HostDraftPlanner(SpeculationPlanner):
         return getattr(self.base, name)  # (read live: the engine may reconfigure its policy)
 
 
-class HostDrafts(DeviceDrafter):
-    """The device face of a host drafter: uploaded drafts, and the model head's on the device
-    for the rows whose source is the head."""
-
-    plans_on_host = True  # its rows' lengths: the engine's planner's (k_buckets.decode)
+class HostDrafts:
+    """The host's side of a host drafter on the device loop: its drafts each step, uploaded
+    into the loop's drafter (runtime/device/drafters.py UploadedDrafts: the method's device
+    face, which runs the model head for the rows whose source is the head)."""
 
     def __init__(self, loop, gen, method: str):
         host = gen.proposer(method)
-        self.face = device_face(host)
-        self.planner = HostDraftPlanner(gen.engine.planner, lambda _: self.face)
-        head = getattr(host, "head", None)
-        self.head: DeviceDrafter | None = None if head is None else loop._drafter(gen, head.name)
-        self.head_name = None if head is None else head.name
-        self.num_modules = getattr(self.head, "num_modules", 0)
-        self.k = loop.k
-        # [slots, k + 2]: the drafts | their length | 1 where the device head drafts the row
-        self.table = torch.zeros(loop.slots, loop.k + 2, dtype=torch.long, device=loop.device)
+        self.proposer = host_proposer(host)
+        self.planner = HostDraftPlanner(gen.engine.planner, lambda _: self.proposer)
+        self.head_name = getattr(getattr(host, "head", None), "name", None)
+        self.k, self.table = loop.k, loop.drafter.table
         self.draft_s = 0.0  # the host's drafting of the last step (seconds)
 
     # --- host: before and after the step ---------------------------------------------------
@@ -144,33 +135,4 @@ class HostDrafts(DeviceDrafter):
         self.planner.observe(streams, drafts, verified, StepTimes(*seconds))
         for s in streams:
             if not s.finished and s.error is None:
-                self.face.commit(s)
-
-    # --- device: the drafter's face of the loop --------------------------------------------
-
-    @property
-    def hist(self):
-        """The head's hidden rows (a prefix-cache hit copies them: prefill.py copy_slot)."""
-        return getattr(self.head, "hist", None)
-
-    def read(self, loop, lo, hi, new, past, q, rows):
-        if self.head is not None:
-            self.head.read(loop, lo, hi, new, past, q, rows)
-
-    def prefill(self, loop, lo, hi, new, prompt_len, rows=None):
-        if self.head is not None:
-            self.head.prefill(loop, lo, hi, new, prompt_len, rows)
-
-    def propose(self, loop, nb):
-        k = self.k
-        tokens, length = self.table[:nb, :k], self.table[:nb, k]
-        if self.head is not None:
-            head, _ = self.head.propose(loop, nb)
-            tokens = torch.where(self.table[:nb, k + 1, None].bool(), head, tokens)
-        cols = torch.arange(k, device=tokens.device)
-        valid = (cols[None] < length[:, None]) & loop.state.active[:nb, None]
-        return torch.where(valid, tokens, 0), valid
-
-    def commit(self, loop, nb, n_old, accepted, rows):
-        if self.head is not None:
-            self.head.commit(loop, nb, n_old, accepted, rows)
+                self.proposer.commit(s)

@@ -80,7 +80,7 @@ def plans_on_host(loop) -> bool:
     """A loop whose drafts the host's proposer makes (runtime/device/host_drafts.py): its
     proposer plans each row's length with the engine's planner and reports to it, and the
     loop runs at its k_max (a row's uploaded length caps it)."""
-    return getattr(loop.drafter, "plans_on_host", False)
+    return METHODS[loop.method].host_drafts
 
 
 def set_step_k(loop, streams: list, ks: list[int]) -> int:

@@ -48,9 +48,7 @@ from trt_spec.runtime import sampling_torch
 from trt_spec.runtime.device import k_buckets, prefill, prompt_logprobs
 from trt_spec.runtime.device import verify as device_verify
 from trt_spec.runtime.device.controls import DeviceControls
-from trt_spec.runtime.device.drafters import (DeviceDrafter, HeadDrafts, NgramDrafts,
-                                              VanillaDrafts)
-from trt_spec.runtime.device.host_drafts import HOST_DRAFTS, HostDrafts
+from trt_spec.runtime.device.host_drafts import HostDrafts
 from trt_spec.runtime.device.masks import DeviceMasks, guide_masks
 from trt_spec.runtime.stream import (StepMetrics, Stream, append, fail, finish_unsampled,
                                      prefill_chunks)
@@ -115,7 +113,9 @@ class DeviceLoop:
             start=torch.zeros(self.slots, dtype=torch.long, device=dev),
             cap=torch.full((self.slots,), k, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
-        self.drafter = self._drafter(gen, method)
+        self.drafter = METHODS[method].device_drafter(self, gen)  # runtime/methods.py
+        # a host drafter's drafts, made on the host each step (runtime/device/host_drafts.py)
+        self.hosted = HostDrafts(self, gen, method) if METHODS[method].host_drafts else None
         self.any_sampled, self.filtered, self.controlled, self.guided = (False,) * 4
         self.controls: DeviceControls | None = None  # made for the first request with one
         self.masks: DeviceMasks | None = None  # made for the first guided request
@@ -132,25 +132,6 @@ class DeviceLoop:
         shape = (self.slots, config.num_kv_heads, self.length + 1, config.head_dim)
         return [torch.zeros(shape, dtype=self.dtype, device=self.device)
                 for _ in range(2 * config.num_layers)]
-
-    def _drafter(self, gen, method: str) -> DeviceDrafter | None:
-        kind = METHODS[method].device
-        if kind == "plain":
-            return None
-        if kind == HOST_DRAFTS:  # the host proposer drafts; uploaded (host_drafts.py)
-            return HostDrafts(self, gen, method)
-        if kind == "lookup":
-            c = gen.speculation
-            return NgramDrafts(self.k, c.ngram_min, c.ngram_max)
-        entry = gen.drafters[method]
-        vocab = gen.vocab(entry)
-        d2t = (None if vocab is None else
-               torch.from_numpy(vocab.draft_to_target).to(self.device))
-        graphs = [gen.step_graph(g, entry.config) for g in entry.graphs]
-        if kind == "draft":
-            return VanillaDrafts(self, graphs[0], entry.config, d2t)
-        fc = gen.graphs.device_function(entry.fc_graph) if entry.fc_graph else None
-        return HeadDrafts(self, graphs, entry.config, METHODS[method].reads, d2t, fc)
 
     def forward(self, graph, cache: list[torch.Tensor], lo: int, hi: int, ids: torch.Tensor,
                 past: torch.Tensor, q: torch.Tensor, logits_index: torch.Tensor,
@@ -196,9 +177,6 @@ class DeviceLoop:
         position = torch.zeros(hi - lo, 1, dtype=torch.long, device=self.device)
         return self.tokens(logits, slice(lo, hi), position)[:, 0]
 
-    def target_outputs(self) -> list[str]:
-        return list(self.target.outputs)
-
     def tokens(self, logits: torch.Tensor, slots: slice, position: torch.Tensor,
                ids: torch.Tensor | None = None) -> torch.Tensor:
         """The token of each row of logits [B, R, V'] of `slots` at output positions
@@ -239,7 +217,7 @@ class DeviceLoop:
         index = torch.arange(self.width, device=self.device).expand(nb, -1)
         res = self.forward(self.target, self.cache, 0, nb, ids, (n - 1).clamp(min=0), q, index)
         out["logits"] = res[0]
-        out["rows"] = dict(zip(self.target_outputs(), res[1:]))
+        out["rows"] = dict(zip(self.target.outputs, res[1:]))
 
     def _sample(self, nb: int, out: dict) -> None:
         s = self.state
@@ -440,7 +418,7 @@ class DeviceExecutor:
         loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
         loop.controlled = any(s.params.controls for s in streams)
         loop.guided = guide_masks(loop, streams) is not None
-        hosted = loop.drafter if isinstance(loop.drafter, HostDrafts) else None
+        hosted = loop.hosted
         drafts = hosted.draft(loop, streams) if hosted else None  # uploaded
         host, seconds, logits = loop.step(max(s.slot for s in streams) + 1)
         if hosted:

@@ -158,7 +158,7 @@ def read(loop, chunks: list[tuple[Stream, int]]) -> list[tuple[Stream, int, torc
     if every:
         prompt_logprobs.record(chunks, lo, out[0])
     last = out[0][:, -1:]  # (b, 1, V) each stream's last row of this chunk
-    rows = dict(zip(loop.target_outputs(), out[1:]))
+    rows = dict(zip(loop.target.outputs, out[1:]))
     if loop.drafter is not None:
         loop.drafter.read(loop, lo, hi, q_d > 0, past_d, q_d, rows)
     for st, n in chunks:
