@@ -42,8 +42,8 @@ class DeviceDrafter:
         slots it read, their q [B] rows at positions past [B] ..; rows: the target's
         per-token outputs [B, T, D] (runtime/device/prefill.py)."""
 
-    def prefill(self, loop, lo: int, hi: int, new: torch.Tensor, prompt_len: torch.Tensor,
-                rows=None) -> None:
+    def prefill(self, loop, lo: int, hi: int, new: torch.Tensor, prompt_len: torch.Tensor
+                ) -> None:
         """After the target's prefill of slots [lo, hi) (its last chunk): new [B] the slots
         whose prompts are now read, prompt_len [B]."""
 
@@ -113,7 +113,7 @@ class VanillaDrafts(DeviceDrafter):
         self.cache = loop.new_cache(entry.config)
         self.fed = torch.zeros(loop.slots, dtype=torch.long, device=loop.device)  # rows held
 
-    def prefill(self, loop, lo, hi, new, prompt_len, rows):
+    def prefill(self, loop, lo, hi, new, prompt_len):
         # the prompt but its last token (the first step feeds it with the first new token)
         q = torch.where(new, (prompt_len - 1).clamp(min=0), 0)
         t = int(q.max())
@@ -192,7 +192,7 @@ class HeadDrafts(DeviceDrafter):
                           loop.length - 1).clamp(max=loop.length - 1)
         self.hist[lo:hi].scatter_(1, pos[..., None].expand_as(h), h)
 
-    def prefill(self, loop, lo, hi, new, prompt_len, rows=None):
+    def prefill(self, loop, lo, hi, new, prompt_len):
         # rows every module may commit now: p + N <= P - 1 + 1 (module docstring)
         s0 = torch.where(new, (prompt_len - self.num_modules).clamp(min=0), 0)
         width = int(s0.max())
@@ -258,9 +258,9 @@ class UploadedDrafts(DeviceDrafter):
         if self.head is not None:
             self.head.read(loop, lo, hi, new, past, q, rows)
 
-    def prefill(self, loop, lo, hi, new, prompt_len, rows=None):
+    def prefill(self, loop, lo, hi, new, prompt_len):
         if self.head is not None:
-            self.head.prefill(loop, lo, hi, new, prompt_len, rows)
+            self.head.prefill(loop, lo, hi, new, prompt_len)
 
     def propose(self, loop, nb):
         k = self.k

@@ -91,7 +91,6 @@ class DeviceLoop:
         self.target = gen.target
         self.device = torch.device(gen.graphs.device)  # a DeviceGraphs (runtime/executors.py backend_reason)
         self.dtype = gen.graphs.dtype
-        self.config = gen.config
         self.vocab_size = gen.config.vocab_size
         self.slots = gen.cache.slots
         self.max_len = gen.cache.max_len
@@ -163,7 +162,7 @@ class DeviceLoop:
                      ) -> torch.Tensor:
         """Each prefilled stream's first token from logits [B, 1, V] (slots lo..), after its
         controls: the argmax, or the race of its seed at output position 0 (the host
-        executor's token, runtime/race.py)."""
+        executor's token, runtime/race.py), drawn as sample_for(streams) set."""
         s = self.state
         hi = lo + logits.shape[0]
         if any(st.guide is not None for st in streams):  # its grammar's first row (masks.py)
@@ -171,11 +170,15 @@ class DeviceLoop:
         if any(st.params.controls for st in streams):
             logits = self.controls.apply(logits, lo, hi, None, sampling_torch.temperature_or_one(
                 s.temperature[lo:hi], s.greedy[lo:hi]))
+        position = torch.zeros(hi - lo, 1, dtype=torch.long, device=self.device)
+        return self.tokens(logits, slice(lo, hi), position)[:, 0]
+
+    def sample_for(self, streams: list[Stream]) -> None:
+        """Sets how the next tokens of `streams` are drawn (`tokens`; a step's graphs' key):
+        whether any of them samples, whether any filters by top-k / top-p."""
         sampled = [st.params for st in streams if not st.params.greedy]
         self.any_sampled = bool(sampled)
         self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
-        position = torch.zeros(hi - lo, 1, dtype=torch.long, device=self.device)
-        return self.tokens(logits, slice(lo, hi), position)[:, 0]
 
     def tokens(self, logits: torch.Tensor, slots: slice, position: torch.Tensor,
                ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -413,9 +416,7 @@ class DeviceExecutor:
     def decode(self, loop: DeviceLoop, streams: list[Stream], m: StepMetrics) -> list[Verified]:
         """One step of `streams`: every running stream of `loop` (its graphs' key: its k
         bucket, whether any samples, any filters) -> what each verified."""
-        sampled = [s.params for s in streams if not s.params.greedy]
-        loop.any_sampled = bool(sampled)
-        loop.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        loop.sample_for(streams)
         loop.controlled = any(s.params.controls for s in streams)
         loop.guided = guide_masks(loop, streams) is not None
         hosted = loop.hosted

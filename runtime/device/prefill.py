@@ -190,6 +190,7 @@ def first(loop, streams: list[Stream], lo: int, logits: torch.Tensor, prompt_len
     for st in streams if loop.controls is not None else ():
         if loop.controls.admit(st):  # the masks' tensors made or grown: new addresses
             loop.graphs.clear()
+    loop.sample_for(streams)
     tokens = loop.first_tokens(streams, lo, logits)
     if loop.controls is not None:
         loop.controls.count(lo, hi, tokens[:, None], done[:, None])
@@ -197,7 +198,7 @@ def first(loop, streams: list[Stream], lo: int, logits: torch.Tensor, prompt_len
     s.seq[lo:hi].scatter_(1, at[:, None], tokens[:, None])
     s.n[lo:hi] = torch.where(done, prompt_len + 1, s.n[lo:hi])
     if loop.drafter is not None:
-        loop.drafter.prefill(loop, lo, hi, done, prompt_len, None)
+        loop.drafter.prefill(loop, lo, hi, done, prompt_len)
     return tokens.cpu().numpy()
 
 
