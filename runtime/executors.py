@@ -49,10 +49,8 @@ def backend_reason(gen) -> str | None:
     return None
 
 
-def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | None:
-    """Why the device executor does not take s (the host does), or None when it does.
-    prefill_budget: the scheduler's prompt tokens per step (either executor reads a longer
-    prompt in chunks)."""
+def fallback_reason(gen, s: Stream) -> str | None:
+    """Why the device executor does not take s (the host does), or None when it does."""
     why = backend_reason(gen)
     if why is not None:
         return why
@@ -65,21 +63,21 @@ def fallback_reason(gen, s: Stream, prefill_budget: int | None = None) -> str | 
     return None
 
 
-def choose(gen, s: Stream, prefill_budget: int | None = None) -> None:
+def choose(gen, s: Stream) -> None:
     """Sets s.executor (and s.fallback: why not the device, where the device was wanted)."""
     s.executor, s.fallback = HOST, None
     if device_wanted(gen):
-        s.fallback = fallback_reason(gen, s, prefill_budget)
+        s.fallback = fallback_reason(gen, s)
         if s.fallback is None:
             s.executor = DEVICE
 
 
-def admit(gen, s: Stream, source: Stream | None, prefill_budget: int | None) -> None:
+def admit(gen, s: Stream, source: Stream | None) -> None:
     """Chooses s's executor and gives s a KV slot. A choice i > 0 starts from choice 0's
     prompt rows (source: Engine.fork, or the device's slot copy when both run there) and a
     prompt may start from a kept slot's rows (the prefix cache: the host's slots, or the
     device loop's own caches, runtime/device/prefill.py)."""
-    choose(gen, s, prefill_budget)
+    choose(gen, s)
     if s.executor == DEVICE:
         gen.engine.admit(s, reuse=False)
         gen.device_executor.admit(s, source if source and source.executor == DEVICE else None)

@@ -156,20 +156,14 @@ class Method:
     # (loader, entry or None) -> Proposer; imports its proposer when called
     make: Callable[["DrafterLoader", "DrafterEntry | None"], "Proposer"] | None = field(
         default=None, compare=False)
-    # its device face: (loop, gen, Method) -> what drafts it on the device executor's loop
+    # its device face: (loop, gen, name) -> what drafts it on the device executor's loop
     # (runtime/device/drafters.py; None: nothing, plain decoding); imports torch when called.
     # None: the method runs on the host executor only
     device: Callable[..., "DeviceDrafter | None"] | None = field(default=None, compare=False)
 
     @property
-    def host_drafts(self) -> bool:
-        """Its proposer drafts on the host for the device loop too, the drafts uploaded (a
-        model head it picks runs on the device): runtime/device/host_drafts.py."""
+    def host_drafts(self) -> bool:  # its proposer drafts for the device loop too (uploaded)
         return self.device is _host_drafts
-
-    def device_drafter(self, loop, gen) -> "DeviceDrafter | None":
-        assert self.device is not None, self.name
-        return self.device(loop, gen, self)
 
     @property
     def speculative(self) -> bool:
@@ -268,34 +262,34 @@ def _eagle3(loader, entry):
 # --- device faces (lazy imports: torch where a device loop is made; runtime/device/drafters.py
 # imports nothing of the runtime, so no import cycle runs through this registry) -------------
 
-def _plain(loop, gen, m):
+def _plain(loop, gen, name):
     return None  # the loop's step drafts nothing
 
 
-def _lookup(loop, gen, m):
+def _lookup(loop, gen, name):
     from trt_spec.runtime.device.drafters import NgramDrafts
 
     return NgramDrafts(loop, gen.speculation)
 
 
-def _draft_model(loop, gen, m):
+def _draft_model(loop, gen, name):
     from trt_spec.runtime.device.drafters import VanillaDrafts
 
-    return VanillaDrafts(loop, gen, m.name)
+    return VanillaDrafts(loop, gen, name)
 
 
-def _head(loop, gen, m):
+def _head(loop, gen, name):
     from trt_spec.runtime.device.drafters import HeadDrafts
 
-    return HeadDrafts(loop, gen, m.name, m.reads)
+    return HeadDrafts(loop, gen, name, METHODS[name].reads)
 
 
-def _host_drafts(loop, gen, m):
+def _host_drafts(loop, gen, name):
     from trt_spec.runtime.device.drafters import UploadedDrafts
 
-    head = getattr(gen.proposer(m.name), "head", None)  # hybrid's, auto's model drafter
+    head = getattr(gen.proposer(name), "head", None)  # hybrid's, auto's model drafter
     return UploadedDrafts(loop, None if head is None else
-                          METHODS[head.name].device_drafter(loop, gen))
+                          METHODS[head.name].device(loop, gen, head.name))
 
 
 PLAIN = "none"  # the method that drafts nothing: plain decoding

@@ -340,8 +340,7 @@ class Scheduler:
                     report.admitted.append(self._waiting.popleft())
         for r in report.admitted:
             try:
-                executors.admit(self.gen, r.stream, r.choices[0].stream if r.index else None,
-                                self.max_prefill_tokens)
+                executors.admit(self.gen, r.stream, r.choices[0].stream if r.index else None)
                 self._running.append(r)
             except Exception as e:  # noqa: BLE001 - e.g. a drafter graph that fails to load
                 if self._raise:

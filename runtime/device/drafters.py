@@ -14,11 +14,10 @@ with fixed shapes and no host round trip, from state kept on the device.
     UploadedDrafts a host drafter's (runtime/device/host_drafts.py): the uploaded drafts, or
                    its model head's (one of the above) where the head is the row's source
 
-Each is a method's device face (runtime/methods.py Method.device), made from its loop, the
-Generator and the method's name. Row p of a drafter cache sits at position p, as on the
-host. `propose` writes the drafts into `seq` at positions n .. n + k - 1 (scratch until
-verified), so a later module reads them as its input tokens. `commit(n_old, accepted)`
-moves the per-slot bookkeeping after verification.
+Each is a method's device face (runtime/methods.py Method.device). Row p of a drafter cache
+sits at position p, as on the host. `propose` writes the drafts into `seq` at positions
+n .. n + k - 1 (scratch until verified), so a later module reads them as its input tokens.
+`commit(n_old, accepted)` moves the per-slot bookkeeping after verification.
 
 A model drafter draws its draft j of a sampled stream as the race of the stream's seed at
 that output position over its own q (`pick`): the target's noise there, so the draft equals
@@ -33,8 +32,6 @@ import torch
 
 class DeviceDrafter:
     """What the loop asks of a drafter; `loop` is the DeviceLoop (state and helpers)."""
-
-    num_modules = 0  # N: head modules (0: none)
 
     def read(self, loop, lo: int, hi: int, new: torch.Tensor, past: torch.Tensor,
              q: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
@@ -238,14 +235,12 @@ class HeadDrafts(DeviceDrafter):
 
 
 class UploadedDrafts(DeviceDrafter):
-    """The device face of a method whose proposer drafts on the host (suffix, hybrid, auto:
-    runtime/device/host_drafts.py uploads each row's drafts and length into `table`); a row
-    whose source is the proposer's model head takes that head's drafts here (head: its device
-    face, or None)."""
+    """A host drafter's device face: each row's drafts and length, uploaded into `table` (by
+    runtime/device/host_drafts.py), or where the row's source is the proposer's model head
+    that head's drafts here (head: its device face, or None)."""
 
     def __init__(self, loop, head: DeviceDrafter | None):
         self.head, self.k = head, loop.k
-        self.num_modules = getattr(head, "num_modules", 0)
         # [slots, k + 2]: the drafts | their length | 1 where the device head drafts the row
         self.table = torch.zeros(loop.slots, loop.k + 2, dtype=torch.long, device=loop.device)
 

@@ -81,9 +81,8 @@ class HostDraftPlanner(SpeculationPlanner):
 
 
 class HostDrafts:
-    """The host's side of a host drafter on the device loop: its drafts each step, uploaded
-    into the loop's drafter (runtime/device/drafters.py UploadedDrafts: the method's device
-    face, which runs the model head for the rows whose source is the head)."""
+    """A host drafter's host side on the device loop: its drafts each step, uploaded into the
+    loop's drafter (its device face: runtime/device/drafters.py UploadedDrafts)."""
 
     def __init__(self, loop, gen, method: str):
         host = gen.proposer(method)
@@ -92,8 +91,6 @@ class HostDrafts:
         self.head_name = getattr(getattr(host, "head", None), "name", None)
         self.k, self.table = loop.k, loop.drafter.table
         self.draft_s = 0.0  # the host's drafting of the last step (seconds)
-
-    # --- host: before and after the step ---------------------------------------------------
 
     def draft(self, loop, streams: list[Stream]) -> list[Draft]:
         """The host proposer's drafts for this step of `streams`, uploaded."""
@@ -119,19 +116,10 @@ class HostDrafts:
                 row[:len(d)] = d.tokens
         self.table[:len(table)].copy_(torch.from_numpy(table))
 
-    def row(self, drafts: list[Draft], i: int, proposed: int) -> Draft:
-        """Stream i's draft as the device verified it (proposed: its valid drafts)."""
-        d = drafts[i]
-        if len(d) > proposed:
-            d.cut(proposed)
-        return d
-
-    def observe(self, streams: list[Stream], drafts: list[Draft], rows: list[np.ndarray],
+    def observe(self, streams: list[Stream], drafts: list[Draft], verified: list[Verified],
                 seconds: list[float]) -> None:
         """After the step: acceptance by source and the step's costs to the planner (as the
-        engine's Engine.decode records them); proposers told of each grown output. rows:
-        each stream's [tokens (k + 1) | accepted | proposed] from the device."""
-        verified = [Verified(int(r[-1]), int(r[-2]), r[:int(r[-2]) + 1]) for r in rows]
+        engine's Engine.decode records them); proposers told of each grown output."""
         self.planner.observe(streams, drafts, verified, StepTimes(*seconds))
         for s in streams:
             if not s.finished and s.error is None:

@@ -65,22 +65,18 @@ def decode(executor, streams: list, m) -> None:
     planner = executor.planner
     planner.follow(executor.gen.engine.planner.config)
     groups = executor.groups(streams)
-    own = [s for loop, group in groups if not plans_on_host(loop) for s in group]
+    # a host drafter's loop (loop.hosted: runtime/device/host_drafts.py) plans each row's
+    # length with the engine's planner and reports to it; it runs at its k_max (a row's
+    # uploaded length caps it)
+    own = [s for loop, group in groups if loop.hosted is None for s in group]
     ks = dict(zip(map(id, own), planner.plan(own, m))) if own else {}
     verified = {}
     for loop, group in groups:
-        if not plans_on_host(loop):
+        if loop.hosted is None:
             set_step_k(loop, group, [ks[id(s)] for s in group])
         verified.update(zip(map(id, group), executor.decode(loop, group, m)))
     if own:
         planner.report(own, [verified[id(s)] for s in own], m)
-
-
-def plans_on_host(loop) -> bool:
-    """A loop whose drafts the host's proposer makes (runtime/device/host_drafts.py): its
-    proposer plans each row's length with the engine's planner and reports to it, and the
-    loop runs at its k_max (a row's uploaded length caps it)."""
-    return METHODS[loop.method].host_drafts
 
 
 def set_step_k(loop, streams: list, ks: list[int]) -> int:

@@ -112,7 +112,7 @@ class DeviceLoop:
             start=torch.zeros(self.slots, dtype=torch.long, device=dev),
             cap=torch.full((self.slots,), k, dtype=torch.long, device=dev))
         self.cache = self.new_cache(gen.config)
-        self.drafter = METHODS[method].device_drafter(self, gen)  # runtime/methods.py
+        self.drafter = METHODS[method].device(self, gen, method)  # its device face
         # a host drafter's drafts, made on the host each step (runtime/device/host_drafts.py)
         self.hosted = HostDrafts(self, gen, method) if METHODS[method].host_drafts else None
         self.any_sampled, self.filtered, self.controlled, self.guided = (False,) * 4
@@ -440,8 +440,9 @@ class DeviceExecutor:
             s.stats.record(proposed, accepted)
             m.verified(proposed, accepted)
             step = s.stats.target_forwards - 1
-            sources = (hosted.row(drafts, i, proposed).sources(step, accepted, accepted + 1)
-                       if hosted else
+            if hosted:  # its draft as the device verified it: its valid drafts
+                drafts[i].cut(proposed)
+            sources = (drafts[i].sources(step, accepted, accepted + 1) if hosted else
                        step_sources(step, loop.method, proposed, accepted, accepted + 1))
             m.emitted_tokens += append(s, row[:accepted + 1].tolist(), self.gen.stops,
                                        host_rows(logits, s.slot, accepted + 1, s), sources)
@@ -450,7 +451,7 @@ class DeviceExecutor:
             if s.finished:
                 self.release(s)
         if hosted:  # acceptance by source and step costs, to the planner
-            hosted.observe(streams, drafts, rows, seconds)
+            hosted.observe(streams, drafts, verified, seconds)
         return verified
 
     def release(self, s: Stream, keep: bool = True) -> None:
