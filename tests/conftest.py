@@ -190,6 +190,25 @@ def tiny_vocab_engine(tiny_hf_dir, tmp_path_factory):
                                   draft_vocab="eagle3")
 
 
+@pytest.fixture(scope="module")
+def host_and_device():
+    """(engine, **options) -> {"host": LLM, "device": LLM}: one LLM per executor over engine
+    on the CPU torch backend (torch-cuda on device "cpu", no CUDA graphs), with the same
+    options; torch runs one thread for the module (a tiny model: more threads on a shared
+    machine only wait)."""
+    torch = pytest.importorskip("torch")
+    from trt_spec import LLM
+
+    def make(engine, **options) -> dict:
+        return {e: LLM(engine, executor=e, backend="torch-cuda", device="cpu", cuda_graphs=False,
+                       **options) for e in ("host", "device")}
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_draft(tiny_hf_dir, tmp_path_factory):
     """A 2-layer draft in our drafter format (layers 0 and 2 of the tiny target, every weight

@@ -8,13 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.device.k_buckets import bucket, buckets  # noqa: E402
 from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=6,
-               max_model_len=96)
+OPTIONS = dict(max_num_seqs=6, max_model_len=96)
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat the cat", "x y z"]
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=7, ignore_eos=True)
@@ -29,20 +27,16 @@ POLICIES = {  # name -> speculation settings
 
 
 @pytest.fixture(scope="module")
-def make(tiny_vocab_engine):
-    """(executor, policy) -> an LLM, made once."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def make(host_and_device, tiny_vocab_engine):
+    """(executor, policy) -> an LLM, made once (the policy's host and device pair)."""
     made = {}
 
     def get(executor, policy="default"):
-        if (executor, policy) not in made:
-            made[executor, policy] = LLM(tiny_vocab_engine, executor=executor,
-                                         **OPTIONS, **POLICIES[policy])
-        return made[executor, policy]
+        if policy not in made:
+            made[policy] = host_and_device(tiny_vocab_engine, **OPTIONS, **POLICIES[policy])
+        return made[policy][executor]
 
-    yield get
-    torch.set_num_threads(threads)
+    return get
 
 
 def both(make, params, method, k, policy="default"):

@@ -15,12 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=8,
-               max_model_len=64, spec_fallback=False)  # (drafts on every step: masked rows)
+# (spec_fallback off: drafts on every step, so every step masks drafted rows)
+OPTIONS = dict(max_num_seqs=8, max_model_len=64, spec_fallback=False)
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat", "x y z"]
 METHODS = [("none", None), ("ngram", 3), ("vanilla", 2), ("mtp", 3), ("eagle", 2),
            ("eagle3", 3)]
@@ -33,11 +32,8 @@ STRUCTURES = {
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_vocab_engine):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
-    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
-    torch.set_num_threads(threads)
+def llms(host_and_device, tiny_vocab_engine):
+    return host_and_device(tiny_vocab_engine, **OPTIONS)
 
 
 def both(llms, params, method="none", k=None):

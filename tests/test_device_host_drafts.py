@@ -8,12 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.methods import METHODS, Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=10,
-               max_model_len=96)
+OPTIONS = dict(max_num_seqs=10, max_model_len=96)
 # repeating prompts: the lookups find drafts in them
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat the cat", "x y z x y z x y z x"]
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
@@ -22,11 +20,8 @@ CASES = [("suffix", 3), ("suffix", 1), ("hybrid", 2), ("hybrid", 3), ("auto", 3)
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_vocab_engine):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
-    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
-    torch.set_num_threads(threads)
+def llms(host_and_device, tiny_vocab_engine):
+    return host_and_device(tiny_vocab_engine, **OPTIONS)
 
 
 def both(llms, params, method, k, prompts=PROMPTS):
@@ -56,13 +51,13 @@ def test_seeded_sampled_output_equals_the_host_executors(llms, method, k):
     assert [o.token_ids for o in device] == [o.token_ids for o in host]
 
 
-def test_the_model_head_a_proposer_picks_drafts_on_the_device(tiny_vocab_engine):
+def test_the_model_head_a_proposer_picks_drafts_on_the_device(host_and_device,
+                                                              tiny_vocab_engine):
     """Where the lookup finds too little (fresh prompts, fresh engines), hybrid picks its head
     (mtp): the device head fills the host's placeholder rows, verified as the others."""
     fresh = ["one two three four", "five six seven eight nine", "ten eleven"]
-    host, device = (LLM(tiny_vocab_engine, executor=e, **OPTIONS).generate(
-        fresh, GREEDY, method="hybrid", num_draft_tokens=3, chat=False)
-        for e in ("host", "device"))
+    host, device = both(host_and_device(tiny_vocab_engine, **OPTIONS), GREEDY, "hybrid", 3,
+                        fresh)
     assert [o.token_ids for o in device] == [o.token_ids for o in host]
     assert {o.metrics.executor for o in device} == {"device"}
     assert any("mtp" in o.metrics.drafted_by for o in device)

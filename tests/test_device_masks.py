@@ -11,22 +11,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.device.controls import DeviceControls  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams, process_logits  # noqa: E402
 
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=6,
-               max_model_len=96)
+OPTIONS = dict(max_num_seqs=6, max_model_len=96)
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat the cat"]
 CASES = [("none", None), ("ngram", 3), ("mtp", 3), ("eagle3", 3), ("suffix", 3)]
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_vocab_engine):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
-    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
-    torch.set_num_threads(threads)
+def llms(host_and_device, tiny_vocab_engine):
+    return host_and_device(tiny_vocab_engine, **OPTIONS)
 
 
 @pytest.fixture(scope="module")

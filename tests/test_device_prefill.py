@@ -10,12 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=6,
-               max_model_len=96, max_prefill_tokens=8)
+OPTIONS = dict(max_num_seqs=6, max_model_len=96, max_prefill_tokens=8)
 WORDS = "the cat sat on the mat and a b c a b c x y z the dog ran in the sun".split()
 LONG = " ".join(WORDS * 2)  # past 8 prompt tokens: read in chunks
 OTHER = " ".join(WORDS * 2 + ["z", "y", "x"])  # shares LONG's tokens but for the last one
@@ -25,11 +23,8 @@ CASES = [("none", None), ("ngram", 3), ("vanilla", 2), ("mtp", 3), ("eagle3", 3)
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_vocab_engine):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
-    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
-    torch.set_num_threads(threads)
+def llms(host_and_device, tiny_vocab_engine):
+    return host_and_device(tiny_vocab_engine, **OPTIONS)
 
 
 def forget(llm):

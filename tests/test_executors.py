@@ -12,24 +12,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trt_spec import LLM  # noqa: E402
 from trt_spec.runtime.methods import Speculation  # noqa: E402
 from trt_spec.runtime.sampling import SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONS = dict(backend="torch-cuda", device="cpu", cuda_graphs=False, max_num_seqs=10,
-               max_model_len=96)
+OPTIONS = dict(max_num_seqs=10, max_model_len=96)
 PROMPTS = ["a b c a b c a b", "the cat sat on the mat the cat", "x y z"]
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=7, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def llms(tiny_vocab_engine):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads on a shared machine only wait
-    yield {e: LLM(tiny_vocab_engine, executor=e, **OPTIONS) for e in ("host", "device")}
-    torch.set_num_threads(threads)
+def llms(host_and_device, tiny_vocab_engine):
+    return host_and_device(tiny_vocab_engine, **OPTIONS)
 
 
 @pytest.mark.parametrize("method,k", [("none", None), ("ngram", 3), ("vanilla", 2),
