@@ -87,3 +87,12 @@ def test_a_target_on_huge_pages_gives_bitwise_the_same_steps(tiny_engine_int4,
 
     for got, want in zip(steps("1"), steps("0"), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_grown_takes_new_ranges_and_refilled_mappings():
+    mb = 1 << 20
+    before = {(0, 64 * mb): 4 * mb, (100 * mb, 110 * mb): 1 * mb}
+    after = {(0, 64 * mb): 40 * mb,  # freed memory given out again: the whole mapping
+             (100 * mb, 120 * mb): 2 * mb,  # grew by 10 MiB, 1 MiB more resident: the growth
+             (200 * mb, 210 * mb): 10 * mb}  # new
+    assert hp.grown(before, after) == [(0, 64 * mb), (110 * mb, 120 * mb), (200 * mb, 210 * mb)]

@@ -10,8 +10,8 @@ slowest), and 11.4-11.8 on 2 MiB pages, alike for every session.
 The machine's default (`/sys/kernel/mm/transparent_hugepage/enabled` = madvise) gives huge
 pages only to memory that asks for them. So a session is made inside `huge_pages()`: the
 process's writable anonymous mappings (and the heap) are listed before and after, and what the
-session added is marked MADV_HUGEPAGE and collapsed into huge pages at once (MADV_COLLAPSE,
-Linux 6.1+). Nothing else of the process is touched, the contents stay the same (the outputs
+session added (new ranges, and mappings it refilled with a huge page or more) is marked
+MADV_HUGEPAGE and collapsed into huge pages at once (MADV_COLLAPSE, Linux 6.1+). Nothing else of the process is touched, the contents stay the same (the outputs
 are bitwise those without it), and the cost is the collapse's copy at load (~0.1-0.7 s for
 SmolLM2-135M) and up to 2 MiB of rounding per mapping. Where the kernel lacks it, or
 TRT_SPEC_HUGE_PAGES=0, nothing is done and the load reports 0 bytes.
@@ -36,15 +36,20 @@ def enabled() -> bool:
     return sys.platform.startswith("linux") and os.environ.get("TRT_SPEC_HUGE_PAGES", "1") != "0"
 
 
-def writable_anonymous(maps: str = "/proc/self/maps") -> list[Range]:
-    """The process's writable private mappings that no file backs (malloc's mmaps, the heap)."""
-    out = []
-    with open(maps) as f:
+def writable_anonymous(smaps: str = "/proc/self/smaps") -> dict[Range, int]:
+    """The process's writable private mappings that no file backs (malloc's mmaps, the heap)
+    -> their resident anonymous bytes."""
+    out: dict[Range, int] = {}
+    current = None
+    with open(smaps) as f:
         for line in f:
             fields = line.split()
-            if fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]"):
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                out.append((lo, hi))
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+                anonymous = len(fields) == 5 or fields[5] == "[heap]"
+                current = (tuple(int(x, 16) for x in fields[0].split("-"))
+                           if fields[1] == "rw-p" and anonymous else None)
+            elif current is not None and fields[0] == "Anonymous:":
+                out[current] = int(fields[1]) * 1024
     return out
 
 
@@ -60,6 +65,17 @@ def added(before: list[Range], after: list[Range]) -> list[Range]:
                        [q for q in ((a, blo), (bhi, b)) if q[0] < q[1]])]
         out += pieces
     return out
+
+
+def grown(before: dict[Range, int], after: dict[Range, int]) -> list[Range]:
+    """What a session's allocations went into: the address ranges it added, and whole
+    mappings that were there before and now hold at least a huge page more resident memory
+    (freed memory malloc gave it again, as the heap's)."""
+    resident = {lo: anon for (lo, _), anon in before.items()}
+    refilled = [(lo, hi) for (lo, hi), anon in after.items()
+                if lo in resident and anon - resident[lo] >= HUGE]
+    return refilled + [r for r in added(list(before), list(after))
+                       if not any(lo <= r[0] and r[1] <= hi for lo, hi in refilled)]
 
 
 def collapse(ranges: list[Range]) -> int:
@@ -88,4 +104,4 @@ def huge_pages():
         return
     before = writable_anonymous()
     yield report
-    report[0] = collapse(added(before, writable_anonymous()))
+    report[0] = collapse(grown(before, writable_anonymous()))
