@@ -19,6 +19,7 @@ them all on 4 KiB pages. Variants:
 - ours-in-memory: the same graph serialized with its weights (no external data);
 - ours-plain-head: also without the head's top-k rescoring (logits = the 4-bit head);
 - ours-logits-only: also without the hidden_states / eagle3_features outputs;
+- ours-no-zero-points: ours with MatMulNBits' zero points dropped (timing only);
 - ours-big-cache: ours with the runtime's max-length cache buffer (--max-len) instead of
   past + 16 rows (theirs: onnxruntime-genai sizes it to the request).
 """
@@ -84,6 +85,20 @@ def without_outputs(model, names):
     kept = [o for o in out.graph.output if o.name not in names]
     del out.graph.output[:]
     out.graph.output.extend(kept)
+    drop_dead(out.graph)
+    return out
+
+
+def without_zero_points(model):
+    """A copy with every MatMulNBits' zero points dropped (symmetric codes: for timing only,
+    its outputs differ)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        if node.op_type == "MatMulNBits" and len(node.input) > 3:
+            del node.input[3:]
     drop_dead(out.graph)
     return out
 
@@ -169,6 +184,8 @@ def variants(engine: Path, theirs: Path, past: int, max_len: int, pool: str) -> 
         "ours-plain-head": Step(session(head.SerializeToString()), past, rows, hd),
         "ours-logits-only": Step(session(only.SerializeToString()), past, rows, hd),
         "ours-big-cache": Step(session(free), past, max_len, hd),
+        "ours-no-zero-points": Step(session(without_zero_points(
+            onnx.load_from_string(free)).SerializeToString()), past, rows, hd),
         # second copies: how far two sessions of one graph differ (placement, noise)
         "theirs-2": Step(session(str(theirs / "model.onnx")), past, rows, hd),
         "ours-2": Step(session(free), past, rows, hd),
