@@ -12,8 +12,8 @@ pages only to memory that asks for them. So a session is made inside `huge_pages
 process's writable anonymous mappings (and the heap) are listed before and after, and what the
 session added (new ranges, and mappings it refilled with a huge page or more) is marked
 MADV_HUGEPAGE and collapsed into huge pages at once (MADV_COLLAPSE, Linux 6.1+). Nothing else of the process is touched, the contents stay the same (the outputs
-are bitwise those without it), and the cost is the collapse's copy at load (~0.1-0.7 s for
-SmolLM2-135M) and up to 2 MiB of rounding per mapping. Where the kernel lacks it, or
+are bitwise those without it), and the cost is the collapse's copy at load (a SmolLM2-135M
+generator, drafters included, loaded in 2.8 s against 2.0, its RSS the same 255 MB). Where the kernel lacks it, or
 TRT_SPEC_HUGE_PAGES=0, nothing is done and the load reports 0 bytes.
 """
 
