@@ -11,7 +11,7 @@ made alike: --pool global as the runtime makes them (make_session: the process-w
 --pool session as onnxruntime-genai does (default options, a one-thread pool of its own);
 ORT allows one of the two in a process, so the harness is compared by the ratio. Every
 session's memory is collapsed onto huge pages (runtime/backends/huge_pages.py; on 4 KiB pages
-the order the sessions were made in moved a step by up to 10%), TRT_SPEC_HUGE_PAGES=0 leaves
+the order the sessions were made in moved a step by 7-14%), TRT_SPEC_HUGE_PAGES=0 leaves
 them all on 4 KiB pages. Variants:
 - theirs: their model.onnx;
 - ours: our target without attention rows, loaded as fast decoding loads it (rewritten,
@@ -115,6 +115,7 @@ def genai_session(source, folder: Path | None = None) -> ort.InferenceSession:
 
 
 def _ours_bytes(source: bytes) -> ort.InferenceSession:
+    """make_session's options for a graph serialized with its weights (no engine folder)."""
     opts = ort.SessionOptions()
     opts.use_per_session_threads = False  # the process-wide pool make_session set up
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -56,11 +56,17 @@ def test_memory_allocated_inside_goes_onto_huge_pages(monkeypatch):
     assert block[:4] == b"\1\1\1\1" and block[size - 1] == 1  # contents kept
 
 
-def test_switched_off_by_the_environment(monkeypatch):
+def test_switched_off_by_the_environment_or_for_a_small_graph(monkeypatch):
     monkeypatch.setenv("TRT_SPEC_HUGE_PAGES", "0")
     with hp.huge_pages() as collapsed:
         block = bytearray(8 << 20)
     assert collapsed == [0] and len(block) == 8 << 20
+    assert not hp.worth_it(1 << 30)
+    monkeypatch.delenv("TRT_SPEC_HUGE_PAGES")
+    assert not hp.worth_it(hp.MIN_BYTES - 1) and hp.worth_it(hp.MIN_BYTES) == hp.enabled()
+    with hp.huge_pages(wanted=False) as collapsed:
+        block = bytearray(8 << 20)
+    assert collapsed == [0]
 
 
 def test_a_target_on_huge_pages_gives_bitwise_the_same_steps(tiny_engine_int4,
@@ -74,6 +80,8 @@ def test_a_target_on_huge_pages_gives_bitwise_the_same_steps(tiny_engine_int4,
 
     config = load_manifest(tiny_engine_int4).config
     path = tiny_engine_int4 / "target.onnx"
+
+    monkeypatch.setattr(hp, "MIN_BYTES", 0)  # the tiny graph too
 
     def steps(huge: str):
         monkeypatch.setenv("TRT_SPEC_HUGE_PAGES", huge)

@@ -28,12 +28,20 @@ from contextlib import contextmanager
 HUGE = 2 << 20  # bytes in an x86-64 / arm64 (4 KiB granule) huge page
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
 
+MIN_BYTES = 16 << 20  # a graph's files below this stay on 4 KiB pages (worth < a few TLB misses)
+
 Range = tuple[int, int]  # [lo, hi) virtual addresses
 
 
 def enabled() -> bool:
     """Linux, and not switched off by TRT_SPEC_HUGE_PAGES=0."""
     return sys.platform.startswith("linux") and os.environ.get("TRT_SPEC_HUGE_PAGES", "1") != "0"
+
+
+def worth_it(graph_bytes: int) -> bool:
+    """Whether a graph of `graph_bytes` (its files, external data included) gets huge pages:
+    listing the mappings costs ~10-20 ms a session, which a tiny graph cannot win back."""
+    return enabled() and graph_bytes >= MIN_BYTES
 
 
 def writable_anonymous(smaps: str = "/proc/self/smaps") -> dict[Range, int]:
@@ -95,11 +103,11 @@ def collapse(ranges: list[Range]) -> int:
 
 
 @contextmanager
-def huge_pages():
+def huge_pages(wanted: bool = True):
     """Memory allocated inside the block goes onto huge pages at its end; yields a list that
-    then holds the bytes collapsed (module docstring)."""
+    then holds the bytes collapsed (module docstring). wanted False: nothing is done."""
     report = [0]
-    if not enabled():
+    if not (wanted and enabled()):
         yield report
         return
     before = writable_anonymous()
