@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from trt_spec.runtime.backends.huge_pages import huge_pages
 from trt_spec.runtime.backends.ort import _shared_pool
 from trt_spec.runtime.backends.rows_free import strip_attention_rows
 from trt_spec.runtime.graph_io import ATTENTION_MIN_ROWS
@@ -111,7 +112,8 @@ def session(source, profile: bool):
     opts.log_severity_level = 3
     opts.enable_profiling = profile
     opts.profile_file_prefix = "/tmp/lean_graph_profile"
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    with huge_pages():  # as make_session: every graph alike, whatever order they are made in
+        return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
 def variants(label: str, path: Path, min_rows: list[int]) -> list[tuple]:

@@ -15,6 +15,9 @@ C(N + 1) - C(1) over N, with C(n) the CPU time of decoding n tokens greedily aft
 with --general, also fast-general and exact-general: the same generators with the engine's
 batch-1 plain path switched off (runtime/plain_step.py), every step through the general decode;
 and for ours, the share spent inside the ONNX Runtime session (the rest is the Python loop).
+Our sessions' memory is on huge pages (runtime/backends/huge_pages.py); fast-4k is fast with
+it left on 4 KiB pages, and onnxruntime-genai-huge is theirs with its session collapsed the
+same way (which it does not do itself).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_spec.runtime import plain_step
+from trt_spec.runtime.backends.huge_pages import huge_pages
 from trt_spec.runtime.generator import Generator
 from trt_spec.runtime.sampling import SamplingParams
 from trt_spec.runtime.scheduler import generate_ids
@@ -51,14 +56,20 @@ def timed_session(gen: Generator, label: str) -> None:
     gen.target.session.run_with_iobinding = timed
 
 
-def ortgenai_decoder(folder: Path):
-    """prompt ids, n -> decodes n tokens greedily with onnxruntime-genai at one thread."""
+def ortgenai_decoder(folder: Path, on_huge_pages: bool = False):
+    """prompt ids, n -> decodes n tokens greedily with onnxruntime-genai at one thread;
+    on_huge_pages: its session's memory collapsed onto huge pages as ours is
+    (runtime/backends/huge_pages.py), which onnxruntime-genai does not do itself."""
     import onnxruntime_genai as og
 
     config = og.Config(str(folder))
     one = {"session_options": {"intra_op_num_threads": 1, "inter_op_num_threads": 1}}
     config.overlay(json.dumps({"model": {"decoder": one}}))
-    model = og.Model(config)
+    if on_huge_pages:
+        with huge_pages():
+            model = og.Model(config)
+    else:
+        model = og.Model(config)
 
     def decode(ids: list[int], n: int) -> None:
         params = og.GeneratorParams(model)
@@ -78,12 +89,32 @@ def general_decode(*args) -> bool:
     return False
 
 
-def sides(engine: str, ortgenai: Path, general: bool = False) -> tuple[dict, Generator]:
-    """label -> (decode(ids, n), the generator whose session it times, or None)."""
+def small_pages_generator(engine: str) -> Generator:
+    """A fast-decoding Generator whose sessions stay on 4 KiB pages (TRT_SPEC_HUGE_PAGES=0)."""
+    before = os.environ.get("TRT_SPEC_HUGE_PAGES")
+    os.environ["TRT_SPEC_HUGE_PAGES"] = "0"
+    try:
+        return Generator(engine, threads=1, max_len=2048, prefix_cache=False,
+                         exact_decode=False)
+    finally:
+        if before is None:
+            del os.environ["TRT_SPEC_HUGE_PAGES"]
+        else:
+            os.environ["TRT_SPEC_HUGE_PAGES"] = before
+
+
+def sides(engine: str, ortgenai: Path, general: bool = False,
+          skip: tuple[str, ...] = ()) -> tuple[dict, Generator]:
+    """label -> (decode(ids, n), the generator whose session it times, or None). Ours are
+    made first, theirs last: of sessions on 4 KiB pages, the later made ran faster here
+    (runtime/backends/huge_pages.py), so the order favours theirs."""
     fast = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=False)
     exact = Generator(engine, threads=1, max_len=2048, prefix_cache=False, exact_decode=True)
     timed_session(fast, "fast")
     timed_session(exact, "exact")
+    small = None if "fast-4k" in skip else small_pages_generator(engine)
+    if small is not None:
+        timed_session(small, "fast-4k")
 
     def ours(gen: Generator, fast_decode: bool, plain_path: bool = True):
         def decode(ids: list[int], n: int) -> None:
@@ -100,10 +131,15 @@ def sides(engine: str, ortgenai: Path, general: bool = False) -> tuple[dict, Gen
 
     runs = {"fast": (ours(fast, True), "fast"), "fast-rows": (ours(exact, True), "exact"),
             "exact": (ours(exact, False), "exact")}
+    if small is not None:
+        runs["fast-4k"] = (ours(small, True), "fast-4k")
     if general:
         runs |= {"fast-general": (ours(fast, True, False), "fast"),
                  "exact-general": (ours(exact, False, False), "exact")}
-    return runs | {"onnxruntime-genai": (ortgenai_decoder(ortgenai), None)}, fast
+    runs["onnxruntime-genai"] = (ortgenai_decoder(ortgenai), None)
+    if "onnxruntime-genai-huge" not in skip:
+        runs["onnxruntime-genai-huge"] = (ortgenai_decoder(ortgenai, True), None)
+    return runs, fast
 
 
 def main() -> None:
@@ -118,7 +154,7 @@ def main() -> None:
                     help="also fast / exact with the batch-1 plain path off (before it)")
     ap.add_argument("--skip", default="", help="comma-separated sides not to run")
     args = ap.parse_args()
-    runs, gen = sides(args.engine, args.ortgenai, args.general)
+    runs, gen = sides(args.engine, args.ortgenai, args.general, tuple(args.skip.split(",")))
     runs = {k: v for k, v in runs.items() if k not in args.skip.split(",")}
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)[:args.num_prompts]]
     n = args.max_new_tokens

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trt_spec.runtime.backends.base import GraphSet, StepGraph
+from trt_spec.runtime.backends.huge_pages import huge_pages, worth_it
 from trt_spec.runtime.backends.int8_weights import saturates, widened_model
 from trt_spec.runtime.backends.rows_free import EXTERNAL_FOLDER, rows_free_model
 from trt_spec.runtime.config import ModelConfig
@@ -53,11 +54,20 @@ def _shared_pool(threads: int) -> bool:
     return _pool_threads > 0
 
 
+def graph_bytes(path: Path) -> int:
+    """The size of the graph file at `path` and of its external data (path.name + "*")."""
+    if not path.parent.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.parent.iterdir() if f.name.startswith(path.name))
+
+
 def make_session(path: Path, threads: int | None = None,
                  rewritten: bytes | None = None) -> ort.InferenceSession:
     """rewritten: the graph at `path` changed at load and serialized without its weights,
     which stay in path's folder (runtime/backends/rows_free.py); not where int8-rows' weights
-    must be widened (that rewrite wins, the graph then runs as exported)."""
+    must be widened (that rewrite wins, the graph then runs as exported). The session's
+    memory (its prepacked weights) goes onto huge pages where the graph is big enough
+    (runtime/backends/huge_pages.py); `session.huge_page_bytes` says how much did."""
     threads = threads or default_threads()
     opts = ort.SessionOptions()
     if _shared_pool(threads):
@@ -75,9 +85,12 @@ def make_session(path: Path, threads: int | None = None,
         source = rewritten
         opts.add_session_config_entry(EXTERNAL_FOLDER, str(Path(path).resolve().parent))
     try:
-        return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        with huge_pages(worth_it(graph_bytes(Path(path)))) as collapsed:
+            session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own types; name the file in the message
         raise RuntimeError(f"ONNX Runtime cannot load {path}: {e}") from e
+    session.huge_page_bytes = collapsed[0]
+    return session
 
 
 class OrtTarget(StepGraph):
