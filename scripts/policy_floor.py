@@ -7,8 +7,9 @@ interleaved per prompt (load changes hit every configuration alike).
         --prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
         --methods vanilla,mtp,eagle,eagle3 --ks 2,auto --threads 2
 
-Prints one row per method and k: x plain (tau) under each rule set, and whether every output
-equals plain decoding's (greedy). Each rule set has its own engine, so its measurements
+Prints one row per method and k: x plain (tau) under each rule set, the share of its decode
+steps that ran as the lean plain step (a drafter switched off, or one that found nothing:
+runtime/plain_step.py), and whether every output equals plain decoding's (greedy). Each rule set has its own engine, so its measurements
 (acceptance, costs) are its own; a prompt's json_schema (if any) is held as in the bench.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 
 from trt_spec.runtime.generator import Generator
@@ -42,22 +44,52 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run(gen: Generator, ids: list[int], params: SamplingParams, method: str, k) -> tuple:
-    """(tokens, seconds, target forwards, output ids) of one prompt."""
+def count_lean(gen: Generator) -> list[int]:
+    """Counts the target's lean plain steps (decode_one calls that ran) into the list's one
+    element."""
+    counter, one = [0], gen.target.decode_one
+
+    def counted(*args, **kwargs):
+        out = one(*args, **kwargs)
+        counter[0] += out is not None
+        return out
+
+    gen.target.decode_one = counted
+    return counter
+
+
+def run(gen: Generator, lean: list[int], ids: list[int], params: SamplingParams, method: str,
+        k) -> tuple:
+    """(tokens, seconds, target forwards, output ids, lean plain steps) of one prompt."""
+    before = lean[0]
     t0 = time.perf_counter()
     (s,) = generate_ids(gen, [ids], params, method, k)
-    return len(s.output_ids), time.perf_counter() - t0, s.stats.target_forwards, s.output_ids
+    return (len(s.output_ids), time.perf_counter() - t0, s.stats.target_forwards, s.output_ids,
+            lean[0] - before)
+
+
+def stamp() -> str:
+    """When, on what, at which load: the line every table of this script carries."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8")
+             if f in open("/proc/cpuinfo").read().split()]
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+            f"{os.cpu_count()} CPUs ({' '.join(flags)}), load {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
     a = parse_args()
     ks = [k if k.startswith("auto") else int(k) for k in a.ks.split(",")]
     configs = [(m, k) for m in a.methods.split(",") for k in ks]
+    print("start:", stamp(), flush=True)
     gens = {name: Generator(a.engine, max_len=1024, threads=a.threads, prefix_cache=False,
                             speculation=rules) for name, rules in RULES.items()}
+    lean = {name: count_lean(gen) for name, gen in gens.items()}
     prompts = load_prompts(a.prompts)[:a.num_prompts]
     schemas = load_schemas(a.prompts)[:a.num_prompts]
-    totals: dict[tuple, list] = {}  # (rules, method, k) -> [tokens, seconds, forwards, same]
+    # (rules, method, k) -> [tokens, seconds, forwards, same, lean steps]
+    totals: dict[tuple, list] = {}
     for name, gen in gens.items():  # warm-up: graphs, cost probe
         for m, k in [("none", None)] + configs:
             generate_ids(gen, [gen.encode(prompts[0], None)],
@@ -68,14 +100,16 @@ def main() -> None:
         for name, gen in gens.items():
             ids = gen.encode(prompt, None)
             # the prompt's prefill shape warmed up first: else the first run pays it
-            run(gen, ids, SamplingParams(max_tokens=2, ignore_eos=True), "none", None)
-            n, sec, fw, plain = run(gen, ids, params, "none", None)
-            t = totals.setdefault((name, "none", None), [0, 0.0, 0, True])
-            t[0] += n; t[1] += sec; t[2] += fw  # noqa: E702
+            run(gen, lean[name], ids, SamplingParams(max_tokens=2, ignore_eos=True), "none",
+                None)
+            n, sec, fw, plain, ln = run(gen, lean[name], ids, params, "none", None)
+            t = totals.setdefault((name, "none", None), [0, 0.0, 0, True, 0])
+            t[0] += n; t[1] += sec; t[2] += fw; t[4] += ln  # noqa: E702
             for m, k in configs:
-                n, sec, fw, out = run(gen, ids, params, m, k)
-                t = totals.setdefault((name, m, k), [0, 0.0, 0, True])
+                n, sec, fw, out, ln = run(gen, lean[name], ids, params, m, k)
+                t = totals.setdefault((name, m, k), [0, 0.0, 0, True, 0])
                 t[0] += n; t[1] += sec; t[2] += fw; t[3] &= out == plain  # noqa: E702
+                t[4] += ln
         print(f"prompt {i + 1}/{len(prompts)} done, load {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for m, k in configs:
@@ -85,11 +119,12 @@ def main() -> None:
             t = totals[(name, m, k)]
             row[name] = {"x_plain": (t[0] / t[1]) / (base[0] / base[1]),
                          "tau": t[0] / max(t[2], 1), "same": t[3],
+                         "lean": t[4] / max(t[2] - a.num_prompts, 1),  # of decode steps
                          "plain_tok_s": base[0] / base[1]}
         rows.append(row)
         print(f"{m:8s} k={str(k):5s} " + "  ".join(
-            f"{name} {row[name]['x_plain']:.3f} (tau {row[name]['tau']:.2f}, same "
-            f"{row[name]['same']})" for name in gens), flush=True)
+            f"{name} {row[name]['x_plain']:.3f} (tau {row[name]['tau']:.2f}, lean "
+            f"{row[name]['lean']:.2f}, same {row[name]['same']})" for name in gens), flush=True)
     for name, gen in gens.items():
         base = totals[(name, "none", None)]
         costs = gen.engine.planner.draft_length.costs
@@ -97,6 +132,7 @@ def main() -> None:
                     if b == 1 and n}
         print(f"{name}: plain {base[0] / base[1]:.1f} tok/s; a drafting step's time past "
               f"its drafting over the c(T) curve's, by drafter: {measured}")
+    print("end:", stamp(), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)
