@@ -68,6 +68,22 @@ def run(gen: Generator, lean: list[int], ids: list[int], params: SamplingParams,
             lean[0] - before)
 
 
+def table(totals: dict, configs: list, names: list[str], prompts: int) -> list[dict]:
+    """Per method and k, per rule set: x its plain decoding, tau, the share of decode steps
+    run lean, whether every output equalled plain decoding's."""
+    rows = []
+    for m, k in configs:
+        row = {"method": m, "k": k}
+        for name in names:
+            base, t = totals[(name, "none", None)], totals[(name, m, k)]
+            row[name] = {"x_plain": (t[0] / t[1]) / (base[0] / base[1]),
+                         "tau": t[0] / max(t[2], 1), "same": t[3],
+                         "lean": t[4] / max(t[2] - prompts, 1),  # (a prefill a prompt)
+                         "plain_tok_s": base[0] / base[1]}
+        rows.append(row)
+    return rows
+
+
 def stamp() -> str:
     """When, on what, at which load: the line every table of this script carries."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -111,18 +127,13 @@ def main() -> None:
                 t[0] += n; t[1] += sec; t[2] += fw; t[3] &= out == plain  # noqa: E702
                 t[4] += ln
         print(f"prompt {i + 1}/{len(prompts)} done, load {os.getloadavg()[0]:.1f}", flush=True)
-    rows = []
-    for m, k in configs:
-        row = {"method": m, "k": k}
-        for name in gens:
-            base = totals[(name, "none", None)]
-            t = totals[(name, m, k)]
-            row[name] = {"x_plain": (t[0] / t[1]) / (base[0] / base[1]),
-                         "tau": t[0] / max(t[2], 1), "same": t[3],
-                         "lean": t[4] / max(t[2] - a.num_prompts, 1),  # of decode steps
-                         "plain_tok_s": base[0] / base[1]}
-        rows.append(row)
-        print(f"{m:8s} k={str(k):5s} " + "  ".join(
+        if a.json:  # the table so far, should the run be cut short
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "prompts_done": i + 1,
+                           "rows": table(totals, configs, list(gens), i + 1)}, f, indent=1)
+    rows = table(totals, configs, list(gens), len(prompts))
+    for row in rows:
+        print(f"{row['method']:8s} k={str(row['k']):5s} " + "  ".join(
             f"{name} {row[name]['x_plain']:.3f} (tau {row[name]['tau']:.2f}, lean "
             f"{row[name]['lean']:.2f}, same {row[name]['same']})" for name in gens), flush=True)
     for name, gen in gens.items():
@@ -135,7 +146,8 @@ def main() -> None:
     print("end:", stamp(), flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(a), "prompts_done": len(prompts), "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
