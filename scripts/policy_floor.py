@@ -1,7 +1,10 @@
-"""The gain rules' floor side by side: every method and k under the earlier rules (the c(T)
-model alone, break-even) and under the current ones (drafting steps weighed by their measured
-wall time, a margin over plain decoding), each against its own plain decoding, in one process,
-interleaved per prompt (load changes hit every configuration alike).
+"""The gain rules' floor side by side: every method and k under the break-even rules (the
+c(T) model alone) and under the stricter ones (drafting steps weighed by their measured wall
+time, a margin over plain decoding), each against its own plain decoding, in one process:
+per prompt each configuration runs under one rule set and at once under the other, and plain
+decoding runs on both before and after every `--block` configurations, each configuration
+counted against the plain runs around its block (a loaded machine's load drifts within
+minutes: one plain run a prompt was a baseline at one moment).
 
     python scripts/policy_floor.py --engine engines/smollm2-135m \
         --prompts runtime/data/sharegpt-heldout.jsonl --num-prompts 8 --max-new-tokens 64 \
@@ -9,8 +12,9 @@ interleaved per prompt (load changes hit every configuration alike).
 
 Prints one row per method and k: x plain (tau) under each rule set, the share of its decode
 steps that ran as the lean plain step (a drafter switched off, or one that found nothing:
-runtime/plain_step.py), and whether every output equals plain decoding's (greedy). Each rule set has its own engine, so its measurements
-(acceptance, costs) are its own; a prompt's json_schema (if any) is held as in the bench.
+runtime/plain_step.py), and whether every output equals plain decoding's (greedy). Each rule
+set has its own engine, so its measurements (acceptance, costs) are its own; a prompt's
+json_schema (if any) is held as in the bench.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--methods", default="vanilla,mtp,eagle,eagle3")
     p.add_argument("--ks", default="2,auto")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--block", type=int, default=8,
+                   help="configurations between two plain runs (each is judged against those)")
     p.add_argument("--json", default=None)
     return p.parse_args()
 
@@ -76,12 +82,53 @@ def table(totals: dict, configs: list, names: list[str], prompts: int) -> list[d
         row = {"method": m, "k": k}
         for name in names:
             base, t = totals[(name, "none", None)], totals[(name, m, k)]
-            row[name] = {"x_plain": (t[0] / t[1]) / (base[0] / base[1]),
+            row[name] = {"x_plain": t[5] / t[1],  # plain seconds for its tokens / its seconds
                          "tau": t[0] / max(t[2], 1), "same": t[3],
                          "lean": t[4] / max(t[2] - prompts, 1),  # (a prefill a prompt)
                          "plain_tok_s": base[0] / base[1]}
         rows.append(row)
     return rows
+
+
+def measure_prompt(gens: dict, lean: dict, prompt, params: SamplingParams, configs: list,
+                   block: int, totals: dict) -> None:
+    """One prompt under every configuration, the rule sets side by side (each configuration
+    run on one engine, then at once on the other), plain decoding run on each engine before
+    the first `block` configurations and after each block: a configuration's run counts
+    against the plain runs just before and after its block (the load of a loaded machine
+    drifts within minutes; one plain run a prompt would be a baseline at one moment)."""
+    ids = {name: gen.encode(prompt, None) for name, gen in gens.items()}
+    plain, last = {}, {}  # name -> plain output; name -> (tokens, seconds) of its last plain run
+    for name, gen in gens.items():
+        # the prompt's prefill shape warmed up first: else the first run pays it
+        run(gen, lean[name], ids[name], SamplingParams(max_tokens=2, ignore_eos=True), "none",
+            None)
+        last[name], plain[name] = plain_run(gen, lean[name], ids[name], params, name, totals)
+    for b in range(0, len(configs), block):
+        done = []  # (name, config, tokens, seconds)
+        for m, k in configs[b:b + block]:
+            for name, gen in gens.items():
+                n, sec, fw, out, ln = run(gen, lean[name], ids[name], params, m, k)
+                t = totals.setdefault((name, m, k), [0, 0.0, 0, True, 0, 0.0])
+                t[0] += n; t[1] += sec; t[2] += fw; t[3] &= out == plain[name]  # noqa: E702
+                t[4] += ln
+                done.append((name, (m, k), n))
+        after = {name: plain_run(gen, lean[name], ids[name], params, name, totals)[0]
+                 for name, gen in gens.items()}
+        for name, (m, k), n in done:  # n tokens at the plain runs' rate around the block
+            (n0, s0), (n1, s1) = last[name], after[name]
+            totals[(name, m, k)][5] += n * (s0 + s1) / (n0 + n1)
+        last = after
+
+
+def plain_run(gen: Generator, lean: list[int], ids: list[int], params: SamplingParams,
+              name: str, totals: dict) -> tuple[tuple[int, float], list[int]]:
+    """Plain decoding of one prompt, counted under (name, "none") -> ((tokens, seconds), its
+    output)."""
+    n, sec, fw, out, ln = run(gen, lean, ids, params, "none", None)
+    t = totals.setdefault((name, "none", None), [0, 0.0, 0, True, 0, 0.0])
+    t[0] += n; t[1] += sec; t[2] += fw; t[4] += ln; t[5] += sec  # noqa: E702
+    return (n, sec), out
 
 
 def stamp() -> str:
@@ -104,7 +151,8 @@ def main() -> None:
     lean = {name: count_lean(gen) for name, gen in gens.items()}
     prompts = load_prompts(a.prompts)[:a.num_prompts]
     schemas = load_schemas(a.prompts)[:a.num_prompts]
-    # (rules, method, k) -> [tokens, seconds, forwards, same, lean steps]
+    # (rules, method, k) -> [tokens, seconds, forwards, same, lean steps, the seconds plain
+    # decoding took for as many tokens around its runs]
     totals: dict[tuple, list] = {}
     for name, gen in gens.items():  # warm-up: graphs, cost probe
         for m, k in [("none", None)] + configs:
@@ -113,19 +161,7 @@ def main() -> None:
     for i, (prompt, schema) in enumerate(zip(prompts, schemas)):
         params = SamplingParams(max_tokens=a.max_new_tokens, ignore_eos=schema is None,
                                 json_schema=json.dumps(schema) if schema else None)
-        for name, gen in gens.items():
-            ids = gen.encode(prompt, None)
-            # the prompt's prefill shape warmed up first: else the first run pays it
-            run(gen, lean[name], ids, SamplingParams(max_tokens=2, ignore_eos=True), "none",
-                None)
-            n, sec, fw, plain, ln = run(gen, lean[name], ids, params, "none", None)
-            t = totals.setdefault((name, "none", None), [0, 0.0, 0, True, 0])
-            t[0] += n; t[1] += sec; t[2] += fw; t[4] += ln  # noqa: E702
-            for m, k in configs:
-                n, sec, fw, out, ln = run(gen, lean[name], ids, params, m, k)
-                t = totals.setdefault((name, m, k), [0, 0.0, 0, True, 0])
-                t[0] += n; t[1] += sec; t[2] += fw; t[3] &= out == plain  # noqa: E702
-                t[4] += ln
+        measure_prompt(gens, lean, prompt, params, configs, a.block, totals)
         print(f"prompt {i + 1}/{len(prompts)} done, load {os.getloadavg()[0]:.1f}", flush=True)
         if a.json:  # the table so far, should the run be cut short
             with open(a.json, "w") as f:
