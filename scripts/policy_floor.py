@@ -161,7 +161,10 @@ def main() -> None:
     for i, (prompt, schema) in enumerate(zip(prompts, schemas)):
         params = SamplingParams(max_tokens=a.max_new_tokens, ignore_eos=schema is None,
                                 json_schema=json.dumps(schema) if schema else None)
-        measure_prompt(gens, lean, prompt, params, configs, a.block, totals)
+        # the order rotated a prompt: no configuration always first after the plain runs
+        at = i * len(configs) // len(prompts)
+        measure_prompt(gens, lean, prompt, params, configs[at:] + configs[:at], a.block,
+                       totals)
         print(f"prompt {i + 1}/{len(prompts)} done, load {os.getloadavg()[0]:.1f}", flush=True)
         if a.json:  # the table so far, should the run be cut short
             with open(a.json, "w") as f:
