@@ -74,10 +74,9 @@ class Engine:
     def __init__(self, target: StepGraph, cache: KVCache, stops: StopChecker,
                  speculation: SpeculationConfig, proposers: ProposerSource,
                  prefix: PrefixCache | None = None, costs: CostCache | None = None):
-        """speculation: the planner's rules. proposers: the proposer of a method, loaded once
-        (the Generator's). prefix: the prefix cache admission reads (None: every prompt is
-        read whole). costs: where step costs measured by an earlier process are kept (None:
-        each process probes)."""
+        """speculation: the planner's rules. proposers: a method's proposer, loaded once (the
+        Generator's). prefix: the prefix cache admission reads (None: each prompt is read whole).
+        costs: where step costs an earlier process measured are kept (None: each process probes)."""
         self.target = target
         self.cache = cache
         self.prefix = prefix
@@ -242,8 +241,10 @@ class Engine:
                                            self.planner.room)
         drafts = self.planner.draft(streams, ks)
         guided_step.hold_to_grammar(streams, drafts, forced, self.planner)
-        count_drafted(streams, drafts)
         t1 = time.perf_counter()
+        if plain_step.undrafted(self, streams, m, drafts, t1 - t0):  # a lone plain row: lean
+            return
+        count_drafted(streams, drafts)
         # the grammar's masks depend only on the drafts: made while the target runs
         masks = (MASKER.submit(guided_step.masks, streams, drafts)
                  if any(s.guide is not None for s in streams) else None)
@@ -279,8 +280,7 @@ class Engine:
             if s.error is None:  # (failed in verify: released there)
                 self.isolated(s, self.commit_one, s, v, step, i, m)
 
-    def commit_one(self, s: Stream, v: Verified, step: StepResult, i: int,
-                   m: StepMetrics) -> None:
+    def commit_one(self, s: Stream, v: Verified, step: StepResult, i: int, m: StepMetrics) -> None:
         """Stream i of the step: its tokens appended and counted, then its slot freed when it
         finished, else its caches rewound and its proposer handed the accepted rows."""
         s.stats.record(v.proposed, v.accepted)

@@ -97,9 +97,9 @@ class SpeculationConfig:
     cooldown: int = 16  # plain steps before such a stream drafts again; doubled each time
     max_cooldown: int = 256  # a probe that fails again, up to this
     # the gain rules draft only where a drafter is expected, and measured, to emit this share
-    # more tokens per unit of time than plain decoding (0: break-even, the default: at 0.03
-    # with measured_costs every method ran slower on held-out prompts, docs/benchmarks.md
-    # "The gain rules on prompts not seen")
+    # more tokens per unit of time than plain decoding (0: break-even, the default: 0.03 with
+    # measured_costs has not yet kept every method and k at >= 0.98x plain decoding on
+    # held-out prompts, docs/benchmarks.md "The gain rules on prompts not seen")
     margin: float = 0.0
     # costs in the gain rules from each step's whole wall time (drafting, verifying,
     # committing), each drafter's against the model's c(T) (False, the default: the model)

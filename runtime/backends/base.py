@@ -59,9 +59,11 @@ class StepGraph(ABC):
         """-> (the requests to run, cache rows past max_len they may write). Default: as given."""
         return requests, 0
 
-    def decode_one(self, cache: KVCache, slot: int, token: int) -> np.ndarray | None:
+    def decode_one(self, cache: KVCache, slot: int, token: int,
+                   rows: dict[str, np.ndarray | None] | None = None) -> np.ndarray | None:
         """Plain decoding's 1-token step for one slot, where a backend has a leaner path than
-        `step` (ORT: runtime/backends/ort.py) -> its logits [vocab]; None: run `step`."""
+        `step` (ORT: runtime/backends/ort.py) -> its logits [vocab]; None: run `step`.
+        rows: the per-token outputs wanted (name -> None), each set to its row [1, D]."""
         return None
 
     @abstractmethod

@@ -228,20 +228,27 @@ class OrtTarget(StepGraph):
         return logits, rows, step.lo
 
 
-    def decode_one(self, cache: KVCache, slot: int, token: int) -> np.ndarray | None:
+    def decode_one(self, cache: KVCache, slot: int, token: int,
+                   rows: dict[str, np.ndarray | None] | None = None) -> np.ndarray | None:
         """Plain decoding's step for one stream: `token` appended to slot's cache rows ->
         its logits [vocab], a view of a buffer the next call overwrites; None where the step
         would not be a bare 1-token row (exact decoding's padded layouts, the cache's end),
         which the general `step` then runs. The same feeds and bitwise the same outputs as
         `step` over SlotTokens(slot, [token], [0]); what it saves is the Python between two
         session runs: its IOBinding, its inputs and outputs are bound once per (cache, slot)
-        and written in place (`_fast`)."""
+        and written in place (`_fast`). rows: the per-token outputs wanted, by name (a
+        switched-off drafter's stream: the rows its head catches up from); each value is set
+        to the token's row [1, D], a view the next call overwrites (ORT writes every output
+        anyway)."""
         rule = self.rule
         past = int(cache.lengths[slot])
         if (rule.pad_requests or rule.step_min_rows != 1 or self.takes_hidden
                 or past + 1 > min(cache.max_len, self.max_positions)):
             return None
-        io, feeds, logits = self._fast(cache, slot)
+        unknown = [w for w in rows or () if w not in self.outputs]
+        if unknown:
+            raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
+        io, feeds, logits, outputs = self._fast(cache, slot)
         feeds["input_ids"][0, 0] = token
         feeds["position_ids"][0, 0] = feeds["seqlens_k"][0] = past
         feeds["total_sequence_length"][...] = past + 1
@@ -249,12 +256,16 @@ class OrtTarget(StepGraph):
             feeds[ATTENTION_MIN_ROWS][...] = rule.attention_min_rows
         self.session.run_with_iobinding(io)
         cache.lengths[slot] = past + 1
+        for name in rows or ():
+            rows[name] = outputs[name][0]  # [1, D]
         return logits[0, 0]
 
-    def _fast(self, cache: KVCache, slot: int) -> tuple[ort.IOBinding, dict, np.ndarray]:
+    def _fast(self, cache: KVCache, slot: int
+              ) -> tuple[ort.IOBinding, dict, np.ndarray, dict[str, np.ndarray]]:
         """decode_one's IOBinding for (cache, slot): the slot's cache views as past and
         present, its feeds' arrays bound as inputs and host buffers for every output (ORT
-        writes them all), each bound once; the arrays are written in place by every step."""
+        writes them all), each bound once; the arrays are written in place by every step.
+        -> (binding, feeds, logits [1, 1, V], every other output by name [1, 1, D])."""
         key = (id(cache), slot)
         if key not in self._fast_bindings:
             if len(self._fast_bindings) >= 256:
@@ -279,10 +290,10 @@ class OrtTarget(StepGraph):
                 io.bind_ortvalue_input(name, value)
                 keep.append(value)
             logits = self._bind_output(io, "logits", (1, 1, self.widths["logits"]))
-            keep += [self._bind_output(io, name, (1, 1, self.widths[name]))
-                     for name in self.outputs]
-            self._fast_bindings[key] = (io, feeds, logits, keep)  # keep: alive with it
-        return self._fast_bindings[key][:3]
+            outputs = {name: self._bind_output(io, name, (1, 1, self.widths[name]))
+                       for name in self.outputs}
+            self._fast_bindings[key] = (io, feeds, logits, outputs, keep)  # keep: alive with it
+        return self._fast_bindings[key][:4]
 
 
 class OrtFunction:

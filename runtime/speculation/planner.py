@@ -262,6 +262,14 @@ class SpeculationPlanner:
             if not s.finished:  # (a finished stream's window is gone)
                 self.policy.observe(s, v.proposed, v.accepted, step_cost)
 
+    def observe_plain(self, score_s: float, around_s: float) -> None:
+        """What `observe` records of a plain step of one stream, for one run by the lean
+        plain step (runtime/plain_step.py): its forward's seconds and those around it."""
+        costs = self.draft_length.costs
+        costs.observe_step(1, 1, score_s)
+        costs.observe_overhead(1, around_s)
+        self.drafted_last = set()
+
     def measure_step(self, streams: list, drafts: list[Draft], times: StepTimes) -> float:
         """What the step cost every stream (each waits for all of it), in plain steps: its
         whole wall time (plan, drafting, forward, verifying, committing) over a plain step's,
