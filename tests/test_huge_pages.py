@@ -104,3 +104,17 @@ def test_grown_takes_new_ranges_and_refilled_mappings():
              (100 * mb, 120 * mb): 2 * mb,  # grew by 10 MiB, 1 MiB more resident: the growth
              (200 * mb, 210 * mb): 10 * mb}  # new
     assert hp.grown(before, after) == [(0, 64 * mb), (110 * mb, 120 * mb), (200 * mb, 210 * mb)]
+
+
+def test_a_process_without_smaps_loads_on_small_pages(monkeypatch):
+    """Where /proc/self/smaps cannot be read (a sandbox, an emulator), what the block makes is
+    made all the same and nothing is collapsed."""
+    monkeypatch.setattr(hp, "enabled", lambda: True)
+
+    def unreadable(smaps="/proc/self/smaps"):
+        raise FileNotFoundError(smaps)
+
+    monkeypatch.setattr(hp, "writable_anonymous", unreadable)
+    with hp.huge_pages() as collapsed:
+        block = bytearray(8 << 20)
+    assert collapsed == [0] and len(block) == 8 << 20
