@@ -523,3 +523,33 @@ def test_batch_width_cuts_a_step_to_what_pays_and_probes_one_position_more():
         [width.width(rule, [4, 4], [weak, weak]) for _ in range(PROBE_EVERY)]
     assert widths[0] == 1 and widths[1:].count(0) >= PROBE_EVERY - 1
     assert width.width(rule, [0, 0], [None, None]) == 0
+
+
+def test_a_width_known_only_from_its_probe_keeps_the_probes_ratio_as_c1_moves():
+    """A probe under load timed c(1..3) at 20 / 22 / 26 ms; live plain steps then run at 10 ms
+    and no step of 3 rows follows (the curve says they do not pay, so they are never run):
+    c(3) is read as the probe's ratio to its own c(1), 1.3, not 26 / 10."""
+    costs = StepCosts()
+    for t, ms in ((1, 20), (2, 22), (3, 26)):
+        costs.record(1, t, ms / 1000)
+    for _ in range(200):
+        costs.observe_step(1, 1, 0.010)
+    assert costs.ratio(3) == pytest.approx(1.3, rel=0.01)
+    assert costs.ratio(2) == pytest.approx(1.1, rel=0.01)
+    for _ in range(200):  # steps of 3 rows measured live: they win
+        costs.observe_step(1, 3, 0.020)
+    assert costs.ratio(3) == pytest.approx(2.0, rel=0.01)
+
+
+def test_one_rejection_does_not_close_a_position_for_good():
+    """A position verified once and rejected keeps a share of the prior (it is tried again
+    while that share pays); many rejections close it."""
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
+
+    acc = PositionAcceptance()
+    acc.observe(2, 1)  # the first draft accepted, the second not
+    assert 0.2 < acc.rate(1) < 0.5
+    for _ in range(50):
+        acc.observe(2, 1)
+    assert acc.rate(1) < 0.05 and acc.rate(0) > 0.95
+    assert acc.rate(1) <= acc.rate(0)

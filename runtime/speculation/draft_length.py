@@ -34,6 +34,7 @@ MIN_SAMPLES = 8  # step timings of a size before its running mean replaces the p
 DECAY = 0.05  # running means: weight of the newest sample
 POSITION_DECAY = 0.01  # acceptance by position: weight of the newest step (~100 steps)
 PRIOR_ACCEPTANCE = 0.8  # per position, until measured: optimistic, so it gets measured
+PRIOR_COUNT = 1.0  # ... and what that prior weighs once measured, in verified steps
 
 
 def prior_cost(t: int) -> float:
@@ -95,6 +96,11 @@ class StepCosts:
         # any lookup (what a picking proposer asks a lookup's cost as)
         self.measured: dict[tuple[str | None, int], tuple[float, int]] = {}
         self.corrected = True  # whether step_cost applies the measured ratio
+        # (B, T) -> a probe's seconds, and the live steps of that size since: a width the
+        # rules then never run keeps the probe's ratio to its c_B(1), not its seconds (the
+        # probe may have run under another load than the live plain steps that follow)
+        self.probed: dict[tuple[int, int], float] = {}
+        self.live: dict[tuple[int, int], int] = {}
         self._units: dict[int, float | None] = {}  # _unit by batch, until a cost changes
 
     @staticmethod
@@ -105,6 +111,7 @@ class StepCosts:
 
     def observe_step(self, batch: int, rows: int, seconds: float) -> None:
         self._update(self.step, (batch, rows), seconds)
+        self.live[(batch, rows)] = self.live.get((batch, rows), 0) + 1
         self._units.pop(batch, None)
 
     def observe_overhead(self, batch: int, seconds: float, plain: bool = True) -> None:
@@ -140,6 +147,7 @@ class StepCosts:
     def record(self, batch: int, rows: int, seconds: float) -> None:
         """A measured cost (a probe's median): counts as MIN_SAMPLES live steps."""
         self.step[(batch, rows)] = (seconds, MIN_SAMPLES)
+        self.probed[(batch, rows)], self.live[(batch, rows)] = seconds, 0
         self._units.pop(batch, None)
 
     def known(self, batch: int) -> bool:
@@ -171,7 +179,15 @@ class StepCosts:
         mean, n = self.step.get((batch, t), (0.0, 0))
         if unit is None or n < MIN_SAMPLES:
             return prior_cost(t)
-        return (mean + self._overhead(batch)) / unit
+        return (self._current(batch, t, mean) + self._overhead(batch)) / unit
+
+    def _current(self, batch: int, t: int, mean: float) -> float:
+        """c_B(t) now: its running mean, or where only its probe timed it (fewer than
+        MIN_SAMPLES live steps since), the probe's c_B(t) / c_B(1) times c_B(1) now."""
+        probe, probe_1 = self.probed.get((batch, t)), self.probed.get((batch, 1))
+        if t == 1 or probe is None or not probe_1 or self.live.get((batch, t), 0) >= MIN_SAMPLES:
+            return mean
+        return probe / probe_1 * self.step[(batch, 1)][0]
 
     def draft_ratio(self, method: str, batch: int = 1) -> float:
         unit = self._unit(batch)
@@ -309,10 +325,20 @@ class PositionAcceptance:
             self.accepted[j] = self.accepted[j] * (1 - POSITION_DECAY) + (j < accepted)
 
     def rate(self, j: int) -> float:
-        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted."""
-        if j >= len(self.proposed) or self.proposed[j] < 1:
+        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted. Past the first position the
+        prior (the position before's rate times PRIOR_ACCEPTANCE) weighs as PRIOR_COUNT
+        steps, so a position rejected the few times it was verified is tried again while
+        that share still pays: with the measured rate alone one rejection would close it
+        for good, as a closed position is never verified again. (The first is verified on
+        every drafting step, the policy's probes included: its measure alone decides.)"""
+        if j >= len(self.proposed) or (j == 0 and self.proposed[0] < 1):
             return PRIOR_ACCEPTANCE ** (j + 1)
-        return self.accepted[j] / self.proposed[j]
+        if j == 0:
+            return self.accepted[0] / self.proposed[0]
+        before = self.rate(j - 1)
+        rate = ((self.accepted[j] + PRIOR_COUNT * before * PRIOR_ACCEPTANCE)
+                / (self.proposed[j] + PRIOR_COUNT))
+        return min(rate, before)
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a step of k drafts emits on average (the bonus token included)."""
