@@ -167,14 +167,18 @@ def test_tied_head_rescores_its_top_logits_from_the_int8_rows(top, tmp_path):
 
 def test_int4_reads_a_tied_head_at_4_bits_and_int4_head8_at_8(tmp_path):
     """What export writes per precision for a tied head: int4 (the default) and int4-plain
-    the 4-bit copy with each row's top 128 rescored, int4-head8 and int8 the 8-bit head."""
+    the 4-bit copy with each row's top 128 (int4-plain: 16) rescored, int4-head8 and int8 the
+    8-bit head."""
     from trt_spec.export.pipeline import export_graph
 
     e = (np.random.default_rng(8).standard_normal((512, 64)) * 0.05).astype(np.float32)
-    heads = {}
+    heads, tops = {}, {}
     for precision in ("int4", "int4-plain", "int4-head8", "int8"):
         export_graph(lambda: tied_model(e), tmp_path, precision, precision, "ort", ([], []))
-        nodes = onnx.load(str(tmp_path / f"{precision}.onnx"), load_external_data=False).graph.node
+        graph = onnx.load(str(tmp_path / f"{precision}.onnx"), load_external_data=False).graph
+        nodes = graph.node
+        tops[precision] = [int(numpy_helper.to_array(i)[0]) for i in graph.initializer
+                           if i.name == "/lm_head/top"]
         heads[precision] = sorted((n.op_type, next((a.i for a in n.attribute if a.name == "bits"),
                                                    None)) for n in nodes
                                   if n.name.startswith("/lm_head"))
@@ -182,6 +186,7 @@ def test_int4_reads_a_tied_head_at_4_bits_and_int4_head8_at_8(tmp_path):
                        ("Unsqueeze", None), ("MatMul", None), ("Squeeze", None),
                        ("ScatterElements", None)])
     assert heads["int4"] == heads["int4-plain"] == rescored
+    assert tops == {"int4": [128], "int4-plain": [16], "int4-head8": [], "int8": []}
     assert heads["int4-head8"] == heads["int8"] == [("MatMulNBits", 8)]
 
 

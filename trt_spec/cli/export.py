@@ -51,8 +51,9 @@ def renamed(ctx, param, value):
                    "GGUF's weights, and a tied head read at 4 bits with each row's top 128 "
                    "logits at 8; int4-head8: the same with the whole head at 8 bits (slower, "
                    "the distribution's tail exact); int4-plain: without the residual, 4% "
-                   "smaller and not the same model; int8-rows: 8-bit weights times each row of "
-                   "activations quantized to 8 bits at run time, on the integer GEMM, whose cost "
+                   "smaller and not the same model, the head's top 16 at 8 bits: the lean graph; "
+                   "int8-rows: 8-bit weights times each row of activations quantized to 8 bits "
+                   "at run time, on the integer GEMM, whose cost "
                    "barely grows with the rows a step runs (slower alone, faster for batches, "
                    "prefill and verification: for a server)]; fp32 / fp16 for trt, which builds "
                    "strongly typed from the graph's dtypes [default: fp16].")
