@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_spec.runtime.sampling import SamplingParams, next_token, sample_from_probs, target_probs
+from trt_spec.runtime.sampling import (NonFiniteError, SamplingParams, next_token,
+                                       sample_from_probs, target_probs)
 
 PLACEHOLDER = -1  # fills fixed-shape token outputs past what a row emitted
 Q_FLOOR = 1e-10  # q(x) is never below this in a division
@@ -63,6 +64,28 @@ def greedy_verify(drafts: np.ndarray, target_logits: np.ndarray) -> tuple[int, l
     mismatch = np.nonzero(drafts != target[:k])[0]
     a = int(mismatch[0]) if mismatch.size else k
     return a, [int(t) for t in drafts[:a]] + [int(target[a])]
+
+
+def greedy_checked(drafts, target_logits: np.ndarray) -> tuple[int, list[int]]:
+    """greedy_verify for a row without logits controls, reading each of its rows once and
+    only up to the first mismatch: drafts [k], target_logits [k + 1, vocab] as the target
+    gave them. Each row read is checked as check_finite checks it (NonFiniteError where its
+    maximum is NaN or +inf: np.argmax returns the first NaN, so the argmax's value is
+    non-finite exactly there; a row all -inf, a grammar's dead end, passes); the rows after
+    the first mismatch, which nothing reads, are not. On a CPU those rows (196 KB each on
+    SmolLM2, just written by the session's threads) cost more to read than to compute."""
+    out = []
+    for i in range(len(drafts) + 1):
+        row = target_logits[i]
+        t = int(row.argmax())
+        top = row[t]
+        if top != top or top == np.inf:
+            raise NonFiniteError(f"the target's logits are not finite (a row's maximum is "
+                                 f"{top}): the model's output overflowed")
+        out.append(t)
+        if i == len(drafts) or t != int(drafts[i]):
+            return i, out
+    raise AssertionError("unreachable")  # (the last row always returns)
 
 
 def residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:

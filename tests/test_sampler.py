@@ -9,10 +9,10 @@ import pytest
 from scipy.stats import chisquare
 
 from trt_spec.runtime import race as race_mod
-from trt_spec.runtime.verify import (PLACEHOLDER, race_verify, residual, stochastic_verify,
-                                     verify_batch)
-from trt_spec.runtime.sampling import (SamplingParams, next_token, probs, probs_from_logits,
-                                       process_logits)
+from trt_spec.runtime.verify import (PLACEHOLDER, greedy_checked, greedy_verify, race_verify,
+                                     residual, stochastic_verify, verify_batch)
+from trt_spec.runtime.sampling import (NonFiniteError, SamplingParams, check_finite, next_token,
+                                       probs, probs_from_logits, process_logits)
 
 V = 8
 GREEDY = SamplingParams()
@@ -253,3 +253,30 @@ def test_race_verify_emits_plain_decodings_tokens(name, p_logits, q_logits, p1_l
     if q_logits is not None:
         d = 0.5 * np.abs(p0 - dist(q_logits, OUTPUT)).sum()
         assert accepted / seeds > (1 - d) / (1 + d) - 0.03, (name, accepted / seeds, d)
+
+
+def test_greedy_checked_is_greedy_verify_with_check_finite_on_the_rows_it_reads():
+    """The one-pass greedy verification (a greedy stream without controls): the same
+    (accepted, tokens) as check_finite then greedy_verify wherever the rows are finite; a NaN
+    or +inf in a row it reads raises as check_finite does, in a row past the first mismatch
+    (never read) it does not; a row all -inf (a grammar's dead end) passes."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        k = int(rng.integers(0, 6))
+        logits = rng.standard_normal((k + 1, V)).astype(np.float32)
+        target = logits.argmax(-1)
+        drafts = np.where(rng.random(k) < 0.7, target[:k], rng.integers(0, V, k))
+        a, out = greedy_verify(drafts, check_finite(logits, "x"))
+        assert greedy_checked(drafts, logits) == (a, out)
+    logits = forced([3, 5, 1])
+    drafts = np.array([3, 4])  # row 1 rejects: row 2 is never read
+    for bad in (np.nan, np.inf):
+        late = logits.copy()
+        late[2, 0] = bad
+        assert greedy_checked(drafts, late) == (1, [3, 5])
+        read = logits.copy()
+        read[1, 6] = bad
+        with pytest.raises(NonFiniteError):
+            greedy_checked(drafts, read)
+    dead = np.full((1, V), -np.inf)
+    assert greedy_checked(np.array([], np.int64), dead) == (0, [0])
