@@ -26,6 +26,11 @@ class Scorer:
         for s, d in zip(streams, drafts):
             tokens = [s.output_ids[-1]] + [int(t) for t in d]
             requests.append(SlotTokens(s.slot, tokens, list(range(len(tokens)))))
+        if len(requests) == 1 and not reads:  # one stream, nothing kept past the step: the
+            # target's bound-once step (its logits a view the next such step overwrites)
+            logits = self.target.decode_rows(self.cache, requests[0].slot, requests[0].tokens)
+            if logits is not None:
+                return StepOutput([logits], {})
         return self.target.step(self.cache, requests, reads)
 
     def rewind(self, s) -> None:

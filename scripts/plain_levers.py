@@ -20,6 +20,7 @@ them all on 4 KiB pages. Variants:
 - ours-plain-head: also without the head's top-k rescoring (logits = the 4-bit head);
 - ours-logits-only: also without the hidden_states / eagle3_features outputs;
 - ours-no-zero-points: ours with MatMulNBits' zero points dropped (timing only);
+- ours-topN (--tops): ours with the head's top N rescored (its /lm_head/top rewritten);
 - ours-big-cache: ours with the runtime's max-length cache buffer (--max-len) instead of
   past + 16 rows (theirs: onnxruntime-genai sizes it to the request).
 """
@@ -73,6 +74,19 @@ def plain_head(model):
     graph.node.remove(scatter)
     head.output[0] = "logits"
     drop_dead(graph)
+    return out
+
+
+def with_top(model, top: int):
+    """A copy of a target graph whose head rescores its `top` highest logits (the
+    `/lm_head/top` initializer: 128 under int4, 16 under int4-plain)."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    (init,) = [i for i in out.graph.initializer if i.name == HEAD + "/top"]
+    init.CopyFrom(numpy_helper.from_array(np.array([top], np.int64), init.name))
     return out
 
 
@@ -157,7 +171,8 @@ class Step:
         self.session.run_with_iobinding(self.io)
 
 
-def variants(engine: Path, theirs: Path, past: int, max_len: int, pool: str) -> dict[str, Step]:
+def variants(engine: Path, theirs: Path, past: int, max_len: int, pool: str,
+             tops: tuple[int, ...] = ()) -> dict[str, Step]:
     """pool: "global" (every session on the process-wide pool, as the runtime runs) or
     "session" (every session with its own one-thread pool, as onnxruntime-genai runs; ORT
     allows only one of the two in a process)."""
@@ -187,6 +202,9 @@ def variants(engine: Path, theirs: Path, past: int, max_len: int, pool: str) -> 
         "ours-big-cache": Step(session(free), past, max_len, hd),
         "ours-no-zero-points": Step(session(without_zero_points(
             onnx.load_from_string(free)).SerializeToString()), past, rows, hd),
+        **{f"ours-top{top}": Step(session(with_top(onnx.load_from_string(free), top)
+                                          .SerializeToString()), past, rows, hd)
+           for top in tops},
         # second copies: how far two sessions of one graph differ (placement, noise)
         "theirs-2": Step(session(str(theirs / "model.onnx")), past, rows, hd),
         "ours-2": Step(session(free), past, rows, hd),
@@ -202,8 +220,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=400)
     ap.add_argument("--pool", choices=["global", "session"], default="global")
     ap.add_argument("--skip", default="")
+    ap.add_argument("--tops", default="", help="comma-separated widths of the head's rescoring "
+                    "to time as variants ours-topN (e.g. 16,128)")
     args = ap.parse_args()
-    steps = variants(args.engine, args.ortgenai, args.past, args.max_len, args.pool)
+    tops = tuple(int(t) for t in args.tops.split(",") if t)
+    steps = variants(args.engine, args.ortgenai, args.past, args.max_len, args.pool, tops)
     steps = {k: v for k, v in steps.items() if k not in args.skip.split(",")}
     for step in steps.values():
         for _ in range(20):

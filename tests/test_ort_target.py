@@ -285,3 +285,28 @@ def test_decode_one_equals_step(tiny_hf_dir, tiny_engine_int4, exact):
         assert np.array_equal(a, b)
     assert target.decode_one(caches[1], slots[1], 1) is None  # 12 of 12 rows: step's error
     assert caches[1].lengths[slots[1]] == 12
+
+
+def test_decode_rows_equals_step(tiny_hf_dir, tiny_engine_int4):
+    """A verification's bound-once step (OrtTarget.decode_rows, fast decoding) is `step` over
+    one request of T tokens with logits at every row: bitwise the same logits and cache rows,
+    for widths 3, 1, 2 in turn (a binding each); a step past the slot's end declines."""
+    _, config = load_target(tiny_hf_dir)
+    target = OrtTarget(tiny_engine_int4 / "target.onnx", config.num_layers,
+                       config.max_position_embeddings)
+    caches = [KVCache(config, slots=2, max_len=12) for _ in range(2)]
+    slots = [c.allocate() for c in caches]
+    slots = [c.allocate() for c in caches]  # slot 1 of each
+    for c, s in zip(caches, slots):
+        target.step(c, [SlotTokens(s, IDS[:5], [4])])
+    for lo, hi in ((5, 8), (8, 9), (9, 11)):
+        tokens = list(IDS[lo:hi])
+        want = target.step(caches[0], [SlotTokens(slots[1], tokens,
+                                                  list(range(len(tokens))))]).logits[0]
+        got = target.decode_rows(caches[1], slots[1], tokens)
+        assert got.shape == want.shape and np.array_equal(got, want)
+        assert caches[1].lengths[slots[1]] == caches[0].lengths[slots[0]] == hi
+    for a, b in zip(caches[0].buffers, caches[1].buffers):
+        assert np.array_equal(a, b)
+    assert target.decode_rows(caches[1], slots[1], list(IDS[:2])) is None  # 11 + 2 > 12
+    assert caches[1].lengths[slots[1]] == 11

@@ -26,21 +26,28 @@ def want(tiny_vocab_engine):
 def forced_run(engine_dir, method: str, lean: bool) -> tuple[list[int], dict, list]:
     """Decodes PROMPT with `method` at k 2, the plan forced to k = 0 but for one step in
     ON_EVERY (lean False: the target has no lean step, every step is a general one) ->
-    (output, forwards by kind {"step", "decode_one"}, the drafts of each step that drafted)."""
+    (output, forwards by kind {"step", "decode_one"}, the drafts of each step that drafted).
+    A verification a lookup drafter's lone stream runs through decode_rows (the bound-once
+    form of `step`) counts as a step."""
     gen = Generator(engine_dir, max_len=64, fallback=False)
     target, calls = gen.target, {"step": 0, "decode_one": 0}
-    step, one = target.step, target.decode_one
+    step, one, rows = target.step, target.decode_one, target.decode_rows
 
     def counted_step(*a, **kw):
         calls["step"] += 1
         return step(*a, **kw)
+
+    def counted_rows(*a, **kw):
+        out = rows(*a, **kw)
+        calls["step"] += out is not None
+        return out
 
     def counted_one(*a, **kw):
         out = one(*a, **kw) if lean else None
         calls["decode_one"] += out is not None
         return out
 
-    target.step, target.decode_one = counted_step, counted_one
+    target.step, target.decode_one, target.decode_rows = counted_step, counted_one, counted_rows
     planner, plans = gen.engine.planner, []
 
     def forced(streams, m):  # k 2 (as room allows) on every ON_EVERY-th decode step, else 0

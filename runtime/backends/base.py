@@ -66,6 +66,12 @@ class StepGraph(ABC):
         rows: the per-token outputs wanted (name -> None), each set to its row [1, D]."""
         return None
 
+    def decode_rows(self, cache: KVCache, slot: int, tokens: list[int],
+                    rows: dict[str, np.ndarray | None] | None = None) -> np.ndarray | None:
+        """decode_one for one stream's T tokens, logits at every row -> [T, vocab]; None:
+        run `step`."""
+        return None
+
     @abstractmethod
     def run(self, cache: KVCache, step: StepInputs,
             want: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:

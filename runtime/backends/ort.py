@@ -127,7 +127,7 @@ class OrtTarget(StepGraph):
         self.outputs = [o for o in shapes if o != "logits" and o not in self.present_names]
         self.widths = {o: shapes[o][-1] for o in ["logits", *self.outputs]}  # static last dims
         self._bindings: dict[tuple[int, int, int], tuple] = {}  # see _binding
-        self._fast_bindings: dict[tuple[int, int], tuple] = {}  # see _fast
+        self._fast_bindings: dict[tuple[int, int, int], tuple] = {}  # see _fast
         # a cached answer is for the graph as exported, with its rows
         self.cover = cover
         self._exactness_cache = None if self.rows_dropped else exactness_cache
@@ -240,33 +240,48 @@ class OrtTarget(StepGraph):
         switched-off drafter's stream: the rows its head catches up from); each value is set
         to the token's row [1, D], a view the next call overwrites (ORT writes every output
         anyway)."""
-        rule = self.rule
+        logits = self._decode(cache, slot, [token], rows)
+        return None if logits is None else logits[0]
+
+    def decode_rows(self, cache: KVCache, slot: int, tokens: list[int],
+                    rows: dict[str, np.ndarray | None] | None = None) -> np.ndarray | None:
+        """decode_one for T = len(tokens) tokens of one stream (a verification: the last
+        token and its drafts), logits at every row -> [T, vocab], a view the next call of the
+        same T overwrites; rows' values [T, D], views alike. The same feeds and outputs as
+        `step` over SlotTokens(slot, tokens, range(T)); None where that step would not be one
+        bare row of T tokens (exact decoding's layouts, the cache's end)."""
+        return self._decode(cache, slot, tokens, rows)
+
+    def _decode(self, cache: KVCache, slot: int, tokens: list[int],
+                rows: dict[str, np.ndarray | None] | None) -> np.ndarray | None:
+        rule, n = self.rule, len(tokens)
         past = int(cache.lengths[slot])
         if (rule.pad_requests or rule.step_min_rows != 1 or self.takes_hidden
-                or past + 1 > min(cache.max_len, self.max_positions)):
+                or past + n > min(cache.max_len, self.max_positions)):
             return None
         unknown = [w for w in rows or () if w not in self.outputs]
         if unknown:
             raise ValueError(f"outputs {unknown} are not among this graph's {self.outputs}")
-        io, feeds, logits, outputs = self._fast(cache, slot)
-        feeds["input_ids"][0, 0] = token
-        feeds["position_ids"][0, 0] = feeds["seqlens_k"][0] = past
-        feeds["total_sequence_length"][...] = past + 1
+        io, feeds, logits, outputs = self._fast(cache, slot, n)
+        feeds["input_ids"][0] = tokens
+        feeds["position_ids"][0] = np.arange(past, past + n)
+        feeds["seqlens_k"][0] = past + n - 1
+        feeds["total_sequence_length"][...] = past + n
         if self.rows_in_graph:
             feeds[ATTENTION_MIN_ROWS][...] = rule.attention_min_rows
         self.session.run_with_iobinding(io)
-        cache.lengths[slot] = past + 1
+        cache.lengths[slot] = past + n
         for name in rows or ():
-            rows[name] = outputs[name][0]  # [1, D]
-        return logits[0, 0]
+            rows[name] = outputs[name][0]  # [T, D]
+        return logits[0]
 
-    def _fast(self, cache: KVCache, slot: int
+    def _fast(self, cache: KVCache, slot: int, n: int = 1
               ) -> tuple[ort.IOBinding, dict, np.ndarray, dict[str, np.ndarray]]:
-        """decode_one's IOBinding for (cache, slot): the slot's cache views as past and
-        present, its feeds' arrays bound as inputs and host buffers for every output (ORT
-        writes them all), each bound once; the arrays are written in place by every step.
-        -> (binding, feeds, logits [1, 1, V], every other output by name [1, 1, D])."""
-        key = (id(cache), slot)
+        """decode_rows' IOBinding for (cache, slot, n tokens): the slot's cache views as past
+        and present, its feeds' arrays bound as inputs and host buffers for every output
+        (ORT writes them all), each bound once; the arrays are written in place by every
+        step. -> (binding, feeds, logits [1, n, V], every other output by name [1, n, D])."""
+        key = (id(cache), slot, n)
         if key not in self._fast_bindings:
             if len(self._fast_bindings) >= 256:
                 self._fast_bindings.clear()
@@ -277,20 +292,20 @@ class OrtTarget(StepGraph):
                 io.bind_ortvalue_input(past, value)
                 io.bind_ortvalue_output(present, value)
                 keep.append(value)
-            feeds = {"input_ids": np.zeros((1, 1), np.int64),  # (B, T) = (1, 1)
-                     "position_ids": np.zeros((1, 1), np.int64),
+            feeds = {"input_ids": np.zeros((1, n), np.int64),  # (B, T) = (1, n)
+                     "position_ids": np.zeros((1, n), np.int64),
                      "seqlens_k": np.zeros(1, np.int32),  # (B,)
-                     "query_seqlens": np.ones(1, np.int32),
+                     "query_seqlens": np.full(1, n, np.int32),
                      "total_sequence_length": np.zeros((), np.int32),
-                     "logits_index": np.zeros((1, 1), np.int64)}  # (B, N)
+                     "logits_index": np.arange(n, dtype=np.int64)[None]}  # (B, N): every row
             if self.rows_in_graph:
                 feeds[ATTENTION_MIN_ROWS] = np.ones((), np.int32)
             for name, array in feeds.items():
                 value = ort.OrtValue.ortvalue_from_numpy(array)  # step writes `array`
                 io.bind_ortvalue_input(name, value)
                 keep.append(value)
-            logits = self._bind_output(io, "logits", (1, 1, self.widths["logits"]))
-            outputs = {name: self._bind_output(io, name, (1, 1, self.widths[name]))
+            logits = self._bind_output(io, "logits", (1, n, self.widths["logits"]))
+            outputs = {name: self._bind_output(io, name, (1, n, self.widths[name]))
                        for name in self.outputs}
             self._fast_bindings[key] = (io, feeds, logits, outputs, keep)  # keep: alive with it
         return self._fast_bindings[key][:4]
