@@ -327,16 +327,21 @@ class RayDeployment:
 def deploy(source_folder: str, config: ReplicaConfig, scaling: ScalingConfig, host: str,
            port: int, address: str | None = None, ship_engine: bool = False,
            targets_file: str | None = None, num_cpus: int | None = None,
-           routing: str = "prefix", keep_alive_timeout: float | None = None) -> RayDeployment:
+           routing: str = "prefix", keep_alive_timeout: float | None = None,
+           stop: threading.Event | None = None) -> RayDeployment:
     """Joins the cluster at `address` (or starts a local Ray), runs the application behind
     Ray Serve's HTTP proxy on host:port, and returns once every replica is up.
     keep_alive_timeout: the proxy's idle keep-alive (whole seconds; None: Ray's default);
-    the proxy has no header or body timeout of its own to set."""
+    the proxy has no header or body timeout of its own to set. stop: set by a SIGTERM from
+    ray.init on (whose own handler exits with status 15: the proxy may already answer while
+    the last replica starts, and a client's SIGTERM then found Ray's)."""
     started = not ray.is_initialized()
     if started:
         kw = {"address": address} if address else {"num_cpus": num_cpus,
                                                    "include_dashboard": False}
         ray.init(namespace=NAMESPACE, logging_level=logging.WARNING, **kw)
+    if stop is not None:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         source = (EngineSource.via_object_store(source_folder) if ship_engine
                   else EngineSource.from_path(source_folder))
@@ -406,15 +411,16 @@ def serve_on_ray(options: ServeOptions, ray_options: RayOptions,
     where = f"the Ray cluster at {address}" if address else "a local Ray"
     say(f"deploying {name} ({options.engine}) on {where}, routing by {ray_options.routing}: "
         f"{scaling.deployment_options()}")
+    stop = threading.Event()  # a SIGTERM while deploying: shut down once it is up
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         deployment = deploy(options.engine, config, scaling, options.host, options.port,
                             address, ray_options.ship_engine, ray_options.metrics_targets,
                             ray_options.num_cpus, ray_options.routing,
-                            options.keep_alive_timeout)
+                            options.keep_alive_timeout, stop)
     except Exception as e:  # noqa: BLE001 - Ray wraps a replica's error; say it in one line
         raise DeploymentError(f"the Ray Serve deployment failed: {e}") from e
-    stop = threading.Event()  # after ray.init, which installs its own SIGTERM handler
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # (SIGINT while deploying: it stops there)
         signal.signal(sig, lambda *_: stop.set())
     say(f"serving {name} on {deployment.url} ({len(deployment.live_targets())} replicas up)")
     try:
