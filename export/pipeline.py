@@ -65,7 +65,7 @@ FORMS["int4-head8"] = FORMS["int4"]  # the same body; only the head differs (HEA
 # the whole head at 8 bits: 2-3% slower on SmolLM2, the tail of the distribution exact.
 # int4-plain, the lean form, rescores its top 16: on SmolLM2 its greedy agreement with fp32 is
 # the same as at 128 (0.754 on 1,024 held-out positions) and its KL 0.304 against 0.291 (the
-# 4-bit head alone: 0.362), for 1.5% of a decode step (docs/quantization.md, "The lean
+# 4-bit head alone: 0.362), for 0.3-2% of a decode step (docs/quantization.md, "The lean
 # graph"). The faithful int4 keeps 128: its KL would double (0.0094 -> 0.0195).
 HEAD_RESCORE = {"int4": 128, "int4-plain": 16, "int8-rows": 128}
 # The precisions under which a GPTQ / AWQ checkpoint's own 4-bit codes are the body's weights
