@@ -57,6 +57,24 @@ def in_place_cache(session, io, past_names, present_names, shape):
     return kept
 
 
+def one_token_feeds(past: int, theirs: bool, min_rows: int | None = None) -> dict:
+    """The small inputs of a 1-token step after `past` cached tokens: onnxruntime-genai's
+    graph (theirs) reads an attention mask, ours positions and GroupQueryAttention's lengths
+    (and attention's minimum rows where min_rows is given)."""
+    feeds = {"input_ids": np.array([[1]], np.int64)}
+    if theirs:
+        feeds["attention_mask"] = np.ones((1, past + 1), np.int64)
+        return feeds
+    feeds.update(position_ids=np.array([[past]], np.int64),
+                 seqlens_k=np.array([past], np.int32),
+                 query_seqlens=np.array([1], np.int32),
+                 total_sequence_length=np.array(past + 1, np.int32),
+                 logits_index=np.zeros((1, 1), np.int64))
+    if min_rows is not None:
+        feeds[ATTENTION_MIN_ROWS] = np.array(min_rows, np.int32)
+    return feeds
+
+
 class Graph:
     """One graph, one session, one bound 1-token step after `past`."""
 
@@ -75,17 +93,7 @@ class Graph:
             head_dim = json.loads(config.read_text())["model"]["decoder"]["head_size"]
         self.kept = in_place_cache(self.session, self.io, pasts, presents,
                                    (1, kv_heads, past + 16, head_dim))
-        feeds = {"input_ids": np.array([[1]], np.int64)}
-        if self.theirs:
-            feeds["attention_mask"] = np.ones((1, past + 1), np.int64)
-        else:
-            feeds.update(position_ids=np.array([[past]], np.int64),
-                         seqlens_k=np.array([past], np.int32),
-                         query_seqlens=np.array([1], np.int32),
-                         total_sequence_length=np.array(past + 1, np.int32),
-                         logits_index=np.zeros((1, 1), np.int64))
-            if min_rows is not None:
-                feeds[ATTENTION_MIN_ROWS] = np.array(min_rows, np.int32)
+        feeds = one_token_feeds(past, self.theirs, min_rows)
         for name, value in feeds.items():
             self.io.bind_cpu_input(name, value)
         for out in self.session.get_outputs():

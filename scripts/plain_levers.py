@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from lean_graph import one_token_feeds  # (scripts/: run as a script, its folder is on the path)
 from trt_spec.runtime.backends.huge_pages import huge_pages
 from trt_spec.runtime.backends.ort import make_session
 from trt_spec.runtime.backends.rows_free import (EXTERNAL_FOLDER, rows_free_model,
@@ -152,15 +153,7 @@ class Step:
             self.io.bind_ortvalue_input(name, value)
             self.io.bind_ortvalue_output(name.replace("past_key_values", "present"), value)
             self.kept.append(value)
-        feeds = {"input_ids": np.array([[1]], np.int64)}
-        if "attention_mask" in inputs:  # theirs
-            feeds["attention_mask"] = np.ones((1, past + 1), np.int64)
-        else:
-            feeds.update(position_ids=np.array([[past]], np.int64),
-                         seqlens_k=np.array([past], np.int32),
-                         query_seqlens=np.array([1], np.int32),
-                         total_sequence_length=np.array(past + 1, np.int32),
-                         logits_index=np.zeros((1, 1), np.int64))
+        feeds = one_token_feeds(past, theirs="attention_mask" in inputs)
         for name, value in feeds.items():
             self.io.bind_cpu_input(name, value)
         for out in session.get_outputs():
