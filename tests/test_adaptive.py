@@ -440,8 +440,10 @@ def test_expected_gain_skips_drafting_that_does_not_pay_but_keeps_probing():
     for t, ms in ((1, 20), (2, 35), (3, 45)):
         costs.record(4, t, ms / 1000)
     assert acc.gain(costs, "m", 2, batch=1) > 1 > acc.gain(costs, "m", 2, batch=4, drafters=4)
-    # auto: the best length up to k (one draft: 2 tokens for 1.1 + 0.07)
-    assert acc.gain(costs, "m", 2, 1, best_of=True) == pytest.approx(2 / (1.1 + 0.07))
+    # auto: the best length up to k (one draft: ~2 tokens for 1.1 + 0.07; the first
+    # position's prior weighs one step against ~95 measured)
+    assert acc.rate(0) == pytest.approx(1.0, abs=0.003)
+    assert acc.gain(costs, "m", 2, 1, best_of=True) == pytest.approx((1 + acc.rate(0)) / 1.17)
 
     policy = SpeculationPolicy(SpeculationConfig(), 1000)
     s = SimpleNamespace(id=1, num_draft_tokens=2, adaptive=False, prompt_ids=[1] * 8,
@@ -553,3 +555,82 @@ def test_one_rejection_does_not_close_a_position_for_good():
         acc.observe(2, 1)
     assert acc.rate(1) < 0.05 and acc.rate(0) > 0.95
     assert acc.rate(1) <= acc.rate(0)
+
+
+def test_a_sources_first_rejection_does_not_close_it():
+    """The first position keeps a prior too: a lookup source (a match length, a corpus bin)
+    rejected the first time it drafted is drafted again while that share pays, where before
+    its rate read 0 and only the policy's rare probes ever measured it again."""
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
+
+    costs = StepCosts()
+    for t, ms in ((1, 10), (2, 12), (3, 14)):
+        costs.record(1, t, ms / 1000)
+    acc = PositionAcceptance()
+    acc.observe(1, 0)
+    assert acc.rate(0) == pytest.approx(0.4)  # (0 + 0.8) / (1 + 1)
+    assert acc.best(costs, None, 2, batch=1)[1] > 1  # 1.4 tokens for 1.2: still drafts
+    for _ in range(5):
+        acc.observe(1, 0)
+    assert acc.best(costs, None, 2, batch=1)[1] < 1  # rejected again and again: it stops
+
+
+def test_a_cut_draft_verifies_one_position_more_now_and_then():
+    """A source whose best length cuts its drafts short (only the first position measured
+    to pay) verifies one position more on every PROBE_EVERY-th such step, so an early
+    rejection past the cut is measured again instead of fixing the cut for good; the suffix
+    proposer cuts its drafts so."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.proposers.base import source_key
+    from trt_spec.runtime.proposers.suffix import SuffixProposer
+    from trt_spec.runtime.speculation.draft_length import PositionAcceptance
+    from trt_spec.runtime.speculation.policy import PROBE_EVERY
+
+    acc = PositionAcceptance()
+    lengths = [acc.longer(1, 4) for _ in range(2 * PROBE_EVERY)]
+    assert lengths.count(2) == 2 and lengths.count(1) == 2 * PROBE_EVERY - 2
+    assert acc.longer(4, 4) == 4 and acc.longer(3, 3) == 3  # not cut: not counted
+    assert [acc.longer(1, 4) for _ in range(PROBE_EVERY)].count(2) == 1
+
+    rule = DraftLength()
+    for t, ms in ((1, 10), (2, 12), (3, 15), (4, 18), (5, 21)):
+        rule.costs.record(1, t, ms / 1000)
+    measured = rule.acceptance(source_key("suffix", "2"), False)
+    measured.proposed, measured.accepted = [100.0, 100.0, 100.0, 100.0], [90.0, 0.0, 0.0, 0.0]
+    suffix = SuffixProposer(measured=lambda: True)
+    gate = SimpleNamespace(rule=rule, batch=1, skips=lambda *a: False)
+    s = SimpleNamespace(id=1, params=SamplingParams())
+    lengths = [suffix.length(s, 0, "2", 4, gate, 1) for _ in range(2 * PROBE_EVERY)]
+    assert lengths.count(2) == 2 and lengths.count(1) == 2 * PROBE_EVERY - 2
+
+
+def test_suffix_at_auto_k_is_cut_by_what_found_each_draft_not_again_by_position(tiny_engine):
+    """Under the gain rules, a suffix draft at k = auto keeps the length its source's
+    acceptance picked (a 4-gram match accepted whole keeps 4 tokens), where the engine's
+    pooled cut by position, fed rejections of weaker sources, would shorten it; without the
+    gain rules the cut by position is the only one, and stays."""
+    from types import SimpleNamespace
+
+    from trt_spec.runtime.proposers.base import source_key
+    from trt_spec.runtime.speculation.planner import lookup_key
+
+    gen = Generator(tiny_engine, max_batch=1)
+    planner = gen.engine.planner
+    rule = planner.draft_length
+    for t, ms in ((1, 10), (2, 12), (3, 14), (4, 16), (5, 18)):
+        rule.costs.record(1, t, ms / 1000)
+    strong = rule.acceptance(source_key("suffix", "4"), False)
+    strong.proposed, strong.accepted = [100.0] * 4, [100.0] * 4
+    pooled = rule.calib(lookup_key("suffix"))  # every position after the first: rejected
+    pooled.proposed[:], pooled.accepted[:] = 100.0, 0.0
+    pooled.accepted[-1] = 100.0
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8]  # the last 4 tokens matched: 9 10 11 12
+    s = SimpleNamespace(id=1, slot=0, prompt_ids=ids, output_ids=[], adaptive=True,
+                        method="suffix", params=SamplingParams(), num_draft_tokens=4)
+    (row,) = planner.draft_group("suffix", [s], [4], 1)
+    assert list(row.tokens) == [9, 10, 11, 12]
+    off = Generator(tiny_engine, max_batch=1, fallback=False).engine.planner
+    off.draft_length = rule
+    (row,) = off.draft_group("suffix", [s], [4], 1)
+    assert 1 <= len(row.tokens) < 4

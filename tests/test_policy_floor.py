@@ -74,8 +74,11 @@ def test_a_drafter_never_accepted_is_switched_off_and_probed_rarely(tiny_spec_en
     engine.planner.draft_length.costs = FixedCosts()
     s = Stream(PROMPT, SamplingParams(max_tokens=TOKENS, ignore_eos=True), "constant", 2)
     pattern = decode_pattern(engine, s)
-    assert pattern.startswith("d-"), pattern  # measured once, off from the next step
-    drafted = [i for i, c in enumerate(pattern) if c == "d"]
+    # measured until the prior's share of its first position (one step at 0.8) no longer
+    # pays: 1 + 0.8 / (n + 1) tokens for 1.2 plain steps from n = 4 rejections; then off
+    first = len(pattern) - len(pattern.lstrip("d"))
+    assert 1 <= first <= 5 and pattern[first] == "-", pattern
+    drafted = [i for i, c in enumerate(pattern) if c == "d"][first:]
     assert len(drafted) <= 1 + len(pattern) // PROBE_EVERY, pattern
     assert all(b - a >= PROBE_EVERY for a, b in zip(drafted, drafted[1:])), pattern
     assert s.stats.accepted == 0

@@ -42,10 +42,13 @@ class HybridProposer(Proposer):
         self.skipped: dict[tuple[int, str], int] = {}  # (stream, source) -> steps not paying
 
     def length(self, s, i: int, source: str, n: int, gate, drafting: int) -> int:
-        """How many of n drafts from `source` to verify: a fixed-k stream under the gain rules
-        takes the best length by that source's measured acceptance within hybrid (a lookup
-        matching 4 tokens but accepted for 1 is cut to what pays); else n."""
-        if gate is None or not self.measured() or gate.adaptive[i]:
+        """How many of n drafts from `source` to verify: under the gain rules, the best length
+        by that source's measured acceptance within hybrid (a lookup matching 4 tokens but
+        accepted for 1 is cut to what pays), at a fixed k, and for the lookup at k = auto
+        too (the engine leaves its drafts to this cut); else n (an adaptive stream's head
+        stops itself through the gate)."""
+        if (gate is None or not self.measured()
+                or (gate.adaptive[i] and source != self.lookup.name)):
             return n
         rule = gate.rule
         acc = rule.acceptance(source_key(self.name, source), not s.params.greedy)
@@ -53,7 +56,7 @@ class HybridProposer(Proposer):
         best, gain = acc.best(rule.costs, cost_of, n, gate.batch, drafting)
         # a lookup drafts for free (the batch width cuts it); a head must beat the margin
         if gain >= 1 + rule.margin or cost_of is None:
-            return best
+            return acc.longer(best, n)
         # no length of the head pays (a large batch, a weak head): it does not draft, as the
         # policy's rule for a single method, with its probes so the measurements go on.
         # (Pooled over match lengths a lookup's acceptance undersells its long matches, which

@@ -11,7 +11,8 @@ corpus of answers where it has one.
 
 Under the policy's gain rules k is the most a step drafts: each draft is cut to the
 length that pays best by the measured acceptance of what found it (the n-gram's length, or
-the corpus bin), and a stream drafts nothing where no length pays (probing now and then), as
+the corpus bin; one position more now and then, so the positions past the cut stay
+measured), and a stream drafts nothing where no length pays (probing now and then), as
 `auto` judges its lookup.
 
 Templated or repeated workloads (the same questions asked again, documents rewritten) then
@@ -134,7 +135,7 @@ class SuffixProposer(NgramProposer):
         acc = rule.acceptance(source_key(self.name, key), not s.params.greedy)
         best, gain = acc.best(rule.costs, None, n, gate.batch, drafting)
         if gain >= 1:
-            return best
+            return acc.longer(best, n)
         return 0 if gate.skips(self.skipped, s.id, gain) else best
 
     def propose(self, streams, ks, gate=None):

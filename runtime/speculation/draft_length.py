@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trt_spec.runtime.speculation.policy import probes
+from trt_spec.runtime.speculation.policy import PROBE_EVERY, probes
 
 BINS = 10
 PRIOR_WEIGHT = 4.0  # pseudo-observations at a(conf) = conf per bin
@@ -315,6 +315,7 @@ class PositionAcceptance:
     def __init__(self):
         self.proposed: list[float] = []
         self.accepted: list[float] = []
+        self.shortened = 0  # steps `longer` was asked about whose best length was cut short
 
     def observe(self, proposed: int, accepted: int) -> None:
         while len(self.proposed) < proposed:
@@ -325,17 +326,23 @@ class PositionAcceptance:
             self.accepted[j] = self.accepted[j] * (1 - POSITION_DECAY) + (j < accepted)
 
     def rate(self, j: int) -> float:
-        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted. Past the first position the
-        prior (the position before's rate times PRIOR_ACCEPTANCE) weighs as PRIOR_COUNT
-        steps, so a position rejected the few times it was verified is tried again while
-        that share still pays: with the measured rate alone one rejection would close it
-        for good, as a closed position is never verified again. (The first is verified on
-        every drafting step, the policy's probes included: its measure alone decides.)"""
-        if j >= len(self.proposed) or (j == 0 and self.proposed[0] < 1):
-            return PRIOR_ACCEPTANCE ** (j + 1)
+        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted. Each position's measure has a
+        prior that weighs as PRIOR_COUNT steps (PRIOR_ACCEPTANCE at the first, the position
+        before's rate times it past the first), so a position rejected the few times it was
+        verified is tried again while that share still pays: with the measured rate alone
+        one rejection would close it for good, as a closed position is never verified again
+        (a source's first rejection, before any acceptance, would leave it to the policy's
+        rare probes for the rest of the engine's life). A position never verified has its
+        prior alone (no more likely than the one before: drafting it is then tried through
+        `longer`)."""
         if j == 0:
-            return self.accepted[0] / self.proposed[0]
+            if not self.proposed:
+                return PRIOR_ACCEPTANCE
+            return ((self.accepted[0] + PRIOR_COUNT * PRIOR_ACCEPTANCE)
+                    / (self.proposed[0] + PRIOR_COUNT))
         before = self.rate(j - 1)
+        if j >= len(self.proposed):  # never verified: the prior alone
+            return before * PRIOR_ACCEPTANCE
         rate = ((self.accepted[j] + PRIOR_COUNT * before * PRIOR_ACCEPTANCE)
                 / (self.proposed[j] + PRIOR_COUNT))
         return min(rate, before)
@@ -356,6 +363,16 @@ class PositionAcceptance:
             if gain > best_gain:
                 best_j, best_gain = j, gain
         return best_j, best_gain
+
+    def longer(self, best: int, n: int) -> int:
+        """The length to draft of n found, `best` being what pays by this measure: one more
+        on every PROBE_EVERY-th step that `best` cuts short, so the position past the cut
+        stays measured (without it an early rejection there would fix the cut for good:
+        an unverified position is never measured again)."""
+        if best >= n:
+            return best
+        self.shortened += 1
+        return best + 1 if self.shortened % PROBE_EVERY == 0 else best
 
     def gain(self, costs: StepCosts, method: str, k: int, batch: int, drafters: int = 1,
              best_of: bool = False) -> float:

@@ -192,7 +192,8 @@ class SpeculationPlanner:
 
     def draft_group(self, method: str, group: list, ks: list[int], batch: int) -> list[Draft]:
         """One proposer call. An `auto` stream's lookup drafts (n-gram, suffix) are cut by
-        position; model drafters stop themselves through the gate, or (MTP) plan their
+        position (but a proposer's that picks its length, under the gain rules: it cut them
+        by the acceptance of what found them, a sharper measure); model drafters stop themselves through the gate, or (MTP) plan their
         length before drafting. Each row keeps the confidences its cut is tuned from."""
         proposer = self.proposers(method)
         gate = (self.draft_length.gate(method, [s.adaptive for s in group], batch)
@@ -206,10 +207,13 @@ class SpeculationPlanner:
         self.draft_length.costs.observe_draft(method, sum(len(t) for t in out.tokens),
                                               time.perf_counter() - t0)
         rows = [Draft.row(out, j, method) for j in range(len(group))]
+        # a proposer that picks its length cut its lookup's drafts by what found them already
+        picked = traits(method).picks_length and self.config.fallback
         for j, (s, row) in enumerate(zip(group, rows)):
             if len(row) and traits(row.source).lookup:  # deterministic: cut by position
                 key = lookup_key(method)
-                row.tokens, conf = self.draft_length.cut(key, row.tokens, s.adaptive, batch)
+                row.tokens, conf = self.draft_length.cut(key, row.tokens,
+                                                         s.adaptive and not picked, batch)
                 row.confidence = (key, conf)
             elif gate is not None and gate.confidences[j]:
                 row.confidence = (method, gate.confidences[j])
