@@ -97,8 +97,9 @@ def execute(gen, streams: list[Stream], prefill_budget: int | None,
         m.merge(gen.device_executor.step(device, prefill_budget))
         if prefill_budget is not None:
             prefill_budget -= m.prefill_tokens
-    if host:
-        m.merge(gen.engine.step(host, prefill_budget))
+    if host:  # (alone, its own metrics: a merge per step is a visible share of a plain step)
+        part = gen.engine.step(host, prefill_budget)
+        m = m.merge(part) if device else part
     for s in admitted:
         if s.fallback is not None:
             m.fallbacks[s.fallback] = m.fallbacks.get(s.fallback, 0) + 1

@@ -222,10 +222,16 @@ class DraftLength:
         self.positions: dict[tuple[str, bool], PositionAcceptance] = {}  # (method, sampled)
 
     def acceptance(self, method: str, sampled: bool) -> PositionAcceptance:
-        return self.positions.setdefault((method, sampled), PositionAcceptance())
+        found = self.positions.get((method, sampled))  # (asked a few times a step: made once)
+        if found is None:
+            found = self.positions[(method, sampled)] = PositionAcceptance()
+        return found
 
     def calib(self, method: str) -> Calibration:
-        return self.calibration.setdefault(method, Calibration())
+        found = self.calibration.get(method)
+        if found is None:
+            found = self.calibration[method] = Calibration()
+        return found
 
     def gate(self, method: str, adaptive: list[bool], batch: int = 1) -> "DraftGate":
         """batch: the streams decoding in this step (what the costs are measured at)."""
