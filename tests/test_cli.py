@@ -121,6 +121,29 @@ def test_bench_runs(tiny_spec_engine, tmp_path):
     assert "tok/s" in result.stdout and "predicted" in result.stdout
 
 
+def test_bench_sizes_its_context_to_the_longest_prompt(tiny_engine, monkeypatch):
+    """A prompt past the 512 tokens bench used to allow for is benched, not refused midway:
+    each generator is asked for a context that holds it and its answer (a model's own
+    positions then bound it, the tiny one's 256)."""
+    from trt_spec.tools import bench
+    from trt_spec.tools.bench_config import BenchConfig
+
+    prompts = ["a b c", [{"role": "user", "content": "x " * 700}]]
+    longest = bench.longest_prompt(str(tiny_engine), prompts)
+    assert longest > 700
+    asked = []
+
+    def generator(engine, **kw):
+        asked.append(kw["max_len"])
+        raise RuntimeError("asked")
+
+    monkeypatch.setattr(bench, "Generator", generator)
+    with pytest.raises(RuntimeError, match="asked"):
+        bench.load_engines(BenchConfig(engines=(str(tiny_engine),), max_new_tokens=8), ["none"],
+                           [4], prompts)
+    assert asked == [longest + 8 + 4 + 8]  # the prompt, its 8 tokens, k 4, 8 spare
+
+
 def test_bench_batch_throughput(tiny_spec_engine, tmp_path):
     out = tmp_path / "b.json"
     result = CliRunner().invoke(main, ["bench", "--engine", str(tiny_spec_engine), "--methods",

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trt_spec.runtime.speculation.draft_length import DraftLength
-from trt_spec.runtime.generator import Generator
+from trt_spec.runtime.generator import Generator, encode_prompt
+from trt_spec.runtime.manifest import load_manifest
 from trt_spec.runtime.proposers.suffix import SuffixCache
 from trt_spec.tools import peers as peer_registry
 from trt_spec.tools.bench_peers import (PeerRunner, identical_share, load_peers, mean_of,
@@ -35,6 +36,7 @@ from trt_spec.tools.bench_prompts import (PROMPTS, default_prompts_path, load_pr
 from trt_spec.tools.speedup_model import k_max, measure_costs, predict, prediction_table, typical_past
 from trt_spec.tools.step_costs import synthetic_prompt
 from trt_spec.runtime.scheduler import generate_ids
+from trt_spec.runtime.tokenizer import Tokenizer
 
 
 def parse_ints(text: str, option: str, minimum: int = 0) -> list[int]:
@@ -155,10 +157,19 @@ def bench_methods(config: BenchConfig) -> list[str]:
     return methods
 
 
-def load_engines(config: BenchConfig, methods: list[str], ks: list) -> tuple[dict, list[Config]]:
+def longest_prompt(engine: str, prompts: list) -> int:
+    """The most tokens any of `prompts` takes, as engine's tokenizer encodes it."""
+    tokenizer = Tokenizer(load_manifest(engine, verify="none").folder)
+    return max((len(encode_prompt(tokenizer, p)) for p in prompts), default=0)
+
+
+def load_engines(config: BenchConfig, methods: list[str], ks: list, prompts: list = ()
+                 ) -> tuple[dict, list[Config]]:
     """A Generator per engine folder and a Config per engine x method x k (and none-fast
-    beside exact none); a drafter that cannot load fails here, before any timing."""
-    max_len = (max(list(config.pasts) + [512]) + config.max_new_tokens
+    beside exact none); a drafter that cannot load fails here, before any timing. Each
+    context holds the longest of `prompts` and its answer (512 tokens at least)."""
+    longest = max((longest_prompt(e, prompts) for e in config.engines), default=0)
+    max_len = (max(list(config.pasts) + [512, longest]) + config.max_new_tokens
                + max([k_max(k) for k in ks] + [0]) + 8)
     gens, configs = {}, []
     for e in config.engines:
@@ -224,7 +235,7 @@ def open_session(config: BenchConfig, progress) -> Session:
     schemas = load_schemas(config.prompts_file)[:config.num_prompts]
     check_settings(config, schemas)
     methods = bench_methods(config)
-    gens, configs = load_engines(config, methods, ks)
+    gens, configs = load_engines(config, methods, ks, prompts)
     params = SamplingParams(max_tokens=config.max_new_tokens, temperature=config.temperature,
                             seed=config.seed, top_p=config.top_p,
                             ignore_eos=not config.stop_at_eos)
