@@ -24,7 +24,7 @@ from trt_spec.runtime.sampling import NonFiniteError, next_token
 from trt_spec.runtime.speculation.draft import Draft
 from trt_spec.runtime.speculation.planner import Verified
 from trt_spec.runtime.stream import Stream, controlled, fail
-from trt_spec.runtime.verify import greedy_checked, verify_batch
+from trt_spec.runtime.verify import greedy_verify, verify_batch
 
 log = logging.getLogger("trt_spec.engine")
 T = TypeVar("T")
@@ -54,11 +54,11 @@ def verify_stream(s: Stream, d: Draft, logits: np.ndarray) -> Verified:
     at the same position as verifying no drafts). Its rows, logits [len(d) + 1, vocab],
     are under its sampling controls, each counting the drafts before it (stream.controlled);
     a greedy stream without controls reads them as they are, once, and only up to its first
-    mismatch (verify.py greedy_checked): the same tokens, a third of the time on SmolLM2."""
+    mismatch (verify.py greedy_verify): the same tokens, a third of the time on SmolLM2."""
     if s.fault is not None:  # raised for s in the step's shared work (its grammar)
         raise s.fault
     if s.params.greedy and not s.params.processes_logits:  # one pass, up to the first miss
-        accepted, tokens = greedy_checked(d.tokens, logits[len(logits) - len(d) - 1:])
+        accepted, tokens = greedy_verify(d.tokens, logits[len(logits) - len(d) - 1:])
         return Verified(len(d), accepted, tokens)
     at = len(s.output_ids)  # the output position of its first row
     if not len(d):

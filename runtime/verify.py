@@ -56,24 +56,16 @@ class SampleResult:
     num_emitted: np.ndarray  # [batch] = num_accepted + 1
 
 
-def greedy_verify(drafts: np.ndarray, target_logits: np.ndarray) -> tuple[int, list[int]]:
-    """drafts: [k]; target_logits: [k + 1, vocab] (position i predicts the token after
-    drafts[:i]). Returns (accepted, emitted tokens)."""
-    target = target_logits.argmax(-1)  # (k+1,)
-    k = len(drafts)
-    mismatch = np.nonzero(drafts != target[:k])[0]
-    a = int(mismatch[0]) if mismatch.size else k
-    return a, [int(t) for t in drafts[:a]] + [int(target[a])]
-
-
-def greedy_checked(drafts, target_logits: np.ndarray) -> tuple[int, list[int]]:
-    """greedy_verify for a row without logits controls, reading each of its rows once and
-    only up to the first mismatch: drafts [k], target_logits [k + 1, vocab] as the target
-    gave them. Each row read is checked as check_finite checks it (NonFiniteError where its
-    maximum is NaN or +inf: np.argmax returns the first NaN, so the argmax's value is
-    non-finite exactly there; a row all -inf, a grammar's dead end, passes); the rows after
-    the first mismatch, which nothing reads, are not. On a CPU those rows (196 KB each on
-    SmolLM2, just written by the session's threads) cost more to read than to compute."""
+def greedy_verify(drafts, target_logits: np.ndarray) -> tuple[int, list[int]]:
+    """drafts: [k]; target_logits: [k + 1, vocab] (row i predicts the token after
+    drafts[:i]) -> (accepted, emitted tokens), the target's argmax at each row read. Rows
+    are read once each, and only up to the first mismatch; each row read is checked as
+    check_finite checks it (NonFiniteError where its maximum is NaN or +inf: np.argmax
+    returns the first NaN, so the argmax's value is non-finite exactly there; a row all
+    -inf, a grammar's dead end, passes), so a stream without logits controls hands the
+    target's rows straight in. The rows after the first mismatch, which nothing reads, are
+    not checked: on a CPU they (196 KB each on SmolLM2, just written by the session's
+    threads) cost more to read than to compute."""
     out = []
     for i in range(len(drafts) + 1):
         row = target_logits[i]

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import chisquare
 
 from trt_spec.runtime import race as race_mod
-from trt_spec.runtime.verify import (PLACEHOLDER, greedy_checked, greedy_verify, race_verify,
+from trt_spec.runtime.verify import (PLACEHOLDER, greedy_verify, race_verify,
                                      residual, stochastic_verify, verify_batch)
 from trt_spec.runtime.sampling import (NonFiniteError, SamplingParams, check_finite, next_token,
                                        probs, probs_from_logits, process_logits)
@@ -255,28 +255,36 @@ def test_race_verify_emits_plain_decodings_tokens(name, p_logits, q_logits, p1_l
         assert accepted / seeds > (1 - d) / (1 + d) - 0.03, (name, accepted / seeds, d)
 
 
-def test_greedy_checked_is_greedy_verify_with_check_finite_on_the_rows_it_reads():
-    """The one-pass greedy verification (a greedy stream without controls): the same
-    (accepted, tokens) as check_finite then greedy_verify wherever the rows are finite; a NaN
-    or +inf in a row it reads raises as check_finite does, in a row past the first mismatch
-    (never read) it does not; a row all -inf (a grammar's dead end) passes."""
+def all_rows_greedy(drafts, logits):
+    """The reference: every row's argmax, the longest prefix of drafts equal to it, then the
+    argmax after it."""
+    target = logits.argmax(-1)
+    a = next((i for i, d in enumerate(drafts) if d != target[i]), len(drafts))
+    return a, [int(t) for t in drafts[:a]] + [int(target[a])]
+
+
+def test_greedy_verify_is_the_argmax_prefix_with_check_finite_on_the_rows_it_reads():
+    """The one-pass greedy verification: the same (accepted, tokens) as check_finite then
+    every row's argmax wherever the rows are finite; a NaN or +inf in a row it reads raises
+    as check_finite does, in a row past the first mismatch (never read) it does not; a row
+    all -inf (a grammar's dead end) passes."""
     rng = np.random.default_rng(11)
     for _ in range(200):
         k = int(rng.integers(0, 6))
         logits = rng.standard_normal((k + 1, V)).astype(np.float32)
         target = logits.argmax(-1)
         drafts = np.where(rng.random(k) < 0.7, target[:k], rng.integers(0, V, k))
-        a, out = greedy_verify(drafts, check_finite(logits, "x"))
-        assert greedy_checked(drafts, logits) == (a, out)
+        a, out = all_rows_greedy(drafts, check_finite(logits, "x"))
+        assert greedy_verify(drafts, logits) == (a, out)
     logits = forced([3, 5, 1])
     drafts = np.array([3, 4])  # row 1 rejects: row 2 is never read
     for bad in (np.nan, np.inf):
         late = logits.copy()
         late[2, 0] = bad
-        assert greedy_checked(drafts, late) == (1, [3, 5])
+        assert greedy_verify(drafts, late) == (1, [3, 5])
         read = logits.copy()
         read[1, 6] = bad
         with pytest.raises(NonFiniteError):
-            greedy_checked(drafts, read)
+            greedy_verify(drafts, read)
     dead = np.full((1, V), -np.inf)
-    assert greedy_checked(np.array([], np.int64), dead) == (0, [0])
+    assert greedy_verify(np.array([], np.int64), dead) == (0, [0])
