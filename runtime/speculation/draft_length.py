@@ -332,26 +332,23 @@ class PositionAcceptance:
             self.accepted[j] = self.accepted[j] * (1 - POSITION_DECAY) + (j < accepted)
 
     def rate(self, j: int) -> float:
-        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted. Each position's measure has a
-        prior that weighs as PRIOR_COUNT steps (PRIOR_ACCEPTANCE at the first, the position
-        before's rate times it past the first), so a position rejected the few times it was
-        verified is tried again while that share still pays: with the measured rate alone
-        one rejection would close it for good, as a closed position is never verified again
-        (a source's first rejection, before any acceptance, would leave it to the policy's
-        rare probes for the rest of the engine's life). A position never verified has its
-        prior alone (no more likely than the one before: drafting it is then tried through
-        `longer`)."""
-        if j == 0:
-            if not self.proposed:
-                return PRIOR_ACCEPTANCE
-            return ((self.accepted[0] + PRIOR_COUNT * PRIOR_ACCEPTANCE)
-                    / (self.proposed[0] + PRIOR_COUNT))
-        before = self.rate(j - 1)
-        if j >= len(self.proposed):  # never verified: the prior alone
-            return before * PRIOR_ACCEPTANCE
-        rate = ((self.accepted[j] + PRIOR_COUNT * before * PRIOR_ACCEPTANCE)
-                / (self.proposed[j] + PRIOR_COUNT))
-        return min(rate, before)
+        """P(d_1..d_{j+1} accepted): drafts 0..j all accepted. Position by position, each
+        measure has a prior that weighs as PRIOR_COUNT steps, at PRIOR_ACCEPTANCE times the
+        rate up to the position before (1 before the first), and is no more likely than that
+        rate; a position never verified has its prior alone (drafting it is then tried
+        through `longer`). So a position rejected the few times it was verified is tried
+        again while that share still pays: with the measured rate alone one rejection would
+        close it for good, as a closed position is never verified again (a source's first
+        rejection, before any acceptance, would leave it to the policy's rare probes for the
+        rest of the engine's life)."""
+        rate = 1.0
+        for i in range(j + 1):
+            if i >= len(self.proposed):  # never verified: the prior alone
+                rate *= PRIOR_ACCEPTANCE
+            else:
+                rate = min((self.accepted[i] + PRIOR_COUNT * rate * PRIOR_ACCEPTANCE)
+                           / (self.proposed[i] + PRIOR_COUNT), rate)
+        return rate
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a step of k drafts emits on average (the bonus token included)."""

@@ -193,8 +193,9 @@ class SpeculationPlanner:
     def draft_group(self, method: str, group: list, ks: list[int], batch: int) -> list[Draft]:
         """One proposer call. An `auto` stream's lookup drafts (n-gram, suffix) are cut by
         position (but a proposer's that picks its length, under the gain rules: it cut them
-        by the acceptance of what found them, a sharper measure); model drafters stop themselves through the gate, or (MTP) plan their
-        length before drafting. Each row keeps the confidences its cut is tuned from."""
+        by the acceptance of what found them, a sharper measure); model drafters stop
+        themselves through the gate, or (MTP) plan their length before drafting. Each row
+        keeps the confidences its cut is tuned from."""
         proposer = self.proposers(method)
         gate = (self.draft_length.gate(method, [s.adaptive for s in group], batch)
                 if proposer.gated else None)
